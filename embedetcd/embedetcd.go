@@ -16,9 +16,11 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // ErrConfig reports an invalid Config.
@@ -41,6 +43,7 @@ type Member struct {
 type Server struct {
 	member Member
 	etcd   *embed.Etcd
+	once   sync.Once
 }
 
 // Start starts a single-member cluster described by m and waits until it
@@ -98,7 +101,9 @@ func StartCluster(ctx context.Context, members []Member) ([]*Server, error) {
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 		cfg.InitialCluster = strings.Join(initial, ",")
 		cfg.InitialClusterToken = "fencer"
-		cfg.LogLevel = "error"
+		// etcd logs through zap; fencer reports errors through Err and
+		// StartCluster instead.
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 		cfg.TickMs = 50
 		cfg.ElectionMs = 500
 		e, err := embed.StartEtcd(cfg)
@@ -137,11 +142,13 @@ func (s *Server) IsLeader() bool {
 // Close stops the member and waits for it to release its ports and data
 // directory. It is safe to call more than once.
 func (s *Server) Close() {
-	s.etcd.Close()
-	select {
-	case <-s.etcd.Server.StopNotify():
-	case <-time.After(10 * time.Second):
-	}
+	s.once.Do(func() {
+		s.etcd.Close()
+		select {
+		case <-s.etcd.Server.StopNotify():
+		case <-time.After(10 * time.Second):
+		}
+	})
 }
 
 // Endpoints returns the client URLs of servers.

@@ -1,0 +1,242 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Guard returns the etcd condition that holds exactly while tok is its
+// lease's current token: the holder key exists and was created at
+// tok.Revision. Put it in a Txn's If, the way etcd's Mutex.IsOwner is used,
+// and the Txn commits only for the current holder. It returns a
+// *token.MalformedError for a token this store could not have issued.
+//
+// Guard does not tell a failed guard from the caller's own compares
+// failing; Txn does.
+func (s *Store) Guard(tok token.Token) (clientv3.Cmp, error) {
+	if err := validToken(tok); err != nil {
+		return clientv3.Cmp{}, err
+	}
+	return s.guard(tok), nil
+}
+
+func (s *Store) guard(tok token.Token) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)
+}
+
+// staleOps are the Else branch of a guarded Txn: they read what superseded
+// the token.
+func (s *Store) staleOps(tok token.Token) []clientv3.Op {
+	return []clientv3.Op{clientv3.OpGet(s.holderKey(tok.Lease))}
+}
+
+// staleError builds the error for a failed guard from the staleOps result
+// at index i of resp.
+func staleError(tok token.Token, resp *clientv3.TxnResponse, i int) error {
+	e := &token.StaleError{Token: tok}
+	if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
+		r := decodeRecord(kvs[0].Value)
+		e.Newer = token.Token{Lease: tok.Lease, Epoch: r.Epoch, Revision: kvs[0].CreateRevision}
+	}
+	return e
+}
+
+// Check reports whether tok is its lease's current token. It returns nil if
+// it is, a *token.StaleError if the lease has been released, lost or
+// re-acquired since, and a *token.MalformedError for an invalid token. The
+// answer may be stale when it returns; to act on it, use a guarded write.
+func (s *Store) Check(ctx context.Context, tok token.Token) error {
+	if err := validToken(tok); err != nil {
+		return err
+	}
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).Else(s.staleOps(tok)...).Commit()
+	if err != nil {
+		return fmt.Errorf("etcdstore: check %s: %w", tok, err)
+	}
+	if !resp.Succeeded {
+		return staleError(tok, resp, 0)
+	}
+	return nil
+}
+
+// Put writes value at the data key key if and only if tok is current, in
+// one etcd Txn. It returns the revision of the write, or a
+// *token.StaleError and writes nothing when tok has been superseded.
+func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []byte) (int64, error) {
+	if err := validToken(tok); err != nil {
+		return 0, err
+	}
+	if err := ValidateKey(key); err != nil {
+		return 0, err
+	}
+	if err := ValidateValue(value); err != nil {
+		return 0, err
+	}
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
+		Then(clientv3.OpPut(s.DataKey(key), string(value))).
+		Else(s.staleOps(tok)...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return 0, staleError(tok, resp, 0)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Delete deletes the data key key if and only if tok is current. It
+// reports whether the key existed, or a *token.StaleError when tok has been
+// superseded.
+func (s *Store) Delete(ctx context.Context, tok token.Token, key string) (bool, error) {
+	if err := validToken(tok); err != nil {
+		return false, err
+	}
+	if err := ValidateKey(key); err != nil {
+		return false, err
+	}
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
+		Then(clientv3.OpDelete(s.DataKey(key))).
+		Else(s.staleOps(tok)...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return false, staleError(tok, resp, 0)
+	}
+	return resp.Responses[0].GetResponseDeleteRange().Deleted > 0, nil
+}
+
+// Value is a data value with the revisions etcd recorded for it.
+type Value struct {
+	Data           []byte
+	CreateRevision int64
+	ModRevision    int64
+}
+
+// Get reads the data key key. It is not guarded: any reader may read. It
+// reports false when the key does not exist.
+func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
+	if err := ValidateKey(key); err != nil {
+		return Value{}, false, err
+	}
+	resp, err := s.cli.Get(ctx, s.DataKey(key))
+	if err != nil {
+		return Value{}, false, fmt.Errorf("etcdstore: get %q: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Value{}, false, nil
+	}
+	kv := resp.Kvs[0]
+	return Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}, true, nil
+}
+
+// Txn runs the caller's transaction if and only if tok is current. The
+// caller's compares, then-ops and else-ops act on raw etcd keys and run as
+// a nested Txn inside the guarded one, so:
+//
+//   - a superseded token yields a *token.StaleError and runs neither branch;
+//   - otherwise the result is the caller's own Txn response, whose
+//     Succeeded reports the caller's compares.
+//
+// etcd forbids a nested Txn from writing the same key twice; the same rules
+// as a plain etcd Txn apply to the ops.
+func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	if err := validToken(tok); err != nil {
+		return nil, err
+	}
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
+		Then(clientv3.OpTxn(cmps, then, els)).
+		Else(s.staleOps(tok)...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: txn: %w", err)
+	}
+	if !resp.Succeeded {
+		return nil, staleError(tok, resp, 0)
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	return (*clientv3.TxnResponse)(inner), nil
+}
+
+// Advance records tok as the highest token that has passed for the
+// external resource, a compare-and-advance register kept at
+// <prefix>fences/<resource>. It succeeds only if tok is its lease's current
+// token and is not lower than the recorded one; an equal token succeeds
+// again, so retries are safe. Otherwise it returns a *token.StaleError (the
+// recorded token, when it is newer, as Newer) or, if the resource was
+// advanced by another lease, a *token.ForeignLeaseError. Nothing is written
+// on error.
+func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) error {
+	if err := ValidateName("resource", resource); err != nil {
+		return err
+	}
+	if err := validToken(tok); err != nil {
+		return err
+	}
+	key := s.fenceKey(resource)
+	for {
+		cur, err := s.cli.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("etcdstore: advance %q: %w", resource, err)
+		}
+		var modRev int64
+		if len(cur.Kvs) == 1 {
+			modRev = cur.Kvs[0].ModRevision
+			recorded, err := token.Parse(string(cur.Kvs[0].Value))
+			if err != nil {
+				return fmt.Errorf("etcdstore: advance %q: recorded fence: %w", resource, err)
+			}
+			c, err := tok.Compare(recorded)
+			if err != nil {
+				return err
+			}
+			if c < 0 {
+				return &token.StaleError{Token: tok, Newer: recorded}
+			}
+		}
+		resp, err := s.cli.Txn(ctx).
+			If(s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
+			Then(clientv3.OpPut(key, tok.String())).
+			Else(s.staleOps(tok)...).Commit()
+		if err != nil {
+			return fmt.Errorf("etcdstore: advance %q: %w", resource, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		if !holds(resp, 0, tok.Revision) {
+			return staleError(tok, resp, 0)
+		}
+		// The fence moved between the read and the Txn; read it again.
+	}
+}
+
+// Fence returns the token recorded for resource by Advance; ok is false if
+// none was.
+func (s *Store) Fence(ctx context.Context, resource string) (tok token.Token, ok bool, err error) {
+	if err := ValidateName("resource", resource); err != nil {
+		return token.Token{}, false, err
+	}
+	resp, err := s.cli.Get(ctx, s.fenceKey(resource))
+	if err != nil {
+		return token.Token{}, false, fmt.Errorf("etcdstore: fence %q: %w", resource, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return token.Token{}, false, nil
+	}
+	tok, err = token.Parse(string(resp.Kvs[0].Value))
+	if err != nil {
+		return token.Token{}, false, fmt.Errorf("etcdstore: fence %q: %w", resource, err)
+	}
+	return tok, true, nil
+}
+
+// holds reports whether the range response at index i shows a holder key
+// created at rev.
+func holds(resp *clientv3.TxnResponse, i int, rev int64) bool {
+	kvs := resp.Responses[i].GetResponseRange().Kvs
+	return len(kvs) == 1 && kvs[0].CreateRevision == rev
+}

@@ -1,0 +1,224 @@
+package etcdstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/utils/clock"
+)
+
+// DefaultTTL is a Session's etcd lease TTL unless WithTTL says otherwise.
+const DefaultTTL = 10 * time.Second
+
+// SessionOption configures a Session.
+type SessionOption func(*sessionConfig)
+
+type sessionConfig struct {
+	ttl    time.Duration
+	holder string
+	clock  clock.Clock
+}
+
+// WithTTL sets the session's etcd lease TTL, a whole number of seconds of
+// at least one. Holder keys vanish this long after the process stops
+// renewing, and the session fails closed locally no later than that.
+func WithTTL(ttl time.Duration) SessionOption { return func(c *sessionConfig) { c.ttl = ttl } }
+
+// WithHolder sets the holder identity written into holder keys. A random
+// nonce is always appended, so two sessions never share an identity.
+func WithHolder(name string) SessionOption { return func(c *sessionConfig) { c.holder = name } }
+
+// WithClock sets the clock that paces keepalives and measures the local
+// deadline. Tests use a fake clock to stall a session deterministically.
+func WithClock(clk clock.Clock) SessionOption { return func(c *sessionConfig) { c.clock = clk } }
+
+// Session is one process's presence in the store: one etcd lease, kept
+// alive by one goroutine, and one watch on the store's holder keys that
+// serves every Lease the session holds.
+//
+// The session ends when Close is called, when its etcd lease is revoked or
+// expires, or when keepalive has not succeeded before the local deadline:
+// the send time of the last successful keepalive plus the TTL etcd granted,
+// measured on the session's clock (monotonic by default). That deadline is
+// never later than etcd's own expiry, so the session fails closed. When it
+// ends, every Lease it holds ends too.
+type Session struct {
+	store  *Store
+	id     clientv3.LeaseID
+	holder string
+	ttl    time.Duration
+	clock  clock.Clock
+
+	ctx    context.Context // cancelled when the session ends
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	held   map[string]*Lease
+	err    error // why the session ended; nil while it runs
+	closed bool
+}
+
+// NewSession grants an etcd lease and starts the keepalive and watch
+// goroutines. ctx bounds only the setup; the session runs until Close or
+// loss. Close must be called to release the goroutines.
+func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session, error) {
+	cfg := sessionConfig{ttl: DefaultTTL, clock: clock.RealClock{}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.ttl < time.Second || cfg.ttl%time.Second != 0 {
+		return nil, invalid("ttl", cfg.ttl.String(), "must be a whole number of seconds, at least 1s")
+	}
+	if cfg.holder == "" {
+		host, _ := os.Hostname()
+		cfg.holder = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	nonce := make([]byte, 6)
+	_, _ = rand.Read(nonce)
+	holder := cfg.holder + "-" + hex.EncodeToString(nonce)
+
+	sent := cfg.clock.Now()
+	grant, err := s.cli.Grant(ctx, int64(cfg.ttl/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: grant session lease: %w", err)
+	}
+	// Watch from the grant's revision on, so that no change to a holder key
+	// acquired through this session can be missed.
+	startRev := grant.ResponseHeader.Revision + 1
+	sctx, cancel := context.WithCancel(context.Background())
+	sess := &Session{
+		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
+		ctx: sctx, cancel: cancel, held: map[string]*Lease{},
+	}
+	deadline := sent.Add(time.Duration(grant.TTL) * time.Second)
+	sess.wg.Add(2)
+	go sess.keepAlive(deadline)
+	go sess.watch(startRev)
+	return sess, nil
+}
+
+// Holder returns the session's holder identity, nonce included.
+func (s *Session) Holder() string { return s.holder }
+
+// LeaseID returns the session's etcd lease.
+func (s *Session) LeaseID() clientv3.LeaseID { return s.id }
+
+// Done is closed when the session ends.
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while the session runs, and then why it ended:
+// ErrSessionClosed or ErrSessionExpired (possibly wrapped with detail).
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Close releases every lease the session holds, revokes its etcd lease so
+// that nothing it held outlives it, and stops its goroutines. ctx bounds
+// the release and revoke; the goroutines stop regardless. Close is
+// idempotent; after the first call it returns nil.
+func (s *Session) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.end(ErrSessionClosed)
+	_, err := s.store.cli.Revoke(ctx, s.id)
+	s.wg.Wait()
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("etcdstore: revoke session lease: %w", err)
+	}
+	return nil
+}
+
+// end stops the session and every lease it holds with reason. The first
+// reason wins.
+func (s *Session) end(reason error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = reason
+	}
+	held := s.held
+	s.held = map[string]*Lease{}
+	s.mu.Unlock()
+	s.cancel()
+	for _, l := range held {
+		l.end(reason)
+	}
+}
+
+// keepAlive renews the etcd lease every TTL/3 and ends the session when
+// the local deadline passes without a successful renewal, or when etcd
+// reports the lease gone.
+func (s *Session) keepAlive(deadline time.Time) {
+	defer s.wg.Done()
+	interval := s.ttl / 3
+	tick := s.clock.NewTimer(interval)
+	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
+	defer func() {
+		tick.Stop()
+		expire.Stop()
+	}()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-expire.C():
+			s.end(fmt.Errorf("%w: no keepalive succeeded within the %s TTL", ErrSessionExpired, s.ttl))
+			return
+		case <-tick.C():
+		}
+		sent := s.clock.Now()
+		resp, err, expired := s.keepAliveOnce(interval, expire)
+		switch {
+		case expired:
+			s.end(fmt.Errorf("%w: no keepalive succeeded within the %s TTL", ErrSessionExpired, s.ttl))
+			return
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.end(fmt.Errorf("%w: etcd lease %x not found", ErrSessionExpired, s.id))
+			return
+		case err == nil && resp.TTL > 0:
+			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
+			expire.Stop()
+			expire.Reset(deadline.Sub(s.clock.Now()))
+		}
+		tick.Reset(interval)
+	}
+}
+
+// keepAliveOnce sends one keepalive, giving up after timeout, when the
+// session ends, or when expire fires first (expired is then true).
+func (s *Session) keepAliveOnce(timeout time.Duration, expire clock.Timer) (resp *clientv3.LeaseKeepAliveResponse, err error, expired bool) {
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	defer cancel()
+	type result struct {
+		resp *clientv3.LeaseKeepAliveResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.store.cli.KeepAliveOnce(ctx, s.id)
+		done <- result{r, err}
+	}()
+	select {
+	case r := <-done:
+		return r.resp, r.err, false
+	case <-expire.C():
+		cancel()
+		<-done
+		return nil, nil, true
+	}
+}

@@ -1,0 +1,208 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Limits on input, checked before anything is sent to etcd.
+const (
+	// MaxNameLen is the longest lease or resource name, in bytes.
+	MaxNameLen = 253
+	// MaxKeyLen is the longest data key, in bytes.
+	MaxKeyLen = 1024
+	// MaxValueLen is the largest data value, in bytes. etcd's own request
+	// limit (1.5 MiB by default) also applies.
+	MaxValueLen = 1 << 20
+	// DefaultPrefix is the key prefix a Store uses unless WithPrefix says
+	// otherwise.
+	DefaultPrefix = "/fencer/"
+)
+
+// Store issues and checks fencing tokens in etcd under one key prefix. It
+// holds no state of its own beyond its client, so several Stores (in one
+// process or many) may share a prefix. Methods are safe for concurrent use.
+type Store struct {
+	cli    *clientv3.Client
+	prefix string
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithPrefix sets the key prefix; it must end in "/". Stores with different
+// prefixes are independent.
+func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefix } }
+
+// New returns a Store that uses cli. The Store does not close cli.
+func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
+	s := &Store{cli: cli, prefix: DefaultPrefix}
+	for _, o := range opts {
+		o(s)
+	}
+	if cli == nil {
+		return nil, invalid("client", "", "nil")
+	}
+	if !strings.HasSuffix(s.prefix, "/") || !utf8.ValidString(s.prefix) {
+		return nil, invalid("prefix", s.prefix, `must be valid UTF-8 and end in "/"`)
+	}
+	return s, nil
+}
+
+// Client returns the etcd client the Store uses.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Prefix returns the Store's key prefix.
+func (s *Store) Prefix() string { return s.prefix }
+
+func (s *Store) holderKey(name string) string   { return s.prefix + "leases/" + name }
+func (s *Store) epochKey(name string) string    { return s.prefix + "epochs/" + name }
+func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
+
+// DataKey returns the etcd key under which Put, Get and Delete store key.
+func (s *Store) DataKey(key string) string { return s.prefix + "data/" + key }
+
+// ValidateName checks a lease or resource name: 1 to MaxNameLen bytes of
+// UTF-8 without "/", spaces or control characters.
+func ValidateName(arg, name string) error {
+	switch {
+	case name == "":
+		return invalid(arg, name, "empty")
+	case len(name) > MaxNameLen:
+		return invalid(arg, name, "longer than "+strconv.Itoa(MaxNameLen)+" bytes")
+	case !utf8.ValidString(name):
+		return invalid(arg, name, "not valid UTF-8")
+	case strings.Contains(name, "/"):
+		return invalid(arg, name, `contains the key separator "/"`)
+	case strings.IndexFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
+		return invalid(arg, name, "contains a space or control character")
+	}
+	return nil
+}
+
+// ValidateKey checks a data key: 1 to MaxKeyLen bytes of UTF-8 without
+// control characters. "/" is allowed, so keys may form a hierarchy.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return invalid("key", key, "empty")
+	case len(key) > MaxKeyLen:
+		return invalid("key", key, "longer than "+strconv.Itoa(MaxKeyLen)+" bytes")
+	case !utf8.ValidString(key):
+		return invalid("key", key, "not valid UTF-8")
+	case strings.IndexFunc(key, unicode.IsControl) >= 0:
+		return invalid("key", key, "contains a control character")
+	}
+	return nil
+}
+
+// ValidateValue checks a data value's size.
+func ValidateValue(value []byte) error {
+	if len(value) > MaxValueLen {
+		return invalid("value", fmt.Sprintf("%d bytes", len(value)), "larger than "+strconv.Itoa(MaxValueLen)+" bytes")
+	}
+	return nil
+}
+
+// validToken checks that tok could have been issued by this store.
+func validToken(tok token.Token) error {
+	if err := tok.Validate(); err != nil {
+		return err
+	}
+	if err := ValidateName("lease", tok.Lease); err != nil {
+		return &token.MalformedError{Field: "lease", Input: tok.Lease, Reason: err.(*ArgumentError).Reason}
+	}
+	return nil
+}
+
+// record is the value of a holder key.
+type record struct {
+	Holder string `json:"holder"`
+	Epoch  uint64 `json:"epoch"`
+}
+
+func encodeRecord(r record) string {
+	b, _ := json.Marshal(r)
+	return string(b)
+}
+
+// decodeRecord reads a holder key's value. A value written by something
+// other than fencer yields a record with only its raw text as holder, so
+// that a foreign writer's key still blocks acquisition.
+func decodeRecord(v []byte) record {
+	var r record
+	if err := json.Unmarshal(v, &r); err != nil {
+		return record{Holder: string(v)}
+	}
+	return r
+}
+
+// Status is a lease's holder as the store sees it.
+type Status struct {
+	// Name is the lease name.
+	Name string
+	// Token is the current token; zero if the lease is free.
+	Token token.Token
+	// Holder is the holder identity; empty if the lease is free.
+	Holder string
+	// Epoch is the acquisition counter, also when the lease is free.
+	Epoch uint64
+}
+
+// Status reads the current holder of lease name. The answer may be stale by
+// the time it returns; use Guard to act on it.
+func (s *Store) Status(ctx context.Context, name string) (Status, error) {
+	if err := ValidateName("name", name); err != nil {
+		return Status{}, err
+	}
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.holderKey(name)), clientv3.OpGet(s.epochKey(name))).Commit()
+	if err != nil {
+		return Status{}, fmt.Errorf("etcdstore: status of %q: %w", name, err)
+	}
+	st := Status{Name: name}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+		st.Epoch, _ = strconv.ParseUint(string(kvs[0].Value), 10, 64)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		r := decodeRecord(kvs[0].Value)
+		st.Holder = r.Holder
+		st.Token = token.Token{Lease: name, Epoch: r.Epoch, Revision: kvs[0].CreateRevision}
+	}
+	return st, nil
+}
+
+// List returns the status of every lease that has ever been acquired under
+// the store's prefix, ordered by name.
+func (s *Store) List(ctx context.Context) ([]Status, error) {
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(s.prefix+"epochs/", clientv3.WithPrefix()),
+		clientv3.OpGet(s.prefix+"leases/", clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: list: %w", err)
+	}
+	holders := map[string]Status{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		name := strings.TrimPrefix(string(kv.Key), s.prefix+"leases/")
+		r := decodeRecord(kv.Value)
+		holders[name] = Status{Name: name, Holder: r.Holder, Token: token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}}
+	}
+	var out []Status
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		name := strings.TrimPrefix(string(kv.Key), s.prefix+"epochs/")
+		st := holders[name]
+		st.Name = name
+		st.Epoch, _ = strconv.ParseUint(string(kv.Value), 10, 64)
+		out = append(out, st)
+	}
+	return out, nil
+}
