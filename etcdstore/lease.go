@@ -90,45 +90,60 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 	}
 	st := s.store
 	hk, ek := st.holderKey(name), st.epochKey(name)
+	// Start from the epoch this session last saw, so that the common case
+	// is a single Txn; a wrong guess costs one more round trip.
+	s.mu.Lock()
+	seen := s.epochs[name]
+	s.mu.Unlock()
 	for {
 		if err := s.ctx.Err(); err != nil {
 			return nil, 0, s.Err()
 		}
-		cur, err := st.cli.Get(ctx, ek)
-		if err != nil {
-			return nil, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
-		}
-		var epoch uint64
-		var epochRev int64
-		if len(cur.Kvs) == 1 {
-			epochRev = cur.Kvs[0].ModRevision
-			if epoch, err = strconv.ParseUint(string(cur.Kvs[0].Value), 10, 64); err != nil {
-				return nil, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, cur.Kvs[0].Value)
-			}
-		}
-		epoch++
+		epoch := seen.value + 1
 		resp, err := st.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
-				clientv3.Compare(clientv3.ModRevision(ek), "=", epochRev)).
+				clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev)).
 			Then(clientv3.OpPut(hk, encodeRecord(record{Holder: s.holder, Epoch: epoch}), clientv3.WithLease(s.id)),
 				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))).
-			Else(clientv3.OpGet(hk)).
+			Else(clientv3.OpGet(hk), clientv3.OpGet(ek)).
 			Commit()
 		if err != nil {
 			return nil, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
 		}
 		if resp.Succeeded {
+			s.rememberEpoch(name, epochSeen{value: epoch, modRev: resp.Header.Revision})
 			l := &Lease{sess: s, tok: token.Token{Lease: name, Epoch: epoch, Revision: resp.Header.Revision}, done: make(chan struct{})}
 			if err := s.remember(l); err != nil {
 				return nil, 0, err
 			}
 			return l, 0, nil
 		}
+		seen = epochSeen{}
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			seen.modRev = kvs[0].ModRevision
+			if seen.value, err = strconv.ParseUint(string(kvs[0].Value), 10, 64); err != nil {
+				return nil, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, kvs[0].Value)
+			}
+		}
+		s.rememberEpoch(name, seen)
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 			return nil, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
 		}
-		// Only the epoch moved: another acquisition came and went. Retry.
+		// Only the epoch differed from the guess: retry with the one read.
 	}
+}
+
+// epochSeen is the last value and mod revision of an epoch key that a
+// session saw.
+type epochSeen struct {
+	value  uint64
+	modRev int64
+}
+
+func (s *Session) rememberEpoch(name string, e epochSeen) {
+	s.mu.Lock()
+	s.epochs[name] = e
+	s.mu.Unlock()
 }
 
 // Acquire acquires lease name, waiting while another holder has it. It

@@ -63,7 +63,8 @@ type Session struct {
 
 	mu     sync.Mutex
 	held   map[string]*Lease
-	err    error // why the session ended; nil while it runs
+	epochs map[string]epochSeen // per lease name, to guess the next epoch
+	err    error                // why the session ended; nil while it runs
 	closed bool
 }
 
@@ -97,7 +98,7 @@ func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session
 	sctx, cancel := context.WithCancel(context.Background())
 	sess := &Session{
 		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
-		ctx: sctx, cancel: cancel, held: map[string]*Lease{},
+		ctx: sctx, cancel: cancel, held: map[string]*Lease{}, epochs: map[string]epochSeen{},
 	}
 	deadline := sent.Add(time.Duration(grant.TTL) * time.Second)
 	sess.wg.Add(2)

@@ -64,8 +64,8 @@ func (s *Store) Client() *clientv3.Client { return s.cli }
 // Prefix returns the Store's key prefix.
 func (s *Store) Prefix() string { return s.prefix }
 
-func (s *Store) holderKey(name string) string   { return s.prefix + "leases/" + name }
-func (s *Store) epochKey(name string) string    { return s.prefix + "epochs/" + name }
+func (s *Store) holderKey(name string) string    { return s.prefix + "leases/" + name }
+func (s *Store) epochKey(name string) string     { return s.prefix + "epochs/" + name }
 func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
 
 // DataKey returns the etcd key under which Put, Get and Delete store key.

@@ -1,0 +1,55 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fencer-dev/fencer/embedetcd"
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/token"
+)
+
+func Example() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "fencer-example-")
+	defer os.RemoveAll(dir)
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "example", Dir: dir})
+	if err != nil {
+		panic(err)
+	}
+	defer srv.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		panic(err)
+	}
+	defer cli.Close()
+	st, _ := etcdstore.New(cli)
+
+	a, _ := st.NewSession(ctx, etcdstore.WithHolder("a"))
+	defer a.Close(ctx)
+	first, _ := a.Acquire(ctx, "orders")
+	fmt.Println("first:", first.Token())
+	_, err = st.Put(ctx, first.Token(), "total", []byte("100"))
+	fmt.Println("put with first:", err)
+
+	_ = first.Release(ctx)
+	second, _ := a.Acquire(ctx, "orders")
+	fmt.Println("second:", second.Token())
+
+	_, err = st.Put(ctx, first.Token(), "total", []byte("late"))
+	fmt.Println("stale:", errors.Is(err, token.ErrStale))
+	v, _, _ := st.Get(ctx, "total")
+	fmt.Println("total:", string(v.Data))
+	// Output:
+	// first: v1:1:2:orders
+	// put with first: <nil>
+	// second: v1:2:5:orders
+	// stale: true
+	// total: 100
+}
