@@ -45,11 +45,15 @@ func TestMain(m *testing.M) {
 
 func goleakOptions() []goleak.Option {
 	return []goleak.Option{
-		// grpc-go's resolver and balancer close asynchronously after
-		// ClientConn.Close, and etcd's zap logger keeps a sink flusher.
+		// grpc-go's callback serializer exits shortly after the client closes.
 		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+		// etcd members talk raft over keep-alive HTTP connections that
+		// outlive Close until their idle timeout.
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 	}
 }
 
