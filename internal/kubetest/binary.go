@@ -1,0 +1,95 @@
+package kubetest
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// BinaryEnv is the environment variable that, when set, names the
+// kube-apiserver binary to run instead of the one in the repository's cache.
+const BinaryEnv = "FENCER_KUBE_APISERVER"
+
+// modulePath is fencer's main module, whose go.mod marks the repository root.
+const modulePath = "github.com/fencer-dev/fencer"
+
+// ErrNoBinary reports that the kube-apiserver binary is not where BinaryPath
+// looks for it. Build it with make kube-apiserver.
+var ErrNoBinary = errors.New("kubetest: kube-apiserver binary not found (build it with make kube-apiserver)")
+
+// BinaryPath returns the kube-apiserver binary to run: the file named by the
+// FENCER_KUBE_APISERVER environment variable when it is set, and otherwise
+// .cache/bin/kube-apiserver under the root of the fencer repository that
+// contains the working directory. The error wraps ErrNoBinary when that file
+// does not exist. BinaryPath does not check that the file is a working
+// kube-apiserver or which version it is.
+func BinaryPath() (string, error) {
+	path := os.Getenv(BinaryEnv)
+	if path == "" {
+		root, err := repoRoot()
+		if err != nil {
+			return "", err
+		}
+		path = filepath.Join(root, ".cache", "bin", "kube-apiserver")
+	}
+	info, err := os.Stat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("%w: %s", ErrNoBinary, path)
+	case err != nil:
+		return "", fmt.Errorf("kubetest: %w", err)
+	case info.IsDir():
+		return "", fmt.Errorf("%w: %s is a directory", ErrNoBinary, path)
+	}
+	return path, nil
+}
+
+// repoRoot walks up from the working directory to the directory whose go.mod
+// declares fencer's main module. Nested modules, such as tools/kube-apiserver,
+// are passed over.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("kubetest: find repository root: %w", err)
+	}
+	for {
+		path, err := goModModule(filepath.Join(dir, "go.mod"))
+		if err != nil {
+			return "", err
+		}
+		if path == modulePath {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("kubetest: no go.mod of module %s above the working directory; set %s", modulePath, BinaryEnv)
+		}
+		dir = parent
+	}
+}
+
+// goModModule returns the module path declared in the go.mod file at path,
+// or "" when there is no such file.
+func goModModule(path string) (string, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("kubetest: %w", err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(s.Text()), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`), nil
+		}
+	}
+	if err := s.Err(); err != nil {
+		return "", fmt.Errorf("kubetest: read %s: %w", path, err)
+	}
+	return "", nil
+}

@@ -1,0 +1,176 @@
+package kubetest_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fencer-dev/fencer/internal/kubetest"
+)
+
+const (
+	leaseKey = "fencer.dev/lease"
+	tokenKey = "fencer.dev/token"
+	fence    = kubetest.Namespace + "/fence"
+)
+
+// TestAdmissionPolicy installs deploy/admission/policy.yaml and checks what
+// it lets through, writing as the Limited user: the policy binds every
+// writer, not only fencer's library.
+func TestAdmissionPolicy(t *testing.T) {
+	env := kubetest.StartForTest(t)
+	ctx := t.Context()
+	installPolicy(t, env)
+	cms := clientset(t, env.Limited()).CoreV1().ConfigMaps(kubetest.Namespace)
+
+	_, err := cms.Create(ctx, configMap("guarded", fenced(fence, "10")), metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = cms.Create(ctx, configMap("unguarded", nil), metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	// The cases run in order, on one object: an allowed update changes the
+	// state that later cases start from.
+	for _, tc := range []struct {
+		name        string
+		object      string
+		annotations map[string]string // the update's annotations; nil removes them all
+		wantReason  metav1.StatusReason
+		wantMessage string
+	}{
+		{name: "greater token", object: "guarded", annotations: fenced(fence, "11")},
+		{name: "smaller token", object: "guarded", annotations: fenced(fence, "10"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+		{name: "same token", object: "guarded", annotations: fenced(fence, "11")},
+		{name: "numerically greater, lexically smaller", object: "guarded", annotations: fenced(fence, "100")},
+		{name: "numerically smaller, lexically greater", object: "guarded", annotations: fenced(fence, "99"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+		{name: "remove token", object: "guarded", annotations: map[string]string{leaseKey: fence},
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed"},
+		{name: "remove lease", object: "guarded", annotations: map[string]string{tokenKey: "200"},
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed"},
+		{name: "remove all annotations", object: "guarded", annotations: nil,
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed"},
+		{name: "malformed token", object: "guarded", annotations: fenced(fence, "12abc"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+		{name: "negative token", object: "guarded", annotations: fenced(fence, "-1"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+		{name: "token overflowing int64", object: "guarded", annotations: fenced(fence, "99999999999999999999"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+		{name: "empty token", object: "guarded", annotations: fenced(fence, ""),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+		{name: "takeover by another lease", object: "guarded", annotations: fenced(kubetest.Namespace+"/other", "1")},
+		{name: "stale after takeover", object: "guarded", annotations: fenced(kubetest.Namespace+"/other", "0"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+		{name: "unfenced object", object: "unguarded", annotations: map[string]string{"team": "a"}},
+		{name: "unfenced object gains a malformed token", object: "unguarded", annotations: fenced(fence, "x")},
+		{name: "malformed stored token kept", object: "unguarded", annotations: fenced(fence, "x"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+		{name: "malformed stored token replaced", object: "unguarded", annotations: fenced(fence, "1")},
+		{name: "stale after repair", object: "unguarded", annotations: fenced(fence, "0"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cm, err := cms.Get(ctx, tc.object, metav1.GetOptions{})
+			require.NoError(t, err)
+			cm.Annotations = tc.annotations
+			cm.Data["touched"] = tc.name
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+			if tc.wantReason == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			require.Equal(t, tc.wantReason, apierrors.ReasonForError(err), "error: %v", err)
+			require.ErrorContains(t, err, tc.wantMessage)
+		})
+	}
+}
+
+// installPolicy creates the objects of deploy/admission/policy.yaml and waits
+// until the API server enforces them: policies reach the admission plugin
+// through an informer, a moment after they are created.
+func installPolicy(t *testing.T, env *kubetest.Env) {
+	t.Helper()
+	ctx := t.Context()
+	admin := clientset(t, env.Admin())
+	for _, doc := range yamlDocuments(t, "../../deploy/admission/policy.yaml") {
+		var meta metav1.TypeMeta
+		require.NoError(t, yaml.Unmarshal(doc, &meta))
+		switch meta.Kind {
+		case "ValidatingAdmissionPolicy":
+			var p admissionv1.ValidatingAdmissionPolicy
+			require.NoError(t, yaml.UnmarshalStrict(doc, &p))
+			_, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
+			require.NoError(t, err)
+		case "ValidatingAdmissionPolicyBinding":
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			require.NoError(t, yaml.UnmarshalStrict(doc, &b))
+			_, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{})
+			require.NoError(t, err)
+		default:
+			t.Fatalf("unexpected kind %q in policy.yaml", meta.Kind)
+		}
+	}
+	waitEnforced(t, admin)
+}
+
+// waitEnforced retries a dry-run stale update of a probe object until the
+// policy denies it.
+func waitEnforced(t *testing.T, admin *kubernetes.Clientset) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cms := admin.CoreV1().ConfigMaps(kubetest.Namespace)
+	probe, err := cms.Create(ctx, configMap("policy-probe", fenced(kubetest.Namespace+"/probe", "5")), metav1.CreateOptions{})
+	require.NoError(t, err)
+	probe.Annotations[tokenKey] = "4"
+	start := time.Now()
+	for {
+		_, err := cms.Update(ctx, probe, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "stale fencing token") {
+			t.Logf("policy enforced after %v", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("policy not enforced after %v; last dry-run update: %v", time.Since(start), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func yamlDocuments(t *testing.T, path string) [][]byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var docs [][]byte
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		require.NoError(t, err)
+		if len(bytes.TrimSpace(doc)) > 0 {
+			docs = append(docs, doc)
+		}
+	}
+}
+
+func fenced(lease, token string) map[string]string {
+	return map[string]string{leaseKey: lease, tokenKey: token}
+}
