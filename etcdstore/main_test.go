@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,23 +18,39 @@ import (
 	"github.com/fencer-dev/fencer/etcdstore"
 )
 
-// shared is one embedded etcd member for the tests that do not stop it.
-var shared *embedetcd.Server
+// shared is one embedded etcd member for the tests that do not stop it,
+// started on first use so that fuzz workers never start one.
+var shared struct {
+	once sync.Once
+	dir  string
+	srv  *embedetcd.Server
+	err  error
+}
+
+// sharedEndpoint returns the client URL of the shared member.
+func sharedEndpoint(t testing.TB) string {
+	t.Helper()
+	shared.once.Do(func() {
+		shared.dir, shared.err = os.MkdirTemp("", "etcdstore-test-")
+		if shared.err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		shared.srv, shared.err = embedetcd.Start(ctx, embedetcd.Member{Name: "shared", Dir: shared.dir})
+	})
+	require.NoError(t, shared.err)
+	return shared.srv.Endpoint()
+}
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "etcdstore-test-")
-	if err != nil {
-		panic(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	shared, err = embedetcd.Start(ctx, embedetcd.Member{Name: "shared", Dir: dir})
-	cancel()
-	if err != nil {
-		panic(err)
-	}
 	code := m.Run()
-	shared.Close()
-	os.RemoveAll(dir)
+	if shared.srv != nil {
+		shared.srv.Close()
+	}
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
 	if code == 0 {
 		if err := goleak.Find(goleakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -64,7 +81,7 @@ var prefixSeq atomic.Int64
 func newStore(t testing.TB, endpoints ...string) *etcdstore.Store {
 	t.Helper()
 	if len(endpoints) == 0 {
-		endpoints = []string{shared.Endpoint()}
+		endpoints = []string{sharedEndpoint(t)}
 	}
 	cli := newClient(t, endpoints...)
 	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/test-%s-%d/", t.Name(), prefixSeq.Add(1))))

@@ -211,7 +211,7 @@ func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
 
 func TestKeepAliveFailureFailsClosed(t *testing.T) {
 	ctx := ctxT(t)
-	p := newProxy(t, strings.TrimPrefix(shared.Endpoint(), "http://"))
+	p := newProxy(t, strings.TrimPrefix(sharedEndpoint(t), "http://"))
 	st := newStore(t, p.Endpoint())
 	clk := clocktesting.NewFakeClock(time.Now())
 	s := newSession(t, st, etcdstore.WithTTL(3*time.Second), etcdstore.WithClock(clk))
@@ -452,7 +452,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	_, err := etcdstore.New(nil)
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
-	_, err = etcdstore.New(newClient(t, shared.Endpoint()), etcdstore.WithPrefix("no-slash"))
+	_, err = etcdstore.New(newClient(t, sharedEndpoint(t)), etcdstore.WithPrefix("no-slash"))
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
 	st := newStore(t)
 	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, 1500 * time.Millisecond} {
