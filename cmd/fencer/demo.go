@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -58,7 +59,10 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 	}
 
 	start := time.Now()
+	var mu sync.Mutex
 	say := func(who, format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
 		fmt.Fprintf(out, "%7.3fs  %-2s %s\n", time.Since(start).Seconds(), who, fmt.Sprintf(format, a...))
 	}
 	fmt.Fprintf(out, "fencer demo: embedded etcd at %s, data in %s\n\n", srv.Endpoint(), dataDir)
@@ -88,9 +92,19 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 	}
 	say("A", "put orders/total = 100        accepted")
 	say("A", "stalls: no keepalive for longer than its %s TTL", ttl)
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	noticed := make(chan struct{})
 	go func() {
-		<-la.Done()
-		say("A", "(its own watch saw the loss: %v; a frozen process would not)", la.Err())
+		defer close(noticed)
+		select {
+		case <-la.Done():
+			say("A", "(its own watch saw the loss: %v; a frozen process would not)", la.Err())
+		case <-watchCtx.Done():
+		}
+	}()
+	defer func() {
+		stopWatching()
+		<-noticed
 	}()
 
 	say("B", "waits for lease %q", "orders")
