@@ -5,12 +5,16 @@ PKGS      ?= ./...
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run build test bench lint fuzz kube-apiserver clean
+.PHONY: all run demo build test bench lint fuzz proto proto-check python-deps kube-apiserver clean
 
 all: lint test
 
-## run: start fencer (the live fencing demo on an embedded etcd)
+## run: start the fencer service on an embedded etcd (data in ./data, gRPC on 127.0.0.1:7890)
 run:
+	$(GO) run ./cmd/fencer serve
+
+## demo: play a stale write being fenced, live on an embedded etcd
+demo:
 	$(GO) run ./cmd/fencer demo
 
 ## build: build the fencer binary into bin/
@@ -21,8 +25,21 @@ build:
 kube-apiserver:
 	./scripts/build-kube-apiserver.sh
 
+## python-deps: install Debian's python3-grpcio and python3-protobuf (for the Python client test)
+python-deps:
+	./scripts/install-python-deps.sh
+
+## proto: regenerate the Go and Python code from proto/ (committed)
+proto:
+	./scripts/proto.sh
+
+## proto-check: fail if regenerating from proto/ changes anything
+proto-check: proto
+	@out="$$(git status --porcelain proto python)"; \
+	if [ -n "$$out" ]; then echo "make proto changed generated code:"; echo "$$out"; git diff --stat proto python; exit 1; fi
+
 ## test: lint, build the test kube-apiserver, run every test with the race detector
-test: lint kube-apiserver
+test: lint kube-apiserver python-deps
 	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## bench: run the benchmarks and print their figures

@@ -21,6 +21,8 @@ var (
 	// ErrLeaseLost ends a Lease whose holder key was deleted or replaced
 	// by someone else.
 	ErrLeaseLost = errors.New("etcdstore: lease lost")
+	// ErrCondition means the caller's own compares in TryAcquireOn failed.
+	ErrCondition = errors.New("etcdstore: acquire condition failed")
 )
 
 // ArgumentError says which argument was invalid and why. It wraps

@@ -161,6 +161,20 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 	return (*clientv3.TxnResponse)(inner), nil
 }
 
+// Release deletes tok's holder key if and only if tok is still current, so
+// a retried or late release never deletes a newer holder's key. It reports
+// whether it deleted the key.
+func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
+	if err := validToken(tok); err != nil {
+		return false, err
+	}
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).Then(clientv3.OpDelete(s.holderKey(tok.Lease))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("etcdstore: release %s: %w", tok, err)
+	}
+	return resp.Succeeded, nil
+}
+
 // Advance records tok as the highest token that has passed for the
 // external resource, a compare-and-advance register kept at
 // <prefix>fences/<resource>. It succeeds only if tok is its lease's current

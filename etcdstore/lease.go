@@ -46,22 +46,17 @@ func (l *Lease) Err() error {
 // current; see Store.Guard.
 func (l *Lease) Guard() clientv3.Cmp { return l.sess.store.guard(l.tok) }
 
-// Release deletes the holder key if and only if it is still this
-// acquisition's, so a retried or late Release never deletes a newer
-// holder's key. It ends the Lease with ErrReleased. Releasing a lease that
-// has already ended changes nothing in etcd and returns nil.
+// Release ends the Lease with ErrReleased, then deletes the holder key if
+// and only if it is still this acquisition's, so a retried or late Release
+// never deletes a newer holder's key. If the delete fails, the Lease has
+// ended all the same; a retry deletes the key, or it expires with the
+// session. Releasing a lease that has already ended changes nothing in etcd
+// unless its key is still this acquisition's.
 func (l *Lease) Release(ctx context.Context) error {
-	key := l.sess.store.holderKey(l.tok.Lease)
-	_, err := l.sess.store.cli.Txn(ctx).
-		If(l.Guard()).
-		Then(clientv3.OpDelete(key)).
-		Commit()
-	if err != nil {
-		return fmt.Errorf("etcdstore: release %s: %w", l.tok, err)
-	}
 	l.sess.forget(l)
 	l.end(ErrReleased)
-	return nil
+	_, err := l.sess.store.Release(ctx, l.tok)
+	return err
 }
 
 func (l *Lease) end(reason error) {
@@ -85,51 +80,81 @@ func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // tryAcquire returns the revision at which a held lease was seen, so that
 // Acquire can wait for its deletion from there.
 func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, error) {
-	if err := ValidateName("name", name); err != nil {
-		return nil, 0, err
+	if err := s.ctx.Err(); err != nil {
+		return nil, 0, s.Err()
 	}
-	st := s.store
-	hk, ek := st.holderKey(name), st.epochKey(name)
-	// Start from the epoch this session last saw, so that the common case
-	// is a single Txn; a wrong guess costs one more round trip.
 	s.mu.Lock()
 	seen := s.epochs[name]
 	s.mu.Unlock()
+	tok, seen, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name, seen)
+	if seen != (epochSeen{}) {
+		s.rememberEpoch(name, seen)
+	}
+	if err != nil {
+		return nil, heldAt, err
+	}
+	l := &Lease{sess: s, tok: tok, done: make(chan struct{})}
+	if err := s.remember(l); err != nil {
+		return nil, 0, err
+	}
+	return l, 0, nil
+}
+
+// TryAcquireOn acquires lease name for holder on an etcd lease that the
+// caller grants and keeps alive itself, as fencer's service does for remote
+// sessions. cond are further compares that must hold in the acquiring Txn
+// (for example, that id belongs to the caller); if they fail, nothing is
+// written and ErrCondition is returned. It returns a *token.HeldError, with
+// the revision it was seen at, when the lease is held.
+//
+// Nothing watches a lease acquired this way: the caller detects its loss.
+func (s *Store) TryAcquireOn(ctx context.Context, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (tok token.Token, heldAt int64, err error) {
+	tok, _, heldAt, err = s.acquire(ctx, id, holder, name, epochSeen{}, cond...)
+	return tok, heldAt, err
+}
+
+// acquire creates the holder key of name on etcd lease id and bumps the
+// epoch, in one Txn. It starts from the epoch seen, so that the common case
+// is a single Txn; a wrong guess costs one more round trip. It returns the
+// epoch it last saw.
+func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name string, seen epochSeen, cond ...clientv3.Cmp) (token.Token, epochSeen, int64, error) {
+	if err := ValidateName("name", name); err != nil {
+		return token.Token{}, seen, 0, err
+	}
+	hk, ek := s.holderKey(name), s.epochKey(name)
 	for {
-		if err := s.ctx.Err(); err != nil {
-			return nil, 0, s.Err()
-		}
 		epoch := seen.value + 1
-		resp, err := st.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
-				clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev)).
-			Then(clientv3.OpPut(hk, encodeRecord(record{Holder: s.holder, Epoch: epoch}), clientv3.WithLease(s.id)),
+		cmps := append([]clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
+		}, cond...)
+		resp, err := s.cli.Txn(ctx).If(cmps...).
+			Then(clientv3.OpPut(hk, encodeRecord(record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
 				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))).
 			Else(clientv3.OpGet(hk), clientv3.OpGet(ek)).
 			Commit()
 		if err != nil {
-			return nil, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
+			return token.Token{}, seen, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
 		}
 		if resp.Succeeded {
-			s.rememberEpoch(name, epochSeen{value: epoch, modRev: resp.Header.Revision})
-			l := &Lease{sess: s, tok: token.Token{Lease: name, Epoch: epoch, Revision: resp.Header.Revision}, done: make(chan struct{})}
-			if err := s.remember(l); err != nil {
-				return nil, 0, err
-			}
-			return l, 0, nil
+			rev := resp.Header.Revision
+			return token.Token{Lease: name, Epoch: epoch, Revision: rev}, epochSeen{value: epoch, modRev: rev}, 0, nil
 		}
-		seen = epochSeen{}
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
-			seen.modRev = kvs[0].ModRevision
-			if seen.value, err = strconv.ParseUint(string(kvs[0].Value), 10, 64); err != nil {
-				return nil, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, kvs[0].Value)
-			}
-		}
-		s.rememberEpoch(name, seen)
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-			return nil, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
+			return token.Token{}, seen, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
 		}
-		// Only the epoch differed from the guess: retry with the one read.
+		now := epochSeen{}
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			now.modRev = kvs[0].ModRevision
+			if now.value, err = strconv.ParseUint(string(kvs[0].Value), 10, 64); err != nil {
+				return token.Token{}, seen, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, kvs[0].Value)
+			}
+		}
+		if now == seen {
+			// The lease is free and the epoch as guessed: cond failed.
+			return token.Token{}, seen, 0, ErrCondition
+		}
+		seen = now // only the epoch differed from the guess: retry
 	}
 }
 
@@ -156,26 +181,42 @@ func (s *Session) Acquire(ctx context.Context, name string) (*Lease, error) {
 		if !errors.Is(err, token.ErrHeldByAnother) {
 			return l, err
 		}
-		if err := s.waitDelete(ctx, name, seenAt); err != nil {
+		if err := s.waitFree(ctx, name, seenAt); err != nil {
 			return nil, err
 		}
 	}
 }
 
-// waitDelete waits until the holder key of name is deleted after rev.
-func (s *Session) waitDelete(ctx context.Context, name string, rev int64) error {
+// waitFree is WaitFree that also gives up when the session ends.
+func (s *Session) waitFree(ctx context.Context, name string, rev int64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	err := s.store.WaitFree(ctx, name, rev)
+	if s.ctx.Err() != nil {
+		return s.Err()
+	}
+	return err
+}
+
+// WaitFree waits until the holder key of lease name is deleted after
+// revision rev (as returned with a *token.HeldError), or until the watch
+// breaks, when the caller should simply try again. It returns ctx's error
+// if ctx ends first.
+func (s *Store) WaitFree(ctx context.Context, name string, rev int64) error {
+	if err := ValidateName("name", name); err != nil {
+		return err
+	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := s.store.cli.Watch(wctx, s.store.holderKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	wch := s.cli.Watch(wctx, s.holderKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	for {
 		select {
-		case <-s.ctx.Done():
-			return s.Err()
 		case <-ctx.Done():
 			return ctx.Err()
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil {
-				// The watch broke (compaction, leader loss): re-read instead.
 				return nil
 			}
 			for _, ev := range resp.Events {

@@ -9,6 +9,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/token"
@@ -64,7 +65,24 @@ func (s *Store) Client() *clientv3.Client { return s.cli }
 // Prefix returns the Store's key prefix.
 func (s *Store) Prefix() string { return s.prefix }
 
-func (s *Store) holderKey(name string) string    { return s.prefix + "leases/" + name }
+func (s *Store) holderKey(name string) string { return s.prefix + "leases/" + name }
+
+// HolderKey returns the etcd key of lease name's holder record. Its create
+// revision is the current token's revision; it is attached to the holder's
+// etcd lease.
+func (s *Store) HolderKey(name string) string { return s.holderKey(name) }
+
+// ParseHolder reads a holder key's key-value pair, as seen in a Get or a
+// watch event, into the lease's Status. ok is false if kv is not a holder
+// key of this store.
+func (s *Store) ParseHolder(kv *mvccpb.KeyValue) (st Status, ok bool) {
+	name, ok := strings.CutPrefix(string(kv.Key), s.prefix+"leases/")
+	if !ok || ValidateName("name", name) != nil {
+		return Status{}, false
+	}
+	r := decodeRecord(kv.Value)
+	return Status{Name: name, Holder: r.Holder, Epoch: r.Epoch, Token: token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}}, true
+}
 func (s *Store) epochKey(name string) string     { return s.prefix + "epochs/" + name }
 func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
 

@@ -28,7 +28,13 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"demo": {summary: "show a stale write being fenced, live on an embedded etcd", run: runDemo},
+	"demo":    {summary: "show a stale write being fenced, live on an embedded etcd", run: runDemo},
+	"serve":   {summary: "serve the gRPC API (embedded etcd unless --etcd-endpoints)", run: runServe},
+	"acquire": {summary: "run a command while holding a lease: acquire NAME -- CMD", run: runAcquire},
+	"put":     {summary: "write a data key with a guarded put (token from $FENCER_TOKEN)", run: runPut},
+	"get":     {summary: "read a data key", run: runGet},
+	"check":   {summary: "report whether a token is current", run: runCheck},
+	"status":  {summary: "list leases with their holders and tokens", run: runStatus},
 }
 
 func main() {

@@ -1,0 +1,135 @@
+package client
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"k8s.io/utils/clock"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Client calls a fencer server (or several, behind one grpc connection).
+// It holds no state beyond its connection; methods are safe for concurrent
+// use. Errors are the library's: see fromStatus for the mapping.
+type Client struct {
+	rpc   fencerv1.FencerServiceClient
+	clock clock.Clock
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithClock sets the clock that paces keepalives and measures sessions'
+// local deadlines. Tests use a fake clock.
+func WithClock(clk clock.Clock) Option { return func(c *Client) { c.clock = clk } }
+
+// New returns a Client that calls through cc. It does not close cc.
+func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{rpc: fencerv1.NewFencerServiceClient(cc), clock: clock.RealClock{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// BearerToken returns per-call credentials that send tok as
+// "authorization: Bearer <tok>". With requireTLS, grpc refuses to send it
+// over a plaintext connection; pass false only for loopback or tests.
+func BearerToken(tok string, requireTLS bool) credentials.PerRPCCredentials {
+	return bearer{tok: tok, secure: requireTLS}
+}
+
+type bearer struct {
+	tok    string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.tok}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return b.secure }
+
+// Check returns nil if tok is its lease's current token, and a
+// *token.StaleError otherwise. The answer may be out of date when it
+// returns; only guarded writes are fenced.
+func (c *Client) Check(ctx context.Context, tok token.Token) error {
+	_, err := c.rpc.Check(ctx, &fencerv1.CheckRequest{Token: tok.String()})
+	return fromStatus(err)
+}
+
+// Advance records tok as the highest token that has passed for resource;
+// see etcdstore.Store.Advance.
+func (c *Client) Advance(ctx context.Context, resource string, tok token.Token) error {
+	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String()})
+	return fromStatus(err)
+}
+
+// Put writes value at key if and only if tok is current, and returns the
+// revision of the write. A superseded token yields a *token.StaleError and
+// nothing is written. A transport error leaves it unknown whether the
+// write committed.
+func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []byte) (int64, error) {
+	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value})
+	if err != nil {
+		return 0, fromStatus(err)
+	}
+	return resp.GetRevision(), nil
+}
+
+// Get reads key; found is false when it does not exist. Reads are not
+// guarded.
+func (c *Client) Get(ctx context.Context, key string) (v etcdstore.Value, found bool, err error) {
+	resp, err := c.rpc.Get(ctx, &fencerv1.GetRequest{Key: key})
+	if err != nil {
+		return etcdstore.Value{}, false, fromStatus(err)
+	}
+	if !resp.GetFound() {
+		return etcdstore.Value{}, false, nil
+	}
+	return etcdstore.Value{Data: resp.GetValue(), CreateRevision: resp.GetCreateRevision(), ModRevision: resp.GetModRevision()}, true, nil
+}
+
+// Delete deletes key if and only if tok is current, and reports whether it
+// existed.
+func (c *Client) Delete(ctx context.Context, tok token.Token, key string) (bool, error) {
+	resp, err := c.rpc.Delete(ctx, &fencerv1.DeleteRequest{Token: tok.String(), Key: key})
+	if err != nil {
+		return false, fromStatus(err)
+	}
+	return resp.GetDeleted(), nil
+}
+
+// Txn runs a transaction on data keys if and only if tok is current. A
+// superseded token yields a *token.StaleError and runs neither branch;
+// otherwise the response's Succeeded reports the caller's compares.
+func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.Compare, success, failure []*fencerv1.Op) (*fencerv1.TxnResponse, error) {
+	resp, err := c.rpc.Txn(ctx, &fencerv1.TxnRequest{Token: tok.String(), Compares: compares, Success: success, Failure: failure})
+	return resp, fromStatus(err)
+}
+
+// List returns every lease that has ever been acquired, ordered by name.
+// It may be out of date when it returns.
+func (c *Client) List(ctx context.Context) ([]etcdstore.Status, error) {
+	resp, err := c.rpc.ListLeases(ctx, &fencerv1.ListLeasesRequest{})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	out := make([]etcdstore.Status, len(resp.GetLeases()))
+	for i, l := range resp.GetLeases() {
+		out[i] = etcdstore.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
+		if l.GetHeld() {
+			tok, err := token.Parse(l.GetToken())
+			if err != nil {
+				return nil, fmt.Errorf("client: list: lease %q: %w", l.GetName(), err)
+			}
+			out[i].Token = tok
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,27 @@
+// Package client is the Go client of fencer's gRPC service (see package
+// server and proto/fencer/v1).
+//
+// It mirrors the library (package etcdstore) over the network: a Session
+// holds leases, each Lease has a Token and a Done channel, and Put, Delete,
+// Txn and Advance are guarded by a token. Errors are the library's: a stale
+// write returns a *token.StaleError that matches token.ErrStale, with Newer
+// filled in when the server knew the superseding token.
+//
+// # What is guaranteed
+//
+// A guarded write commits only if its token is current when etcd applies
+// it; the check is etcd's, run by the server inside the write's own
+// transaction.
+//
+// # What is not guaranteed
+//
+//   - Lease.Done is advisory: it closes when the server's watch reports the
+//     lease lost, or when renewals have failed until the local deadline. A
+//     paused process may act before it notices; only guarded writes are
+//     fenced.
+//   - A write that fails with a transport error may or may not have
+//     committed.
+//   - The client does not retry calls; the grpc connection's own policy
+//     (e.g. several server addresses with round_robin) decides which
+//     server a call reaches.
+package client

@@ -1,0 +1,78 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Errors of the service that have no counterpart in the library.
+var (
+	// ErrPermissionDenied means the session or token belongs to another
+	// principal.
+	ErrPermissionDenied = errors.New("client: permission denied")
+	// ErrUnauthenticated means the server did not accept the credentials.
+	ErrUnauthenticated = errors.New("client: unauthenticated")
+	// errWatchCompacted means a lease watch must start again from now.
+	errWatchCompacted = errors.New("client: watch compacted")
+)
+
+// fromStatus is the one place where the client turns a gRPC status into
+// the errors the Go library returns: *token.StaleError (with Newer when the
+// server knew it), *token.HeldError, *token.ForeignLeaseError,
+// *token.MalformedError, token.ErrNotHeld, *etcdstore.ArgumentError and
+// etcdstore.ErrSessionExpired, or ErrPermissionDenied and
+// ErrUnauthenticated. Any other error is returned wrapped, so that
+// status.Code still reports its code.
+func fromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("client: %w", err)
+	}
+	var info *errdetails.ErrorInfo
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fencerv1.ErrorDomain {
+			info = ei
+			break
+		}
+	}
+	if info == nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	md := info.GetMetadata()
+	switch info.GetReason() {
+	case fencerv1.ReasonStaleToken:
+		e := &token.StaleError{}
+		e.Token, _ = token.Parse(md["token"])
+		e.Newer, _ = token.Parse(md["newer_token"])
+		return e
+	case fencerv1.ReasonHeldByAnother:
+		return &token.HeldError{Lease: md["lease"], Holder: md["holder"]}
+	case fencerv1.ReasonForeignLease:
+		return &token.ForeignLeaseError{Want: md["want"], Got: md["got"]}
+	case fencerv1.ReasonLeaseNotHeld:
+		return fmt.Errorf("client: %s: %w", st.Message(), token.ErrNotHeld)
+	case fencerv1.ReasonInvalidToken:
+		return &token.MalformedError{Field: md["token_field"], Input: md["input"], Reason: md["reason"]}
+	case fencerv1.ReasonInvalidArgument:
+		return &etcdstore.ArgumentError{Arg: md["field"], Value: md["input"], Reason: md["reason"]}
+	case fencerv1.ReasonSessionNotFound:
+		return fmt.Errorf("client: %s: %w", st.Message(), etcdstore.ErrSessionExpired)
+	case fencerv1.ReasonPermissionDenied:
+		return fmt.Errorf("client: %s: %w", st.Message(), ErrPermissionDenied)
+	case fencerv1.ReasonUnauthenticated:
+		return fmt.Errorf("client: %s: %w", st.Message(), ErrUnauthenticated)
+	case fencerv1.ReasonWatchCompacted:
+		return fmt.Errorf("client: %s: %w", st.Message(), errWatchCompacted)
+	}
+	return fmt.Errorf("client: %w", err)
+}

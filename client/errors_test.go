@@ -1,0 +1,84 @@
+package client
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func withInfo(code codes.Code, reason string, md map[string]string) error {
+	st, err := status.New(code, "msg").WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md})
+	if err != nil {
+		panic(err)
+	}
+	return st.Err()
+}
+
+func TestFromStatus(t *testing.T) {
+	old := token.Token{Lease: "jobs", Epoch: 1, Revision: 5}
+	newer := token.Token{Lease: "jobs", Epoch: 2, Revision: 9}
+	cases := []struct {
+		name  string
+		in    error
+		is    error
+		check func(t *testing.T, err error)
+	}{
+		{"stale", withInfo(codes.FailedPrecondition, fencerv1.ReasonStaleToken, map[string]string{"token": old.String(), "newer_token": newer.String()}), token.ErrStale,
+			func(t *testing.T, err error) {
+				var e *token.StaleError
+				require.ErrorAs(t, err, &e)
+				require.Equal(t, old, e.Token)
+				require.Equal(t, newer, e.Newer)
+			}},
+		{"held", withInfo(codes.FailedPrecondition, fencerv1.ReasonHeldByAnother, map[string]string{"lease": "jobs", "holder": "bob/1"}), token.ErrHeldByAnother,
+			func(t *testing.T, err error) {
+				var e *token.HeldError
+				require.ErrorAs(t, err, &e)
+				require.Equal(t, "bob/1", e.Holder)
+			}},
+		{"foreign", withInfo(codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": "a", "got": "b"}), token.ErrForeignLease, nil},
+		{"not held", withInfo(codes.FailedPrecondition, fencerv1.ReasonLeaseNotHeld, nil), token.ErrNotHeld, nil},
+		{"malformed", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidToken, map[string]string{"token_field": "revision"}), token.ErrMalformed, nil},
+		{"argument", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"field": "key"}), etcdstore.ErrInvalidArgument, nil},
+		{"session", withInfo(codes.NotFound, fencerv1.ReasonSessionNotFound, nil), etcdstore.ErrSessionExpired, nil},
+		{"permission", withInfo(codes.PermissionDenied, fencerv1.ReasonPermissionDenied, nil), ErrPermissionDenied, nil},
+		{"unauthenticated", withInfo(codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil), ErrUnauthenticated, nil},
+		{"compacted", withInfo(codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil), errWatchCompacted, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := fromStatus(tc.in)
+			require.ErrorIs(t, err, tc.is)
+			if tc.check != nil {
+				tc.check(t, err)
+			}
+		})
+	}
+	t.Run("other statuses keep their code", func(t *testing.T) {
+		err := fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil))
+		require.Equal(t, codes.Unavailable, status.Code(err))
+		require.Equal(t, codes.Unavailable, status.Code(fromStatus(status.Error(codes.Unavailable, "x"))))
+		require.NoError(t, fromStatus(nil))
+		require.False(t, errors.Is(err, token.ErrStale))
+	})
+}

@@ -1,0 +1,479 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// retryEvery paces reconnects of the keepalive and watch streams.
+const retryEvery = 200 * time.Millisecond
+
+// SessionOption configures a Session.
+type SessionOption func(*Session)
+
+// WithTTL sets the session's TTL, a whole number of seconds from 1 to 3600
+// (default etcdstore.DefaultTTL). The session's leases vanish this long
+// after the last successful renewal, and the session fails closed locally
+// no later than that.
+func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl = ttl } }
+
+// Session is a remote session: an etcd lease that a server granted for
+// this client's principal, renewed over one KeepAlive stream and watched
+// over one WatchLease stream, however many leases it holds. The session is
+// opened by its first acquisition.
+//
+// The session ends when Close is called, when the server reports it gone,
+// or when no renewal has succeeded before the local deadline: the send
+// time of the last successful renewal plus the TTL granted, on the
+// client's clock (monotonic by default). That deadline is never later than
+// etcd's own expiry, so the session fails closed, also when no server can
+// be reached. When it ends, every Lease it holds ends too.
+type Session struct {
+	c   *Client
+	ttl time.Duration
+
+	ctx    context.Context // cancelled when the session ends
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	open sync.Mutex // serializes the acquisition that opens the session
+	mu   sync.Mutex
+	id   int64 // 0 until opened
+	held map[string]*Lease
+	lost map[token.Token]bool // lost before Acquire returned; bounded
+	err  error
+}
+
+// NewSession returns a session that opens on its first acquisition. It
+// does no I/O. Close must be called to release its goroutines.
+func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
+	s := &Session{c: c, ttl: etcdstore.DefaultTTL, held: map[string]*Lease{}, lost: map[token.Token]bool{}}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
+		return nil, &etcdstore.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// ID returns the session's id, or 0 before its first acquisition.
+func (s *Session) ID() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.id
+}
+
+// Done is closed when the session ends.
+func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Err returns nil while the session runs, and then why it ended:
+// etcdstore.ErrSessionClosed or etcdstore.ErrSessionExpired, wrapped.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Acquire acquires lease name, waiting while another holder has it, until
+// ctx ends. Waiters are not queued.
+func (s *Session) Acquire(ctx context.Context, name string) (*Lease, error) {
+	return s.acquire(ctx, name, true)
+}
+
+// TryAcquire acquires lease name if it is free and otherwise returns a
+// *token.HeldError at once.
+func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
+	return s.acquire(ctx, name, false)
+}
+
+func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, error) {
+	if err := s.Err(); err != nil {
+		return nil, err
+	}
+	id := s.ID()
+	if id == 0 {
+		s.open.Lock()
+		defer s.open.Unlock()
+		id = s.ID()
+	}
+	req := &fencerv1.AcquireRequest{Name: name, SessionId: id, Wait: wait}
+	if id == 0 {
+		req.TtlSeconds = int64(s.ttl / time.Second)
+	}
+	sent := s.c.clock.Now()
+	resp, err := s.c.rpc.Acquire(ctx, req)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	tok, err := token.Parse(resp.GetToken())
+	if err != nil {
+		return nil, fmt.Errorf("client: acquire %q: server sent %w", name, err)
+	}
+	if id == 0 {
+		// The server renewed the new session every TTL/3 while the call
+		// waited, so it expires no sooner than either bound below.
+		ttl := time.Duration(resp.GetTtlSeconds()) * time.Second
+		deadline := sent.Add(ttl)
+		if d := s.c.clock.Now().Add(ttl / 2); d.After(deadline) {
+			deadline = d
+		}
+		s.start(resp.GetSessionId(), deadline, tok.Revision)
+	}
+	l := &Lease{sess: s, tok: tok, done: make(chan struct{})}
+	if err := s.remember(l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// start records the session's id and starts its keepalive and watch.
+func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
+	s.mu.Lock()
+	s.id = id
+	s.mu.Unlock()
+	s.wg.Add(2)
+	go s.keepAlive(id, deadline)
+	go s.watch(id, fromRev)
+}
+
+// Close releases the session on the server, which ends every lease it
+// holds at once, and stops its goroutines. ctx bounds the release; the
+// goroutines stop regardless, and if the release fails the session's
+// leases still vanish when its TTL runs out. Close is idempotent.
+func (s *Session) Close(ctx context.Context) error {
+	s.mu.Lock()
+	closed := s.err != nil && errors.Is(s.err, etcdstore.ErrSessionClosed)
+	id := s.id
+	s.mu.Unlock()
+	if closed {
+		return nil
+	}
+	s.end(etcdstore.ErrSessionClosed)
+	s.wg.Wait()
+	if id == 0 {
+		return nil
+	}
+	_, err := s.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: id}})
+	if err := fromStatus(err); err != nil && !errors.Is(err, etcdstore.ErrSessionExpired) {
+		return fmt.Errorf("client: close session: %w", err)
+	}
+	return nil
+}
+
+// end stops the session and its leases with reason; the first reason wins.
+func (s *Session) end(reason error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = reason
+	}
+	held := s.held
+	s.held = map[string]*Lease{}
+	s.mu.Unlock()
+	s.cancel()
+	for _, l := range held {
+		l.end(reason)
+	}
+}
+
+// keepAlive renews the session every TTL/3 over one KeepAlive stream,
+// reopening it on error, and ends the session when the local deadline
+// passes or the server reports the session gone.
+func (s *Session) keepAlive(id int64, deadline time.Time) {
+	defer s.wg.Done()
+	interval := s.ttl / 3
+	tick := s.c.clock.NewTimer(interval)
+	expire := s.c.clock.NewTimer(deadline.Sub(s.c.clock.Now()))
+	defer func() {
+		tick.Stop()
+		expire.Stop()
+	}()
+	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", etcdstore.ErrSessionExpired, s.ttl)
+	var ka *keepAliveStream
+	defer func() { ka.close() }()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-expire.C():
+			s.end(expired)
+			return
+		case <-tick.C():
+		}
+		if ka == nil {
+			ka = s.openKeepAlive()
+		}
+		sent := s.c.clock.Now()
+		ttl, err := ka.renew(id, expire.C())
+		switch {
+		case errors.Is(err, errExpired):
+			s.end(expired)
+			return
+		case errors.Is(err, etcdstore.ErrSessionExpired):
+			s.end(err)
+			return
+		case err != nil:
+			ka.close()
+			ka = nil
+			tick.Reset(retryEvery)
+			continue
+		}
+		expire.Stop()
+		expire.Reset(sent.Add(ttl).Sub(s.c.clock.Now()))
+		tick.Reset(interval)
+	}
+}
+
+var errExpired = errors.New("client: local deadline passed")
+
+// keepAliveStream is one KeepAlive stream and the goroutine reading it.
+type keepAliveStream struct {
+	stream fencerv1.FencerService_KeepAliveClient
+	err    error
+	resps  chan *fencerv1.KeepAliveResponse
+	errs   chan error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (s *Session) openKeepAlive() *keepAliveStream {
+	ctx, cancel := context.WithCancel(s.ctx)
+	ka := &keepAliveStream{cancel: cancel, resps: make(chan *fencerv1.KeepAliveResponse), errs: make(chan error, 1), done: make(chan struct{})}
+	ka.stream, ka.err = s.c.rpc.KeepAlive(ctx)
+	if ka.err != nil {
+		close(ka.done)
+		return ka
+	}
+	go func() {
+		defer close(ka.done)
+		for {
+			r, err := ka.stream.Recv()
+			if err != nil {
+				ka.errs <- err
+				return
+			}
+			select {
+			case ka.resps <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ka
+}
+
+// renew sends one renewal and waits for its answer or for expire.
+func (ka *keepAliveStream) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+	if ka.err != nil {
+		return 0, fromStatus(ka.err)
+	}
+	if err := ka.stream.Send(&fencerv1.KeepAliveRequest{SessionId: id}); err != nil {
+		ka.err = err
+		return 0, fromStatus(err)
+	}
+	select {
+	case r := <-ka.resps:
+		return time.Duration(r.GetTtlSeconds()) * time.Second, nil
+	case err := <-ka.errs:
+		ka.err = err
+		return 0, fromStatus(err)
+	case <-expire:
+		return 0, errExpired
+	}
+}
+
+func (ka *keepAliveStream) close() {
+	if ka == nil {
+		return
+	}
+	ka.cancel()
+	<-ka.done
+}
+
+// watch follows the session's WatchLease stream from revision from and
+// ends each lease reported lost. When the stream breaks it watches again
+// from the last revision it saw; when that revision was compacted it
+// watches from now and checks every held token, so no loss is missed.
+func (s *Session) watch(id, from int64) {
+	defer s.wg.Done()
+	resync := false
+	for {
+		err := s.watchOnce(id, &from, &resync)
+		if s.ctx.Err() != nil {
+			return
+		}
+		switch {
+		case errors.Is(err, etcdstore.ErrSessionExpired):
+			s.end(err)
+			return
+		case errors.Is(err, errWatchCompacted):
+			from, resync = 0, true
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.c.clock.After(retryEvery):
+		}
+	}
+}
+
+func (s *Session) watchOnce(id int64, from *int64, resync *bool) error {
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	stream, err := s.c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id, StartRevision: *from})
+	if err != nil {
+		return fromStatus(err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			return fromStatus(err)
+		}
+		switch ev.GetType() {
+		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
+			*from = ev.GetRevision()
+			if *resync {
+				s.checkAll(ctx)
+				*resync = false
+			}
+		case fencerv1.WatchLeaseResponse_TYPE_PROGRESS:
+			*from = ev.GetRevision() + 1
+		case fencerv1.WatchLeaseResponse_TYPE_LOST:
+			// One etcd revision may end several leases: resume at it.
+			*from = ev.GetRevision()
+			if tok, err := token.Parse(ev.GetToken()); err == nil {
+				s.lose(tok, fmt.Errorf("%w: %s (%s)", etcdstore.ErrLeaseLost, tok, ev.GetReason()))
+			}
+		}
+	}
+}
+
+// checkAll ends every held lease whose token is no longer current.
+func (s *Session) checkAll(ctx context.Context) {
+	s.mu.Lock()
+	leases := make([]*Lease, 0, len(s.held))
+	for _, l := range s.held {
+		leases = append(leases, l)
+	}
+	s.mu.Unlock()
+	for _, l := range leases {
+		if err := s.c.Check(ctx, l.tok); errors.Is(err, token.ErrStale) {
+			s.lose(l.tok, fmt.Errorf("%w: %w", etcdstore.ErrLeaseLost, err))
+		}
+	}
+}
+
+// maxLost bounds the tokens remembered as lost before their Acquire
+// returned.
+const maxLost = 4096
+
+// lose ends the held lease with token tok, or remembers tok in case its
+// Acquire has not returned yet.
+func (s *Session) lose(tok token.Token, reason error) {
+	s.mu.Lock()
+	l := s.held[tok.Lease]
+	if l != nil && l.tok.Revision == tok.Revision {
+		delete(s.held, tok.Lease)
+	} else {
+		l = nil
+		if len(s.lost) >= maxLost {
+			clear(s.lost)
+		}
+		s.lost[tok] = true
+	}
+	s.mu.Unlock()
+	if l != nil {
+		l.end(reason)
+	}
+}
+
+// remember registers l with the session, unless the session has ended or
+// the watch already reported l lost.
+func (s *Session) remember(l *Lease) error {
+	s.mu.Lock()
+	err := s.err
+	lost := s.lost[l.tok]
+	delete(s.lost, l.tok)
+	if err == nil && !lost {
+		s.held[l.tok.Lease] = l
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		l.end(err)
+		return err
+	case lost:
+		l.end(fmt.Errorf("%w: %s", etcdstore.ErrLeaseLost, l.tok))
+	}
+	return nil
+}
+
+func (s *Session) forget(l *Lease) {
+	s.mu.Lock()
+	if s.held[l.tok.Lease] == l {
+		delete(s.held, l.tok.Lease)
+	}
+	s.mu.Unlock()
+}
+
+// Lease is one acquisition held through a remote Session. Its Token is
+// fixed for its lifetime. Methods are safe for concurrent use.
+type Lease struct {
+	sess *Session
+	tok  token.Token
+
+	done chan struct{}
+	once sync.Once
+	mu   sync.Mutex
+	err  error
+}
+
+// Token returns the fencing token of this acquisition.
+func (l *Lease) Token() token.Token { return l.tok }
+
+// Done is closed when this acquisition ends: released, reported lost by
+// the server's watch (holder key deleted or replaced), or its session
+// ended, including by the local deadline. Done is prompt but advisory:
+// writes are fenced by the store, not by Done, and a watch that cannot
+// reach any server reports nothing until the local deadline passes.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err returns nil while the lease is held and then why it ended:
+// etcdstore.ErrReleased, ErrLeaseLost, ErrSessionClosed or
+// ErrSessionExpired, wrapped with detail. All of them also match
+// token.ErrNotHeld.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Release deletes the holder key if and only if it is still this
+// acquisition's, and ends the Lease with etcdstore.ErrReleased. Releasing a
+// lease that has already ended changes nothing and returns nil.
+func (l *Lease) Release(ctx context.Context) error {
+	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}})
+	if err := fromStatus(err); err != nil {
+		return fmt.Errorf("client: release %s: %w", l.tok, err)
+	}
+	l.sess.forget(l)
+	l.end(etcdstore.ErrReleased)
+	return nil
+}
+
+func (l *Lease) end(reason error) {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.err = fmt.Errorf("%w (%w)", reason, token.ErrNotHeld)
+		l.mu.Unlock()
+		close(l.done)
+	})
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fencer-dev/fencer/client"
+)
+
+// connFlags are the flags of every command that talks to a fencer server.
+type connFlags struct {
+	server, authTokenFile, tlsCA, tlsCert, tlsKey string
+	timeout                                       time.Duration
+}
+
+func (c *connFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.server, "server", envOr("FENCER_SERVER", defaultListen), "fencer server address; several comma-separated addresses are used round-robin ($FENCER_SERVER)")
+	fs.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("FENCER_AUTH_TOKEN_FILE"), "file holding the bearer token to send ($FENCER_AUTH_TOKEN_FILE; or the token itself in $FENCER_AUTH_TOKEN)")
+	fs.StringVar(&c.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the server; enables TLS")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "client private key (PEM) for mutual TLS")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "timeout of each call")
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// dial connects to the server(s). The connection is lazy: errors show on
+// the first call.
+func (c *connFlags) dial() (*grpc.ClientConn, error) {
+	addrs := splitList(c.server)
+	if len(addrs) == 0 {
+		return nil, errors.New("--server is empty")
+	}
+	var opts []grpc.DialOption
+	secure := c.tlsCA != ""
+	if secure {
+		pem, err := os.ReadFile(c.tlsCA)
+		if err != nil {
+			return nil, err
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificates in %s", c.tlsCA)
+		}
+		cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if c.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	} else {
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	tok := os.Getenv("FENCER_AUTH_TOKEN")
+	if c.authTokenFile != "" {
+		b, err := os.ReadFile(c.authTokenFile)
+		if err != nil {
+			return nil, err
+		}
+		tok = strings.TrimSpace(string(b))
+	}
+	if tok != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(tok, secure)))
+	}
+	target := "passthrough:///" + addrs[0]
+	if len(addrs) > 1 {
+		target = "fencer:///" + strings.Join(addrs, ",")
+		opts = append(opts, grpc.WithResolvers(staticResolver{}), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	}
+	return grpc.NewClient(target, opts...)
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/fencer-dev/fencer/embedetcd"
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/server"
+)
+
+// startService runs an embedded etcd and an in-process server and returns
+// the server address and the store.
+func startService(t *testing.T) (string, *etcdstore.Store) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "cli", Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(member.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	st, err := etcdstore.New(cli)
+	require.NoError(t, err)
+	srv, err := server.New(server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	})
+	return lis.Addr().String(), st
+}
+
+func TestAcquireCommand(t *testing.T) {
+	addr, st := startService(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	t.Run("propagates the exit code and passes the token", func(t *testing.T) {
+		var out, errb bytes.Buffer
+		code := runAcquire(ctx, []string{"--server", addr, "exit-code", "--", "sh", "-c", `echo "$FENCER_TOKEN"; exit 7`}, &out, &errb)
+		require.Equal(t, 7, code, errb.String())
+		require.True(t, strings.HasPrefix(out.String(), "v1:1:"), out.String())
+	})
+
+	t.Run("stops CMD when the lease is deleted", func(t *testing.T) {
+		var out, errb safeBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- runAcquire(ctx, []string{"--server", addr, "--grace", "2s", "deleted", "--", "sh", "-c", `echo started; exec sleep 60`}, &out, &errb)
+		}()
+		require.Eventually(t, func() bool { return strings.Contains(out.String(), "started") }, 10*time.Second, 20*time.Millisecond)
+
+		// status lists the holder and token.
+		var sout, serr bytes.Buffer
+		require.Equal(t, 0, runStatus(ctx, []string{"--server", addr, "--output", "json"}, &sout, &serr), serr.String())
+		var rows []statusRow
+		require.NoError(t, json.Unmarshal(sout.Bytes(), &rows))
+		require.Len(t, rows, 2)
+		require.Equal(t, "deleted", rows[0].Name)
+		require.True(t, rows[0].Held)
+		require.True(t, strings.HasPrefix(rows[0].Holder, "tester/"))
+		require.True(t, strings.HasPrefix(rows[0].Token, "v1:1:"))
+		require.False(t, rows[1].Held, "exit-code was released")
+		sout.Reset()
+		require.Equal(t, 0, runStatus(ctx, []string{"--server", addr}, &sout, &serr))
+		require.Contains(t, sout.String(), "LEASE")
+		require.Contains(t, sout.String(), rows[0].Token)
+
+		start := time.Now()
+		_, err := st.Client().Delete(ctx, st.Prefix()+"leases/deleted")
+		require.NoError(t, err)
+		select {
+		case code := <-done:
+			require.Equal(t, 128+15, code, errb.String())
+			require.Less(t, time.Since(start), 2*time.Second)
+			require.Contains(t, errb.String(), "lease lost")
+		case <-time.After(10 * time.Second):
+			t.Fatal("CMD not stopped")
+		}
+	})
+}
+
+func TestPutGetCheckCommands(t *testing.T) {
+	addr, _ := startService(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+
+	// Without a token, put refuses.
+	t.Setenv("FENCER_TOKEN", "")
+	require.Equal(t, 1, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
+	require.Contains(t, errb.String(), "no token")
+
+	// A stale token is refused with the library's error text, and check says so.
+	t.Setenv("FENCER_TOKEN", "v1:1:2:nobody")
+	errb.Reset()
+	require.Equal(t, 1, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
+	require.Contains(t, errb.String(), "token: stale")
+	out.Reset()
+	require.Equal(t, 3, runCheck(ctx, []string{"--server", addr, "--output", "json"}, &out, &errb))
+	require.Contains(t, out.String(), `"current": false`)
+	require.Equal(t, 3, runGet(ctx, []string{"--server", addr, "k"}, &out, &errb))
+}

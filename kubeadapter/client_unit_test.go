@@ -1,0 +1,100 @@
+package kubeadapter
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// flagHolder holds tok until lost is set.
+type flagHolder struct {
+	tok  token.Token
+	lost atomic.Bool
+}
+
+func (h *flagHolder) Token() token.Token { return h.tok }
+
+func (h *flagHolder) Err() error {
+	if h.lost.Load() {
+		return errors.New("lost in test")
+	}
+	return nil
+}
+
+// TestConflictRetryStopsWhenLeaseLost checks the retry decisions of a
+// fenced Update whose every write conflicts: it retries up to the attempt
+// limit while the lease is held, stops as soon as the holder reports the
+// lease lost, and never retries a write pinned to the caller's
+// resourceVersion.
+func TestConflictRetryStopsWhenLeaseLost(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		loseAfter    int // the holder loses the lease after this many writes; 0: never
+		callerRV     bool
+		opts         []Option
+		wantAttempts int
+		wantNotHeld  bool
+	}{
+		{name: "held throughout", wantAttempts: DefaultMaxAttempts},
+		{name: "held throughout, two attempts", opts: []Option{WithMaxAttempts(2)}, wantAttempts: 2},
+		{name: "lost after first conflict", loseAfter: 1, wantAttempts: 1, wantNotHeld: true},
+		{name: "lost after third conflict", loseAfter: 3, wantAttempts: 3, wantNotHeld: true},
+		{name: "caller pinned resourceVersion", callerRV: true, wantAttempts: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &flagHolder{tok: token.Token{Lease: "ns/fence", Epoch: 1, Revision: 10}}
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o"}}
+			var writes int
+			inner := fake.NewClientBuilder().WithObjects(cm).WithInterceptorFuncs(interceptor.Funcs{
+				Update: func(_ context.Context, _ client.WithWatch, obj client.Object, _ ...client.UpdateOption) error {
+					writes++
+					require.Equal(t, "10", obj.GetAnnotations()[token.AnnotationToken], "write not stamped")
+					require.NotEmpty(t, obj.GetResourceVersion(), "write not conditional")
+					if writes == tc.loseAfter {
+						h.lost.Store(true)
+					}
+					return apierrors.NewConflict(corev1.Resource("configmaps"), obj.GetName(), errors.New("injected"))
+				},
+			}).Build()
+			c, err := NewClient(inner, h, tc.opts...)
+			require.NoError(t, err)
+
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o"}, Data: map[string]string{"k": "v"}}
+			if tc.callerRV {
+				require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(cm), obj))
+			}
+			rv := obj.ResourceVersion
+			err = c.Update(t.Context(), obj)
+			require.Equal(t, tc.wantAttempts, writes)
+			require.Equal(t, tc.wantNotHeld, errors.Is(err, token.ErrNotHeld), "%v", err)
+			if !tc.wantNotHeld {
+				require.True(t, apierrors.IsConflict(err), "%v", err)
+			}
+			require.Equal(t, rv, obj.ResourceVersion, "resourceVersion not restored")
+			require.Empty(t, obj.Annotations, "annotations not restored")
+		})
+	}
+}
+
+func TestNewClientRejects(t *testing.T) {
+	inner := fake.NewClientBuilder().Build()
+	h := &flagHolder{tok: token.Token{Lease: "ns/fence", Revision: 1}}
+	for name, f := range map[string]func() error{
+		"nil inner":     func() error { _, err := NewClient(nil, h); return err },
+		"nil holder":    func() error { _, err := NewClient(inner, nil); return err },
+		"zero attempts": func() error { _, err := NewClient(inner, h, WithMaxAttempts(0)); return err },
+	} {
+		t.Run(name, func(t *testing.T) { require.ErrorIs(t, f(), ErrInvalidConfig) })
+	}
+}

@@ -1,0 +1,91 @@
+package kubeadapter
+
+import (
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/clock"
+)
+
+// JitterFactor scales Config.RetryPeriod into the longest wait between two
+// acquisition attempts (RetryPeriod plus up to JitterFactor*RetryPeriod),
+// as in client-go's leader election.
+const JitterFactor = 1.2
+
+// Config configures an Elector. Fields depend on each other, so NewElector
+// checks them with Validate. DefaultConfig fills the durations with
+// client-go's defaults.
+type Config struct {
+	// Namespace and Name name the coordination.k8s.io/v1 Lease.
+	Namespace string
+	Name      string
+	// Identity is the configured holder name, such as a pod name. The
+	// Elector writes Identity + "_" + a random nonce as holderIdentity, so
+	// every process (every Elector) is a distinct holder.
+	Identity string
+	// LeaseDuration is how long other candidates wait, after last
+	// observing a change to the record, before they take the Lease over.
+	// It is written to the Lease in whole seconds, so it must be a whole
+	// number of seconds.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long a holder keeps the lease after the start
+	// of its last successful acquiring or renewing write. When no renewal
+	// succeeds within it, the Held ends (fail closed). It must be less
+	// than LeaseDuration, so that a holder gives up before any other
+	// candidate may take over.
+	RenewDeadline time.Duration
+	// RetryPeriod is the interval between renewals and, with jitter,
+	// between acquisition attempts. RenewDeadline must exceed
+	// JitterFactor*RetryPeriod.
+	RetryPeriod time.Duration
+	// Clock measures durations. Nil means the real clock. Only durations
+	// between readings of this clock matter; the timestamps in the Lease
+	// record are written for people and for client-go, and never read.
+	Clock clock.WithDelayedExecution
+}
+
+// DefaultConfig returns a Config for the Lease namespace/name and the
+// configured identity with client-go's default durations: LeaseDuration
+// 15s, RenewDeadline 10s, RetryPeriod 2s.
+func DefaultConfig(namespace, name, identity string) Config {
+	return Config{
+		Namespace:     namespace,
+		Name:          name,
+		Identity:      identity,
+		LeaseDuration: 15 * time.Second,
+		RenewDeadline: 10 * time.Second,
+		RetryPeriod:   2 * time.Second,
+	}
+}
+
+// Validate reports the first invalid field as a *ConfigError, or nil. It
+// applies client-go's rules (LeaseDuration > RenewDeadline >
+// JitterFactor*RetryPeriod > 0) plus fencer's own: whole-second
+// LeaseDuration, and names that the API server accepts.
+func (c Config) Validate() error {
+	switch {
+	case len(validation.IsDNS1123Label(c.Namespace)) > 0:
+		return &ConfigError{Field: "Namespace", Reason: "must be a DNS-1123 label: " + strings.Join(validation.IsDNS1123Label(c.Namespace), "; ")}
+	case len(validation.IsDNS1123Subdomain(c.Name)) > 0:
+		return &ConfigError{Field: "Name", Reason: "must be a DNS-1123 subdomain: " + strings.Join(validation.IsDNS1123Subdomain(c.Name), "; ")}
+	case c.Identity == "":
+		return &ConfigError{Field: "Identity", Reason: "must not be empty"}
+	case c.LeaseDuration < time.Second:
+		return &ConfigError{Field: "LeaseDuration", Reason: "must be at least 1s"}
+	case c.LeaseDuration%time.Second != 0:
+		return &ConfigError{Field: "LeaseDuration", Reason: "must be a whole number of seconds"}
+	case c.RenewDeadline <= 0:
+		return &ConfigError{Field: "RenewDeadline", Reason: "must be positive"}
+	case c.RetryPeriod <= 0:
+		return &ConfigError{Field: "RetryPeriod", Reason: "must be positive"}
+	case c.LeaseDuration <= c.RenewDeadline:
+		return &ConfigError{Field: "RenewDeadline", Reason: "must be less than LeaseDuration"}
+	case c.RenewDeadline <= time.Duration(JitterFactor*float64(c.RetryPeriod)):
+		return &ConfigError{Field: "RetryPeriod", Reason: "times JitterFactor must be less than RenewDeadline"}
+	}
+	return nil
+}
+
+// lease is the Lease's "namespace/name", the Lease field of its tokens.
+func (c Config) lease() string { return c.Namespace + "/" + c.Name }

@@ -1,0 +1,50 @@
+// Package kubeadapter turns Kubernetes Leases into fencing tokens and
+// fences writes to Kubernetes objects with them.
+//
+// # Tokens from Leases
+//
+// An Elector acquires a coordination.k8s.io/v1 Lease, writing the same
+// record as client-go's LeaseLock, so that it interoperates with stock
+// client-go electors. Each acquisition is a Held whose token is
+//
+//	token.Token{Lease: "namespace/name", Epoch: leaseTransitions, Revision: resourceVersion}
+//
+// where resourceVersion is that of the acquiring write. Tokens are ordered
+// by Revision, which grows with every write to the Lease, including one
+// that recreates it after a delete; Epoch is for people. The Elector
+// increments leaseTransitions on every acquisition and adds a per-Elector
+// nonce to its identity, so that a restarted process is a new holder with
+// a greater token.
+//
+// Expiry is judged like client-go: by how long the record has been seen
+// unchanged on the candidate's own clock, never by the record's
+// timestamps. A holder ends its Held (fail closed) when renewal has failed
+// for RenewDeadline, which is less than LeaseDuration, so it stops before
+// any other candidate may take over.
+//
+// # Fenced writes
+//
+// Client wraps a controller-runtime client; UpdateFenced and DeleteFenced
+// serve client-go's typed and dynamic clients. They implement the object
+// protocol of docs/protocol.md: check the object's fencer annotations with
+// token.CheckStamp, stamp the token, and write conditionally on the
+// resourceVersion that was checked. The API server's optimistic
+// concurrency is what rejects a superseded holder's write; the check
+// before it only turns the rejection into a typed error (token.ErrStale)
+// and saves a doomed write. The admission policy in deploy/admission
+// enforces the same rule on writers that do not use this package.
+//
+// # What is not guaranteed
+//
+//   - Fencing is per object. A stale holder can still write an object that
+//     no newer holder has written; that write is ordered before the newer
+//     holder's writes to it.
+//   - A Held's Done and Err report loss as the renewal loop sees it, up to
+//     a renewal period late. They stop work early; they are not what makes
+//     a write safe.
+//   - Status writes cannot carry a stamp; they are conditional on a version
+//     stamped with the writer's own token. Deletes are conditional on the
+//     UID and resourceVersion that were checked. Creates cannot be fenced
+//     against an object that does not exist yet.
+//   - DeleteAllOf, server-side apply and other subresources are refused.
+package kubeadapter

@@ -1,0 +1,356 @@
+package kubeadapter
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// These tests use client-go's fake clientset and a fake clock. They pin
+// down exact timing decisions only; behaviour against a store is tested on
+// a real kube-apiserver in kube_test.go.
+
+var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
+
+// fakeLeases is a fake clientset whose Lease writes check and assign
+// resourceVersions like the API server (the plain fake does neither), and
+// whose updates can be made to fail.
+type fakeLeases struct {
+	*fake.Clientset
+	mu      sync.Mutex
+	rv      int64
+	failing bool
+	updates int
+}
+
+func newFakeLeases(t *testing.T, objs ...runtime.Object) *fakeLeases {
+	t.Helper()
+	f := &fakeLeases{Clientset: fake.NewClientset(), rv: 100}
+	tr := f.Tracker()
+	for _, o := range objs {
+		require.NoError(t, tr.Add(o))
+	}
+	f.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		f.rv++
+		l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+		l.UID = types.UID("uid-" + l.ResourceVersion)
+		return true, l, tr.Create(leasesGVR, l, l.Namespace)
+	})
+	f.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.updates++
+		if f.failing {
+			return true, nil, apierrors.NewServiceUnavailable("injected")
+		}
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		cur, err := tr.Get(leasesGVR, l.Namespace, l.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+			return true, nil, apierrors.NewConflict(leasesGVR.GroupResource(), l.Name, nil)
+		}
+		f.rv++
+		l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+		return true, l, tr.Update(leasesGVR, l, l.Namespace)
+	})
+	return f
+}
+
+func (f *fakeLeases) setFailing(v bool) {
+	f.mu.Lock()
+	f.failing = v
+	f.mu.Unlock()
+}
+
+// edit changes the stored Lease as another writer would.
+func (f *fakeLeases) edit(t *testing.T, change func(*coordinationv1.Lease)) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur, err := f.Tracker().Get(leasesGVR, "ns", "fence")
+	require.NoError(t, err)
+	l := cur.(*coordinationv1.Lease).DeepCopy()
+	change(l)
+	f.rv++
+	l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+	require.NoError(t, f.Tracker().Update(leasesGVR, l, "ns"))
+}
+
+func (f *fakeLeases) get(t *testing.T) *coordinationv1.Lease {
+	t.Helper()
+	l, err := f.CoordinationV1().Leases("ns").Get(context.Background(), "fence", metav1.GetOptions{})
+	require.NoError(t, err)
+	return l
+}
+
+func testConfig(clk *clocktesting.FakeClock) Config {
+	return Config{
+		Namespace: "ns", Name: "fence", Identity: "me",
+		LeaseDuration: 10 * time.Second, RenewDeadline: 6 * time.Second, RetryPeriod: 2 * time.Second,
+		Clock: clk,
+	}
+}
+
+func heldLease(holder string, transitions int32, renew time.Time) *coordinationv1.Lease {
+	d := int32(10)
+	t := metav1.NewMicroTime(renew)
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "fence", ResourceVersion: "50", UID: "uid-50"},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: &holder, LeaseDurationSeconds: &d, LeaseTransitions: &transitions,
+			AcquireTime: &t, RenewTime: &t,
+		},
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := DefaultConfig("ns", "fence", "me")
+	require.NoError(t, ok.Validate())
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		field  string
+	}{
+		{"bad namespace", func(c *Config) { c.Namespace = "Not_A_Label" }, "Namespace"},
+		{"empty name", func(c *Config) { c.Name = "" }, "Name"},
+		{"empty identity", func(c *Config) { c.Identity = "" }, "Identity"},
+		{"sub-second lease", func(c *Config) { c.LeaseDuration = 500 * time.Millisecond }, "LeaseDuration"},
+		{"fractional lease", func(c *Config) { c.LeaseDuration = 15500 * time.Millisecond }, "LeaseDuration"},
+		{"zero renew deadline", func(c *Config) { c.RenewDeadline = 0 }, "RenewDeadline"},
+		{"zero retry period", func(c *Config) { c.RetryPeriod = 0 }, "RetryPeriod"},
+		{"renew deadline equals lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, "RenewDeadline"},
+		{"retry period too long", func(c *Config) { c.RetryPeriod = c.RenewDeadline }, "RetryPeriod"},
+		{"jittered retry period too long", func(c *Config) { c.RenewDeadline = 12 * time.Second; c.RetryPeriod = 10 * time.Second }, "RetryPeriod"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.change(&c)
+			_, err := NewElector(fake.NewClientset().CoordinationV1(), c)
+			var ce *ConfigError
+			require.ErrorAs(t, err, &ce)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			require.Equal(t, tc.field, ce.Field)
+		})
+	}
+	_, err := NewElector(nil, ok)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+// TestExpiryByObservedTime checks that a candidate judges another
+// holder's lease by how long it has observed the record unchanged on its
+// own clock: a renewTime far in the future does not extend the lease, a
+// renewTime far in the past does not shorten it, and any change to the
+// record restarts the wait.
+func TestExpiryByObservedTime(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		renew time.Duration // holder's renewTime relative to the candidate's clock
+	}{
+		{"renewTime in the future", time.Hour},
+		{"renewTime in the past", -time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			f := newFakeLeases(t, heldLease("other", 4, clk.Now().Add(tc.renew)))
+			e, err := NewElector(f.CoordinationV1(), testConfig(clk))
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			requireHeldByOther := func() {
+				t.Helper()
+				_, err := e.TryAcquire(ctx)
+				var he *token.HeldError
+				require.ErrorAs(t, err, &he)
+				require.ErrorIs(t, err, token.ErrHeldByAnother)
+				require.Equal(t, "other", he.Holder)
+				require.Equal(t, "ns/fence", he.Lease)
+			}
+			requireHeldByOther() // first observation at t0
+			clk.Step(10*time.Second - time.Millisecond)
+			requireHeldByOther()
+
+			// The holder renews at t0+9.999s: the wait starts again.
+			f.edit(t, func(l *coordinationv1.Lease) {
+				r := metav1.NewMicroTime(clk.Now().Add(tc.renew))
+				l.Spec.RenewTime = &r
+			})
+			requireHeldByOther()
+			clk.Step(10*time.Second - time.Millisecond)
+			requireHeldByOther()
+			clk.Step(time.Millisecond) // LeaseDuration after the change was observed
+
+			h, err := e.TryAcquire(ctx)
+			require.NoError(t, err)
+			defer h.Release(ctx)
+			l := f.get(t)
+			require.Equal(t, e.Identity(), *l.Spec.HolderIdentity)
+			require.Equal(t, int32(5), *l.Spec.LeaseTransitions)
+			require.Equal(t, token.Token{Lease: "ns/fence", Epoch: 5, Revision: mustRev(t, l.ResourceVersion)}, h.Token())
+		})
+	}
+}
+
+// waitForRenewLoop waits until the renewal loop has armed its timer, next
+// to the renew deadline's, so that stepping the clock triggers a renewal.
+func waitForRenewLoop(t *testing.T, clk *clocktesting.FakeClock) {
+	t.Helper()
+	require.Eventually(t, func() bool { return clk.Waiters() == 2 }, 5*time.Second, time.Millisecond)
+}
+
+func mustRev(t *testing.T, rv string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(rv, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// TestRenewDeadlineFailsClosed checks that a holder whose renewals fail
+// stops holding exactly RenewDeadline after the start of its last
+// successful write, on its own clock, and not before.
+func TestRenewDeadlineFailsClosed(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := newFakeLeases(t)
+	cfg := testConfig(clk)
+	e, err := NewElector(f.CoordinationV1(), cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+	h, err := e.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer h.Release(ctx)
+	require.Equal(t, uint64(0), h.Token().Epoch, "a created Lease starts at leaseTransitions 0")
+
+	f.setFailing(true)
+	for range 2 { // renewals at +2s and +4s fail
+		clk.Step(cfg.RetryPeriod)
+		require.NoError(t, h.Err())
+	}
+	clk.Step(cfg.RenewDeadline - 2*cfg.RetryPeriod - time.Millisecond)
+	require.NoError(t, h.Err(), "ended before the renew deadline")
+	clk.Step(time.Millisecond)
+	err = h.Err()
+	require.ErrorIs(t, err, ErrRenewDeadline)
+	require.ErrorIs(t, err, token.ErrNotHeld)
+	require.ErrorIs(t, context.Cause(h.Context()), ErrRenewDeadline)
+	select {
+	case <-h.Done():
+	default:
+		t.Fatal("Done not closed")
+	}
+	// The deadline ended the Held before any other candidate could take
+	// over: the record is still this acquisition's.
+	require.Equal(t, e.Identity(), *f.get(t).Spec.HolderIdentity)
+
+	// Another acquisition by the same Elector is a new, greater token.
+	f.setFailing(false)
+	h2, err := e.TryAcquire(ctx)
+	require.NoError(t, err)
+	defer h2.Release(ctx)
+	require.Equal(t, uint64(1), h2.Token().Epoch)
+	require.Greater(t, h2.Token().Revision, h.Token().Revision)
+	_, err = e.TryAcquire(ctx)
+	require.ErrorIs(t, err, ErrAlreadyHeld)
+}
+
+// TestRenewDetectsLoss checks that the renewal after a change ends the Held
+// with the reason of the change.
+func TestRenewDetectsLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, f *fakeLeases)
+		want   error
+	}{
+		{"taken", func(t *testing.T, f *fakeLeases) {
+			f.edit(t, func(l *coordinationv1.Lease) {
+				other := "other"
+				n := *l.Spec.LeaseTransitions + 1
+				l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &other, &n
+			})
+		}, ErrLeaseTaken},
+		{"released by someone else", func(t *testing.T, f *fakeLeases) {
+			f.edit(t, func(l *coordinationv1.Lease) { none := ""; l.Spec.HolderIdentity = &none })
+		}, ErrLeaseTaken},
+		{"deleted", func(t *testing.T, f *fakeLeases) {
+			require.NoError(t, f.Tracker().Delete(leasesGVR, "ns", "fence"))
+		}, ErrLeaseDeleted},
+		{"replaced", func(t *testing.T, f *fakeLeases) {
+			f.edit(t, func(l *coordinationv1.Lease) { l.UID = "another-uid" })
+		}, ErrLeaseReplaced},
+		{"label added", func(t *testing.T, f *fakeLeases) {
+			f.edit(t, func(l *coordinationv1.Lease) { l.Labels = map[string]string{"a": "b"} })
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			f := newFakeLeases(t)
+			cfg := testConfig(clk)
+			e, err := NewElector(f.CoordinationV1(), cfg)
+			require.NoError(t, err)
+			ctx := context.Background()
+			h, err := e.TryAcquire(ctx)
+			require.NoError(t, err)
+			defer h.Release(ctx)
+
+			tc.change(t, f)
+			waitForRenewLoop(t, clk)
+			clk.Step(cfg.RetryPeriod)
+			if tc.want == nil {
+				require.Eventually(t, func() bool {
+					l := f.get(t)
+					return l.Labels["a"] == "b" && l.Spec.RenewTime.Time.Equal(clk.Now())
+				}, 5*time.Second, time.Millisecond, "renewal did not adopt the edited record")
+				require.NoError(t, h.Err())
+				return
+			}
+			select {
+			case <-h.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("Held did not end")
+			}
+			require.ErrorIs(t, h.Err(), tc.want)
+			require.ErrorIs(t, h.Err(), token.ErrNotHeld)
+			var le *LostError
+			require.ErrorAs(t, h.Err(), &le)
+			require.Equal(t, h.Token(), le.Token)
+		})
+	}
+}
+
+// TestReleaseNeverClobbers checks that Release leaves alone a Lease that
+// another acquisition has taken.
+func TestReleaseNeverClobbers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := newFakeLeases(t)
+	e, err := NewElector(f.CoordinationV1(), testConfig(clk))
+	require.NoError(t, err)
+	ctx := context.Background()
+	h, err := e.TryAcquire(ctx)
+	require.NoError(t, err)
+	f.edit(t, func(l *coordinationv1.Lease) {
+		other := "other"
+		n := *l.Spec.LeaseTransitions + 1
+		l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &other, &n
+	})
+	require.NoError(t, h.Release(ctx))
+	require.ErrorIs(t, h.Err(), ErrReleased)
+	require.Equal(t, "other", *f.get(t).Spec.HolderIdentity)
+	require.NoError(t, h.Release(ctx), "second Release")
+}

@@ -1,0 +1,79 @@
+package kubeadapter
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Sentinel errors of this package. Match them with errors.Is. Errors about
+// tokens and holding are the token package's: token.ErrStale,
+// token.ErrNotHeld, token.ErrHeldByAnother, token.ErrForeignLease and
+// token.ErrMalformed.
+var (
+	// ErrInvalidConfig means a Config or an option was rejected before any
+	// I/O. A *ConfigError wraps it.
+	ErrInvalidConfig = errors.New("kubeadapter: invalid config")
+	// ErrAlreadyHeld means an Elector was asked to acquire while one of its
+	// acquisitions is still held.
+	ErrAlreadyHeld = errors.New("kubeadapter: elector already holds the lease")
+	// ErrUnsupported means the fenced client refuses an operation it cannot
+	// fence, such as DeleteAllOf, server-side apply or an unknown patch
+	// type. Nothing was written.
+	ErrUnsupported = errors.New("kubeadapter: unsupported")
+
+	// ErrReleased is the reason a Held ended because Release was called.
+	ErrReleased = errors.New("kubeadapter: lease released")
+	// ErrRenewDeadline is the reason a Held ended because no renewal
+	// succeeded within Config.RenewDeadline of the last successful write.
+	ErrRenewDeadline = errors.New("kubeadapter: renew deadline exceeded")
+	// ErrLeaseTaken is the reason a Held ended because the Lease record
+	// names another holder or another acquisition.
+	ErrLeaseTaken = errors.New("kubeadapter: lease taken by another acquisition")
+	// ErrLeaseDeleted is the reason a Held ended because the Lease object
+	// was deleted.
+	ErrLeaseDeleted = errors.New("kubeadapter: lease deleted")
+	// ErrLeaseReplaced is the reason a Held ended because the Lease object
+	// was deleted and recreated (its UID changed).
+	ErrLeaseReplaced = errors.New("kubeadapter: lease replaced")
+)
+
+// ConfigError reports an invalid Config field or option. It wraps
+// ErrInvalidConfig.
+type ConfigError struct {
+	// Field names the offending field or option, such as "RenewDeadline".
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("kubeadapter: invalid config: %s %s", e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidConfig.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// LostError says why a Held is no longer held. It matches both
+// token.ErrNotHeld and its Reason (ErrReleased, ErrRenewDeadline,
+// ErrLeaseTaken, ErrLeaseDeleted or ErrLeaseReplaced) with errors.Is.
+type LostError struct {
+	// Token is the token of the acquisition that ended.
+	Token token.Token
+	// Reason is one of the reason sentinels of this package.
+	Reason error
+	// Holder is the holder identity the Lease named when the loss was
+	// detected, when known.
+	Holder string
+}
+
+func (e *LostError) Error() string {
+	if e.Holder == "" {
+		return fmt.Sprintf("kubeadapter: %s no longer held: %v", e.Token, e.Reason)
+	}
+	return fmt.Sprintf("kubeadapter: %s no longer held: %v (holder %q)", e.Token, e.Reason, e.Holder)
+}
+
+// Unwrap returns token.ErrNotHeld and the reason.
+func (e *LostError) Unwrap() []error { return []error{token.ErrNotHeld, e.Reason} }

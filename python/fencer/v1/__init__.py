@@ -1,0 +1,1 @@
+"""Generated from proto/fencer/v1/fencer.proto by scripts/proto.sh."""

@@ -1,0 +1,194 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Check implements FencerService.Check. Any principal may check any token.
+func (s *Server) Check(ctx context.Context, req *fencerv1.CheckRequest) (*fencerv1.CheckResponse, error) {
+	tok, err := validateCheck(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Check(ctx, tok); err != nil {
+		return nil, s.rejected(err)
+	}
+	return &fencerv1.CheckResponse{}, nil
+}
+
+// Advance implements FencerService.Advance.
+func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fencerv1.AdvanceResponse, error) {
+	tok, err := validateAdvance(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
+		return nil, s.rejected(err)
+	}
+	if err := s.store.Advance(ctx, req.GetResource(), tok); err != nil {
+		return nil, s.rejected(err)
+	}
+	return &fencerv1.AdvanceResponse{}, nil
+}
+
+// Put implements FencerService.Put: etcdstore's guarded Put, for the
+// principal the token was issued to.
+func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
+	tok, err := validatePut(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
+		return nil, s.rejected(err)
+	}
+	rev, err := s.store.Put(ctx, tok, req.GetKey(), req.GetValue())
+	if err != nil {
+		return nil, s.rejected(err)
+	}
+	return &fencerv1.PutResponse{Revision: rev}, nil
+}
+
+// Get implements FencerService.Get. Reads are not guarded.
+func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.GetResponse, error) {
+	if err := validateGet(req); err != nil {
+		return nil, err
+	}
+	v, ok, err := s.store.Get(ctx, req.GetKey())
+	if err != nil || !ok {
+		return &fencerv1.GetResponse{}, err
+	}
+	return &fencerv1.GetResponse{Found: true, Value: v.Data, CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}, nil
+}
+
+// Delete implements FencerService.Delete.
+func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fencerv1.DeleteResponse, error) {
+	tok, err := validateDelete(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
+		return nil, s.rejected(err)
+	}
+	deleted, err := s.store.Delete(ctx, tok, req.GetKey())
+	if err != nil {
+		return nil, s.rejected(err)
+	}
+	return &fencerv1.DeleteResponse{Deleted: deleted}, nil
+}
+
+// Txn implements FencerService.Txn: the request's compares and operations,
+// on data keys, run as etcdstore's guarded Txn.
+func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.TxnResponse, error) {
+	tok, err := validateTxn(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
+		return nil, s.rejected(err)
+	}
+	cmps := make([]clientv3.Cmp, len(req.GetCompares()))
+	for i, c := range req.GetCompares() {
+		cmps[i] = s.compare(c)
+	}
+	resp, err := s.store.Txn(ctx, tok, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()))
+	if err != nil {
+		return nil, s.rejected(err)
+	}
+	out := &fencerv1.TxnResponse{Succeeded: resp.Succeeded, Results: make([]*fencerv1.OpResult, len(resp.Responses))}
+	for i, r := range resp.Responses {
+		out.Results[i] = opResult(r)
+	}
+	return out, nil
+}
+
+// compare turns a validated Compare into an etcd Cmp on a data key.
+func (s *Server) compare(c *fencerv1.Compare) clientv3.Cmp {
+	key := s.store.DataKey(c.GetKey())
+	var cmp clientv3.Cmp
+	var operand any = c.GetNumber()
+	switch c.GetTarget() {
+	case fencerv1.Compare_TARGET_VALUE:
+		cmp, operand = clientv3.Value(key), string(c.GetValue())
+	case fencerv1.Compare_TARGET_VERSION:
+		cmp = clientv3.Version(key)
+	case fencerv1.Compare_TARGET_CREATE_REVISION:
+		cmp = clientv3.CreateRevision(key)
+	default:
+		cmp = clientv3.ModRevision(key)
+	}
+	return clientv3.Compare(cmp, compareResults[c.GetResult()], operand)
+}
+
+var compareResults = map[fencerv1.Compare_Result]string{
+	fencerv1.Compare_RESULT_EQUAL:     "=",
+	fencerv1.Compare_RESULT_NOT_EQUAL: "!=",
+	fencerv1.Compare_RESULT_GREATER:   ">",
+	fencerv1.Compare_RESULT_LESS:      "<",
+}
+
+// ops turns validated Ops into etcd Ops on data keys.
+func (s *Server) ops(in []*fencerv1.Op) []clientv3.Op {
+	out := make([]clientv3.Op, 0, len(in))
+	for _, op := range in {
+		switch o := op.GetOp().(type) {
+		case *fencerv1.Op_Put:
+			out = append(out, clientv3.OpPut(s.store.DataKey(o.Put.GetKey()), string(o.Put.GetValue())))
+		case *fencerv1.Op_Delete:
+			out = append(out, clientv3.OpDelete(s.store.DataKey(o.Delete.GetKey())))
+		case *fencerv1.Op_Get:
+			out = append(out, clientv3.OpGet(s.store.DataKey(o.Get.GetKey())))
+		}
+	}
+	return out
+}
+
+func opResult(r *etcdserverpb.ResponseOp) *fencerv1.OpResult {
+	switch {
+	case r.GetResponsePut() != nil:
+		return &fencerv1.OpResult{Result: &fencerv1.OpResult_Put{Put: &fencerv1.PutResponse{Revision: r.GetResponsePut().GetHeader().GetRevision()}}}
+	case r.GetResponseDeleteRange() != nil:
+		return &fencerv1.OpResult{Result: &fencerv1.OpResult_Delete{Delete: &fencerv1.DeleteResponse{Deleted: r.GetResponseDeleteRange().GetDeleted() > 0}}}
+	default:
+		g := &fencerv1.GetResponse{}
+		if kvs := r.GetResponseRange().GetKvs(); len(kvs) == 1 {
+			g = &fencerv1.GetResponse{Found: true, Value: kvs[0].Value, CreateRevision: kvs[0].CreateRevision, ModRevision: kvs[0].ModRevision}
+		}
+		return &fencerv1.OpResult{Result: &fencerv1.OpResult_Get{Get: g}}
+	}
+}
+
+// ListLeases implements FencerService.ListLeases.
+func (s *Server) ListLeases(ctx context.Context, _ *fencerv1.ListLeasesRequest) (*fencerv1.ListLeasesResponse, error) {
+	list, err := s.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &fencerv1.ListLeasesResponse{Leases: make([]*fencerv1.LeaseStatus, len(list))}
+	for i, st := range list {
+		ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch}
+		if !st.Token.IsZero() {
+			ls.Held, ls.Holder, ls.Token = true, st.Holder, st.Token.String()
+		}
+		out.Leases[i] = ls
+	}
+	return out, nil
+}
+
+// rejected counts token rejections for the metrics and returns err.
+func (s *Server) rejected(err error) error {
+	var stale *token.StaleError
+	switch {
+	case errors.As(err, &stale):
+		s.m.rejections.WithLabelValues("stale").Inc()
+	case errors.Is(err, ErrPermissionDenied):
+		s.m.rejections.WithLabelValues("permission").Inc()
+	}
+	return err
+}

@@ -1,0 +1,37 @@
+// Package server serves fencer's gRPC API (proto/fencer/v1) over an
+// etcdstore.Store, for writers that do not link the Go library.
+//
+// # Sessions
+//
+// A remote session is an etcd lease that the server grants for an
+// authenticated principal, plus a key <prefix>sessions/<id> on the same
+// lease that names the principal. Leases acquired through the session are
+// etcdstore holder keys on that etcd lease, with the holder identity
+// "<principal>/<session id>". KeepAlive renews the etcd lease. Nothing lives
+// in a server's memory that another server needs, so several servers can
+// front one etcd cluster and any of them can serve any session.
+//
+// # What is guaranteed
+//
+//   - Guarded writes (Put, Delete, Txn, Advance) are etcdstore's: etcd
+//     commits them only while the token is its lease's current token.
+//   - A principal can renew, release, watch or write only with its own
+//     sessions and tokens; otherwise the call fails with PERMISSION_DENIED
+//     before anything is written.
+//   - Requests are validated against the limits in docs/service.md before
+//     anything is sent to etcd; an invalid one fails with INVALID_ARGUMENT
+//     naming the field.
+//
+// # What is not guaranteed
+//
+//   - WatchLease is early warning for self-fencing, not the guarantee; a
+//     remote holder that acts after its lease is gone is stopped by the
+//     guard, not by the watch.
+//   - Authentication is as strong as its configuration: Anonymous admits
+//     anyone who can reach the port, and bearer tokens over plaintext can be
+//     read on the network.
+//   - A call that fails with STORE_UNAVAILABLE may or may not have been
+//     applied.
+//   - Writes made with a raw etcd client bypass both the guard's caller
+//     check and the principal binding.
+package server

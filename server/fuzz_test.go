@@ -1,0 +1,116 @@
+package server
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// FuzzValidateRequests decodes arbitrary bytes as each request type and
+// validates them. Validation must never panic, and whatever it accepts must
+// satisfy the store's own checks, so that nothing invalid reaches etcd.
+func FuzzValidateRequests(f *testing.F) {
+	seed := func(m proto.Message) {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	seed(&fencerv1.PutRequest{Token: "v1:1:5:jobs", Key: "a/b", Value: []byte("v")})
+	seed(&fencerv1.AcquireRequest{Name: "jobs", TtlSeconds: 5, Wait: true})
+	seed(&fencerv1.TxnRequest{Token: "v1:2:9:x", Compares: []*fencerv1.Compare{{Key: "k", Target: fencerv1.Compare_TARGET_MOD_REVISION, Result: fencerv1.Compare_RESULT_LESS, Number: 3}},
+		Success: []*fencerv1.Op{{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k"}}}, {Op: &fencerv1.Op_Delete{Delete: &fencerv1.DeleteOp{Key: "j"}}}}})
+	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: 7}})
+	seed(&fencerv1.WatchLeaseRequest{SessionId: 1, StartRevision: -1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		storeToken := func(tok token.Token) {
+			if err := tok.Validate(); err != nil {
+				t.Fatalf("accepted invalid token %v: %v", tok, err)
+			}
+			if err := etcdstore.ValidateName("lease", tok.Lease); err != nil {
+				t.Fatalf("accepted token of invalid lease %q", tok.Lease)
+			}
+		}
+		keyOK := func(k string) {
+			if err := etcdstore.ValidateKey(k); err != nil {
+				t.Fatalf("accepted invalid key %q", k)
+			}
+		}
+		var put fencerv1.PutRequest
+		if proto.Unmarshal(b, &put) == nil {
+			if tok, err := validatePut(&put); err == nil {
+				storeToken(tok)
+				keyOK(put.GetKey())
+				if len(put.GetValue()) > etcdstore.MaxValueLen {
+					t.Fatal("accepted oversized value")
+				}
+			}
+		}
+		var acq fencerv1.AcquireRequest
+		if proto.Unmarshal(b, &acq) == nil && validateAcquire(&acq) == nil {
+			if etcdstore.ValidateName("name", acq.GetName()) != nil || acq.GetTtlSeconds() < 0 || acq.GetTtlSeconds() > MaxTTLSeconds || acq.GetSessionId() < 0 {
+				t.Fatalf("accepted invalid acquire %v", &acq)
+			}
+		}
+		var txn fencerv1.TxnRequest
+		if proto.Unmarshal(b, &txn) == nil {
+			if tok, err := validateTxn(&txn); err == nil {
+				storeToken(tok)
+				for _, c := range txn.GetCompares() {
+					keyOK(c.GetKey())
+					if _, ok := compareResults[c.GetResult()]; !ok {
+						t.Fatalf("accepted compare result %v", c.GetResult())
+					}
+				}
+				for _, op := range append(txn.GetSuccess(), txn.GetFailure()...) {
+					if op.GetOp() == nil {
+						t.Fatal("accepted empty op")
+					}
+				}
+			}
+		}
+		var rel fencerv1.ReleaseRequest
+		if proto.Unmarshal(b, &rel) == nil {
+			if tok, err := validateRelease(&rel); err == nil && tok.IsZero() && rel.GetSessionId() <= 0 {
+				t.Fatalf("accepted release %v", &rel)
+			}
+		}
+		var w fencerv1.WatchLeaseRequest
+		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {
+			t.Fatalf("accepted watch %v", &w)
+		}
+		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}} {
+			if proto.Unmarshal(b, m) != nil {
+				continue
+			}
+			switch m := m.(type) {
+			case *fencerv1.CheckRequest:
+				if tok, err := validateCheck(m); err == nil {
+					storeToken(tok)
+				}
+			case *fencerv1.AdvanceRequest:
+				if tok, err := validateAdvance(m); err == nil {
+					storeToken(tok)
+				}
+			case *fencerv1.DeleteRequest:
+				if tok, err := validateDelete(m); err == nil {
+					storeToken(tok)
+					keyOK(m.GetKey())
+				}
+			case *fencerv1.GetRequest:
+				if validateGet(m) == nil {
+					keyOK(m.GetKey())
+				}
+			case *fencerv1.KeepAliveRequest:
+				if validateKeepAlive(m) == nil && m.GetSessionId() <= 0 {
+					t.Fatal("accepted session id <= 0")
+				}
+			}
+		}
+	})
+}

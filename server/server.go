@@ -1,0 +1,190 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+)
+
+// Config configures a Server. Store and Authenticator are required.
+type Config struct {
+	// Store is the etcd store the server serves. The server does not
+	// close its client.
+	Store *etcdstore.Store
+	// Authenticator decides each call's principal. Use Anonymous only where
+	// every caller is trusted.
+	Authenticator Authenticator
+	// TLS, when set, is the server's TLS configuration; set ClientAuth to
+	// tls.RequireAndVerifyClientCert for mutual TLS. Nil serves plaintext.
+	TLS *tls.Config
+	// Logger receives the server's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Validate reports whether c can make a Server.
+func (c Config) Validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("server: config: Store is required")
+	case c.Authenticator == nil:
+		return errors.New("server: config: Authenticator is required (Anonymous admits everyone)")
+	}
+	return nil
+}
+
+// Server serves fencer.v1.FencerService over an etcdstore.Store, together
+// with grpc.health.v1 and server reflection.
+//
+// The server keeps no state that another server needs: a session is an
+// etcd lease plus a key naming its principal, so any number of servers in
+// front of one etcd cluster can serve the same clients, and a client may
+// switch servers between calls. What a server caches (which principal holds
+// a token) is immutable in etcd for the token's lifetime.
+//
+// It does not retry etcd operations: a call that etcd did not answer fails
+// with STORE_UNAVAILABLE, and a write that fails so may or may not have
+// committed. Retrying a guarded write with the same token is safe in the
+// sense that it can only commit while the token is current.
+type Server struct {
+	fencerv1.UnimplementedFencerServiceServer
+
+	store  *etcdstore.Store
+	cli    *clientv3.Client
+	auth   Authenticator
+	log    *slog.Logger
+	grpc   *grpc.Server
+	health *health.Server
+	m      *metrics
+	owners ownerCache
+
+	stop     chan struct{} // closed by Shutdown; ends the streams
+	stopOnce sync.Once
+}
+
+var _ fencerv1.FencerServiceServer = (*Server)(nil)
+
+// New returns a Server for cfg. It starts nothing; call Serve.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		store:  cfg.Store,
+		cli:    cfg.Store.Client(),
+		auth:   cfg.Authenticator,
+		log:    log,
+		health: health.NewServer(),
+		m:      newMetrics(),
+		stop:   make(chan struct{}),
+	}
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.streamInterceptor),
+		grpc.MaxRecvMsgSize(MaxRequestBytes),
+		// Find clients that vanished, so their streams end.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	fencerv1.RegisterFencerServiceServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.health.SetServingStatus(fencerv1.FencerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return s, nil
+}
+
+// Serve serves gRPC on lis until Shutdown. It returns nil after Shutdown.
+func (s *Server) Serve(lis net.Listener) error {
+	if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("server: serve: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the server gracefully: health turns NOT_SERVING, streams
+// (KeepAlive, WatchLease, waiting Acquires) end with SHUTTING_DOWN so their
+// clients move to another server, and unary calls in flight finish. If ctx
+// ends first, remaining calls are cut off and ctx's error is returned.
+// Sessions are not ended: they live in etcd and expire on their TTL unless
+// a client renews them through another server.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.health.Shutdown()
+	s.stopOnce.Do(func() { close(s.stop) })
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// MetricsHandler serves the server's Prometheus metrics.
+func (s *Server) MetricsHandler() http.Handler { return s.m.handler() }
+
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	p, err := s.auth.Authenticate(ctx)
+	var resp any
+	if err == nil {
+		resp, err = handler(withPrincipal(ctx, p), req)
+	}
+	err = toStatus(err)
+	s.m.observe(info.FullMethod, err, time.Since(start))
+	return resp, err
+}
+
+func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	start := time.Now()
+	p, err := s.auth.Authenticate(ss.Context())
+	if err == nil {
+		done := s.m.streamStarted(info.FullMethod)
+		err = handler(srv, &principalStream{ServerStream: ss, ctx: withPrincipal(ss.Context(), p)})
+		done()
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	err = toStatus(err)
+	s.m.observe(info.FullMethod, err, time.Since(start))
+	return err
+}
+
+// principalStream carries the authenticated principal in its context.
+type principalStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (p *principalStream) Context() context.Context { return p.ctx }

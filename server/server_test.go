@@ -1,0 +1,313 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+func TestGuardedWritesAndStaleErrors(t *testing.T) {
+	ctx := ctxT(t)
+	st := newStore(t)
+	addr, _ := startServer(t, st)
+	c := client.New(dial(t, alice, addr))
+
+	s1 := newSession(t, c)
+	l1, err := s1.Acquire(ctx, "jobs")
+	require.NoError(t, err)
+	_, err = c.Put(ctx, l1.Token(), "k", []byte("one"))
+	require.NoError(t, err)
+	require.NoError(t, c.Check(ctx, l1.Token()))
+
+	// Another session cannot take it while held.
+	s2 := newSession(t, c)
+	_, err = s2.TryAcquire(ctx, "jobs")
+	var held *token.HeldError
+	require.ErrorAs(t, err, &held)
+	require.True(t, strings.HasPrefix(held.Holder, "alice/"), held.Holder)
+
+	// Lose the lease from outside; the watch reports it.
+	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
+	require.NoError(t, err)
+	waitDone(t, l1.Done(), 5*time.Second, "lease loss")
+	require.ErrorIs(t, l1.Err(), etcdstore.ErrLeaseLost)
+	require.ErrorIs(t, l1.Err(), token.ErrNotHeld)
+
+	l2, err := s2.Acquire(ctx, "jobs")
+	require.NoError(t, err)
+	require.Greater(t, l2.Token().Revision, l1.Token().Revision)
+	_, err = c.Put(ctx, l2.Token(), "k", []byte("two"))
+	require.NoError(t, err)
+
+	_, err = c.Put(ctx, l1.Token(), "k", []byte("late"))
+	var stale *token.StaleError
+	require.ErrorAs(t, err, &stale)
+	require.ErrorIs(t, err, token.ErrStale)
+	require.Equal(t, l1.Token(), stale.Token)
+	require.Equal(t, l2.Token(), stale.Newer)
+	_, err = c.Delete(ctx, l1.Token(), "k")
+	require.ErrorIs(t, err, token.ErrStale)
+	require.ErrorIs(t, c.Check(ctx, l1.Token()), token.ErrStale)
+	require.ErrorIs(t, c.Advance(ctx, "bucket", l1.Token()), token.ErrStale)
+	_, err = c.Txn(ctx, l1.Token(), nil, []*fencerv1.Op{{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k", Value: []byte("x")}}}}, nil)
+	require.ErrorIs(t, err, token.ErrStale)
+
+	v, found, err := c.Get(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, "two", string(v.Data))
+
+	// Txn with the current token: compares on data keys.
+	resp, err := c.Txn(ctx, l2.Token(),
+		[]*fencerv1.Compare{{Key: "k", Target: fencerv1.Compare_TARGET_VALUE, Result: fencerv1.Compare_RESULT_EQUAL, Value: []byte("two")}},
+		[]*fencerv1.Op{{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k", Value: []byte("three")}}}, {Op: &fencerv1.Op_Get{Get: &fencerv1.GetOp{Key: "k"}}}},
+		nil)
+	require.NoError(t, err)
+	require.True(t, resp.GetSucceeded())
+	require.Equal(t, "three", string(resp.GetResults()[1].GetGet().GetValue()))
+	require.Positive(t, resp.GetResults()[0].GetPut().GetRevision())
+
+	require.NoError(t, c.Advance(ctx, "bucket", l2.Token()))
+	list, err := c.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, l2.Token(), list[0].Token)
+
+	require.NoError(t, l2.Release(ctx))
+	require.ErrorIs(t, l2.Err(), etcdstore.ErrReleased)
+	require.NoError(t, l2.Release(ctx), "releasing twice is a no-op")
+	require.ErrorIs(t, c.Check(ctx, l2.Token()), token.ErrStale)
+}
+
+func TestAuth(t *testing.T) {
+	ctx := ctxT(t)
+	st := newStore(t)
+	addr, _ := startServer(t, st)
+	ac := client.New(dial(t, alice, addr))
+	bc := client.New(dial(t, bob, addr))
+	la, err := newSession(t, ac).Acquire(ctx, "a")
+	require.NoError(t, err)
+	sessA := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	resp, err := sessA.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a2"})
+	require.NoError(t, err)
+	raw := fencerv1.NewFencerServiceClient(dial(t, bob, addr))
+
+	t.Run("unauthenticated", func(t *testing.T) {
+		for name, tok := range map[string]string{"no token": "", "unknown token": "not-a-known-token-at-all"} {
+			c := client.New(dial(t, tok, addr))
+			_, _, err := c.Get(ctx, "k")
+			require.ErrorIs(t, err, client.ErrUnauthenticated, name)
+			_, err = fencerv1.NewFencerServiceClient(dial(t, tok, addr)).Get(ctx, &fencerv1.GetRequest{Key: "k"})
+			require.Equal(t, codes.Unauthenticated, status.Code(err), name)
+		}
+	})
+	cases := map[string]func() error{
+		"put with another's token": func() error {
+			_, err := bc.Put(ctx, la.Token(), "k", []byte("x"))
+			return err
+		},
+		"delete with another's token": func() error {
+			_, err := bc.Delete(ctx, la.Token(), "k")
+			return err
+		},
+		"txn with another's token": func() error {
+			_, err := bc.Txn(ctx, la.Token(), nil, nil, nil)
+			return err
+		},
+		"advance with another's token": func() error { return bc.Advance(ctx, "r", la.Token()) },
+		"release another's token": func() error {
+			_, err := raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: la.Token().String()}})
+			return err
+		},
+		"release another's session": func() error {
+			_, err := raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: resp.GetSessionId()}})
+			return err
+		},
+		"acquire through another's session": func() error {
+			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "b", SessionId: resp.GetSessionId()})
+			return err
+		},
+		"renew another's session": func() error {
+			ka, err := raw.KeepAlive(ctx)
+			if err != nil {
+				return err
+			}
+			if err := ka.Send(&fencerv1.KeepAliveRequest{SessionId: resp.GetSessionId()}); err != nil {
+				return err
+			}
+			_, err = ka.Recv()
+			return err
+		},
+		"watch another's session": func() error {
+			w, err := raw.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: resp.GetSessionId()})
+			if err != nil {
+				return err
+			}
+			_, err = w.Recv()
+			return err
+		},
+	}
+	for name, call := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := call()
+			if status.Code(err) != codes.PermissionDenied {
+				require.ErrorIs(t, err, client.ErrPermissionDenied)
+			}
+		})
+	}
+	// Nothing was written or released.
+	require.NoError(t, ac.Check(ctx, la.Token()))
+	_, found, err := ac.Get(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, found)
+	tok2, err := token.Parse(resp.GetToken())
+	require.NoError(t, err)
+	require.NoError(t, ac.Check(ctx, tok2))
+	// Bob may still read and check.
+	require.NoError(t, bc.Check(ctx, la.Token()))
+}
+
+func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
+	ctx := ctxT(t)
+	st := newStore(t)
+	addr, _ := startServer(t, st)
+	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	l, err := newSession(t, client.New(dial(t, alice, addr))).Acquire(ctx, "v")
+	require.NoError(t, err)
+	tok := l.Token().String()
+	before, err := st.Client().Get(ctx, st.Prefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	cases := []struct {
+		name, field, reason string
+		call                func() error
+	}{
+		{"empty name", "name", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{})
+			return err
+		}},
+		{"name with slash", "name", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a/b"})
+			return err
+		}},
+		{"ttl too long", "ttl_seconds", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "x", TtlSeconds: 100000})
+			return err
+		}},
+		{"bad token", "token", fencerv1.ReasonInvalidToken, func() error {
+			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: "v2:1:2:x", Key: "k"})
+			return err
+		}},
+		{"missing token", "token", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Put(ctx, &fencerv1.PutRequest{Key: "k"})
+			return err
+		}},
+		{"key too long", "key", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: tok, Key: strings.Repeat("k", etcdstore.MaxKeyLen+1)})
+			return err
+		}},
+		{"value too large", "value", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: tok, Key: "k", Value: make([]byte, etcdstore.MaxValueLen+1)})
+			return err
+		}},
+		{"txn compare target", "compares[0].target", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Compares: []*fencerv1.Compare{{Key: "k", Result: fencerv1.Compare_RESULT_EQUAL}}})
+			return err
+		}},
+		{"txn duplicate write", "success[1]", fencerv1.ReasonInvalidArgument, func() error {
+			put := &fencerv1.Op{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k"}}}
+			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Success: []*fencerv1.Op{put, put}})
+			return err
+		}},
+		{"txn empty op", "failure[0]", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Failure: []*fencerv1.Op{{}}})
+			return err
+		}},
+		{"release nothing", "target", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.Release(ctx, &fencerv1.ReleaseRequest{})
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := status.Convert(tc.call())
+			require.Equal(t, codes.InvalidArgument, st.Code(), st.Message())
+			var gotReason, gotField string
+			for _, d := range st.Details() {
+				switch d := d.(type) {
+				case *errdetails.ErrorInfo:
+					gotReason = d.GetReason()
+					require.Equal(t, fencerv1.ErrorDomain, d.GetDomain())
+				case *errdetails.BadRequest:
+					gotField = d.GetFieldViolations()[0].GetField()
+				}
+			}
+			require.Equal(t, tc.reason, gotReason)
+			require.Equal(t, tc.field, gotField)
+		})
+	}
+	after, err := st.Client().Get(ctx, st.Prefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.Equal(t, before.Count, after.Count, "nothing written")
+	require.Equal(t, before.Header.Revision, after.Header.Revision, "nothing written")
+
+	// The Go client returns the library's argument error.
+	_, err = client.New(dial(t, alice, addr)).Put(ctx, l.Token(), "", nil)
+	var ae *etcdstore.ArgumentError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "key", ae.Arg)
+}
+
+func TestSessionFailsClosedWhenServerGone(t *testing.T) {
+	ctx := ctxT(t)
+	st := newStore(t)
+	addr, srv := startServer(t, st)
+	s := newSession(t, client.New(dial(t, alice, addr)), client.WithTTL(2*time.Second))
+	l, err := s.Acquire(ctx, "gone")
+	require.NoError(t, err)
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.NoError(t, srv.Shutdown(sctx))
+	waitDone(t, l.Done(), 3*time.Second, "local deadline")
+	require.Less(t, time.Since(start), 2500*time.Millisecond)
+	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
+}
+
+func TestHealthAndShutdown(t *testing.T) {
+	ctx := ctxT(t)
+	addr, srv := startServer(t, newStore(t))
+	h := healthpb.NewHealthClient(dial(t, alice, addr))
+	resp, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
+	require.NoError(t, err)
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.GetStatus())
+
+	// An open watch stream ends with SHUTTING_DOWN rather than blocking shutdown.
+	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	ar, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "h"})
+	require.NoError(t, err)
+	w, err := raw.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: ar.GetSessionId()})
+	require.NoError(t, err)
+	ev, err := w.Recv()
+	require.NoError(t, err)
+	require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, ev.GetType())
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	require.NoError(t, srv.Shutdown(sctx))
+	_, err = w.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.False(t, errors.Is(err, context.DeadlineExceeded))
+}

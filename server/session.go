@@ -1,0 +1,327 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// sessionKey is the service's own key under the store's prefix: one per
+// remote session, attached to the session's etcd lease, naming the
+// principal that opened it. Holder and epoch keys are etcdstore's.
+func (s *Server) sessionKey(id clientv3.LeaseID) string {
+	return s.store.Prefix() + "sessions/" + fmt.Sprintf("%016x", int64(id))
+}
+
+// holderName is the holder identity of a remote session:
+// "<principal>/<session id in hex>". Principals contain no "/", so the
+// principal is everything before the last "/".
+func holderName(principal string, id clientv3.LeaseID) string {
+	return principal + "/" + fmt.Sprintf("%016x", int64(id))
+}
+
+// principalOfHolder returns the principal of a holder identity, or "" for
+// a holder that did not acquire through the service.
+func principalOfHolder(holder string) string {
+	i := strings.LastIndexByte(holder, '/')
+	if i <= 0 {
+		return ""
+	}
+	return holder[:i]
+}
+
+// Acquire implements FencerService.Acquire.
+func (s *Server) Acquire(ctx context.Context, req *fencerv1.AcquireRequest) (*fencerv1.AcquireResponse, error) {
+	if err := validateAcquire(req); err != nil {
+		return nil, err
+	}
+	p := principalOf(ctx)
+	id := clientv3.LeaseID(req.GetSessionId())
+	var ttl int64
+	if id == 0 {
+		ttl = req.GetTtlSeconds()
+		if ttl == 0 {
+			ttl = DefaultTTLSeconds
+		}
+		var err error
+		if id, ttl, err = s.openSession(ctx, p, ttl); err != nil {
+			return nil, err
+		}
+	}
+	keepAlive := ttl // a session this call opened is kept alive while Acquire waits
+	tok, err := s.acquire(ctx, id, p, req.GetName(), req.GetWait(), keepAlive)
+	if err != nil {
+		if keepAlive > 0 {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _ = s.cli.Revoke(rctx, id)
+			cancel()
+		}
+		return nil, err
+	}
+	s.m.acquisitions.Inc()
+	return &fencerv1.AcquireResponse{SessionId: int64(id), TtlSeconds: ttl, Token: tok.String(), Holder: holderName(p, id)}, nil
+}
+
+// openSession grants an etcd lease and records its principal on it.
+func (s *Server) openSession(ctx context.Context, principal string, ttl int64) (clientv3.LeaseID, int64, error) {
+	g, err := s.cli.Grant(ctx, ttl)
+	if err != nil {
+		return 0, 0, fmt.Errorf("server: grant session lease: %w", err)
+	}
+	if _, err := s.cli.Put(ctx, s.sessionKey(g.ID), principal, clientv3.WithLease(g.ID)); err != nil {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = s.cli.Revoke(rctx, g.ID)
+		cancel()
+		return 0, 0, fmt.Errorf("server: record session: %w", err)
+	}
+	s.m.sessions.Inc()
+	return g.ID, g.TTL, nil
+}
+
+// acquire takes lease name for session id of principal through
+// etcdstore's acquisition Txn, with the further condition that the session
+// is the principal's. With wait it waits for the holder key's deletion and
+// tries again; keepAlive > 0 renews the session meanwhile (for a session the
+// call opened, whose client cannot renew it yet).
+func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, name string, wait bool, keepAlive int64) (token.Token, error) {
+	holder := holderName(principal, id)
+	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
+	for {
+		tok, heldAt, err := s.store.TryAcquireOn(ctx, id, holder, name, mine)
+		switch {
+		case err == nil:
+			s.owners.put(tok, holder)
+			return tok, nil
+		case errors.Is(err, etcdstore.ErrCondition):
+			_, err := s.checkSession(ctx, id, principal)
+			if err == nil {
+				continue // the session changed hands and back: try again
+			}
+			return token.Token{}, err
+		case !wait || !errors.Is(err, token.ErrHeldByAnother):
+			return token.Token{}, err
+		}
+		if err := s.waitFree(ctx, name, heldAt, id, keepAlive); err != nil {
+			return token.Token{}, err
+		}
+	}
+}
+
+// sessionOwner checks the session key read in kvs against principal.
+func sessionOwner(kvs []*mvccpb.KeyValue, principal string) error {
+	switch {
+	case len(kvs) == 0:
+		return ErrSessionNotFound
+	case string(kvs[0].Value) != principal:
+		return fmt.Errorf("%w: the session belongs to another principal", ErrPermissionDenied)
+	}
+	return nil
+}
+
+// checkSession verifies that session id exists and is principal's.
+func (s *Server) checkSession(ctx context.Context, id clientv3.LeaseID, principal string) (int64, error) {
+	resp, err := s.cli.Get(ctx, s.sessionKey(id))
+	if err != nil {
+		return 0, fmt.Errorf("server: read session: %w", err)
+	}
+	return resp.Header.Revision, sessionOwner(resp.Kvs, principal)
+}
+
+// waitFree waits until lease name is freed after rev (see
+// etcdstore.Store.WaitFree), ctx ends or the server shuts down. keepAlive >
+// 0 renews session id every keepAlive/3 seconds meanwhile.
+func (s *Server) waitFree(ctx context.Context, name string, rev int64, id clientv3.LeaseID, keepAlive int64) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.stop:
+			cancel(ErrShuttingDown)
+		case <-ctx.Done():
+		}
+	}()
+	if keepAlive > 0 {
+		go func() {
+			t := time.NewTicker(time.Duration(keepAlive) * time.Second / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
+						cancel(fmt.Errorf("server: renew session while waiting: %w", err))
+						return
+					}
+				}
+			}
+		}()
+	}
+	if err := s.store.WaitFree(ctx, name, rev); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			return cause
+		}
+		return err
+	}
+	return nil
+}
+
+// KeepAlive implements FencerService.KeepAlive.
+func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error {
+	ctx := stream.Context()
+	p := principalOf(ctx)
+	reqs := make(chan *fencerv1.KeepAliveRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	verified := map[clientv3.LeaseID]bool{}
+	for {
+		var req *fencerv1.KeepAliveRequest
+		select {
+		case <-s.stop:
+			return ErrShuttingDown
+		case err := <-recvErr:
+			return err
+		case req = <-reqs:
+		}
+		if err := validateKeepAlive(req); err != nil {
+			return err
+		}
+		id := clientv3.LeaseID(req.GetSessionId())
+		if !verified[id] {
+			if _, err := s.checkSession(ctx, id, p); err != nil {
+				return err
+			}
+			if len(verified) >= 1024 {
+				clear(verified)
+			}
+			verified[id] = true
+		}
+		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return ErrSessionNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("server: keepalive: %w", err)
+		}
+		s.m.keepalives.Inc()
+		if err := stream.Send(&fencerv1.KeepAliveResponse{SessionId: int64(id), TtlSeconds: resp.TTL}); err != nil {
+			return err
+		}
+	}
+}
+
+// Release implements FencerService.Release.
+func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fencerv1.ReleaseResponse, error) {
+	tok, err := validateRelease(req)
+	if err != nil {
+		return nil, err
+	}
+	p := principalOf(ctx)
+	if tok.IsZero() {
+		id := clientv3.LeaseID(req.GetSessionId())
+		if _, err := s.checkSession(ctx, id, p); errors.Is(err, ErrSessionNotFound) {
+			return &fencerv1.ReleaseResponse{}, nil
+		} else if err != nil {
+			return nil, err
+		}
+		_, err := s.cli.Revoke(ctx, id)
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return &fencerv1.ReleaseResponse{}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("server: revoke session: %w", err)
+		}
+		return &fencerv1.ReleaseResponse{Released: true}, nil
+	}
+	if err := s.checkOwner(ctx, tok, p); errors.Is(err, token.ErrStale) {
+		return &fencerv1.ReleaseResponse{}, nil
+	} else if err != nil {
+		return nil, err
+	}
+	released, err := s.store.Release(ctx, tok)
+	if err != nil {
+		return nil, err
+	}
+	return &fencerv1.ReleaseResponse{Released: released}, nil
+}
+
+// checkOwner verifies that tok was issued to principal. It returns a
+// *token.StaleError when tok is no longer current (whoever it was issued
+// to) and ErrPermissionDenied when it belongs to another principal. Only
+// the store's guard decides whether a write commits; this check decides
+// who may present the token.
+func (s *Server) checkOwner(ctx context.Context, tok token.Token, principal string) error {
+	holder, ok := s.owners.get(tok)
+	if !ok {
+		st, err := s.store.Status(ctx, tok.Lease)
+		if err != nil {
+			return fmt.Errorf("server: read holder of %q: %w", tok.Lease, err)
+		}
+		if st.Token.Revision != tok.Revision {
+			return &token.StaleError{Token: tok, Newer: st.Token}
+		}
+		holder = st.Holder
+		s.owners.put(tok, holder)
+	}
+	if principalOfHolder(holder) != principal {
+		return fmt.Errorf("%w: token %s is held by another principal", ErrPermissionDenied, tok)
+	}
+	return nil
+}
+
+// ownerCache remembers which holder acquired a token. A holder key's
+// record never changes while its create revision stays the same, so an
+// entry never goes stale in a way that matters: once the key is replaced
+// the token is stale and the store's guard rejects it. The cache is bounded
+// and simply emptied when full.
+type ownerCache struct {
+	mu sync.Mutex
+	m  map[ownerKey]string
+}
+
+type ownerKey struct {
+	lease string
+	rev   int64
+}
+
+const ownerCacheSize = 1 << 16
+
+func (c *ownerCache) get(tok token.Token) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.m[ownerKey{tok.Lease, tok.Revision}]
+	return h, ok
+}
+
+func (c *ownerCache) put(tok token.Token, holder string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= ownerCacheSize {
+		c.m = make(map[ownerKey]string)
+	}
+	c.m[ownerKey{tok.Lease, tok.Revision}] = holder
+}

@@ -1,0 +1,243 @@
+package server
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Input limits beyond etcdstore's (names, keys and values). docs/service.md
+// lists them all.
+const (
+	// MaxTTLSeconds is the longest session TTL a client may ask for.
+	MaxTTLSeconds = 3600
+	// DefaultTTLSeconds is the TTL of a session opened with ttl_seconds 0.
+	DefaultTTLSeconds = 10
+	// MaxTxnCompares is the most compares a Txn may carry.
+	MaxTxnCompares = 64
+	// MaxTxnOps is the most operations each Txn branch may carry.
+	MaxTxnOps = 64
+	// MaxRequestBytes is the largest request message the server accepts.
+	// etcd's own request limit (1.5 MiB by default) applies to what a
+	// request writes.
+	MaxRequestBytes = 2 << 20
+)
+
+// The validators below are pure: they check a request against the limits
+// and return its parsed parts, or an error naming the offending field
+// (wrapping *etcdstore.ArgumentError or *token.MalformedError). Nothing is
+// sent to etcd for a request that fails them.
+
+func invalidArg(field, value, reason string) error {
+	if len(value) > 64 {
+		value = value[:64]
+	}
+	return &fieldError{field: field, err: &etcdstore.ArgumentError{Arg: field, Value: value, Reason: reason}}
+}
+
+// parseToken parses a token field and checks that the store could have
+// issued it.
+func parseToken(field, s string) (token.Token, error) {
+	if s == "" {
+		return token.Token{}, invalidArg(field, s, "required")
+	}
+	tok, err := token.Parse(s)
+	if err != nil {
+		return token.Token{}, inField(field, err)
+	}
+	if err := etcdstore.ValidateName("lease", tok.Lease); err != nil {
+		return token.Token{}, inField(field, err)
+	}
+	return tok, nil
+}
+
+func validateName(field, name string) error {
+	return inField(field, etcdstore.ValidateName(field, name))
+}
+
+func validateKey(field, key string) error {
+	if err := etcdstore.ValidateKey(key); err != nil {
+		return inField(field, err)
+	}
+	return nil
+}
+
+func validateValue(field string, v []byte) error {
+	return inField(field, etcdstore.ValidateValue(v))
+}
+
+func validateSessionID(field string, id int64) error {
+	if id <= 0 {
+		return invalidArg(field, strconv.FormatInt(id, 10), "must be positive")
+	}
+	return nil
+}
+
+// validateAcquire checks an AcquireRequest.
+func validateAcquire(r *fencerv1.AcquireRequest) error {
+	if err := validateName("name", r.GetName()); err != nil {
+		return err
+	}
+	switch ttl := r.GetTtlSeconds(); {
+	case r.GetSessionId() < 0:
+		return invalidArg("session_id", strconv.FormatInt(r.GetSessionId(), 10), "must not be negative")
+	case r.GetSessionId() > 0 && ttl != 0:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 when session_id is set")
+	case ttl < 0 || ttl > MaxTTLSeconds:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
+	}
+	return nil
+}
+
+// validateKeepAlive checks a KeepAliveRequest.
+func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
+	return validateSessionID("session_id", r.GetSessionId())
+}
+
+// validateRelease checks a ReleaseRequest and returns its token, which is
+// zero when the request releases a session.
+func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
+	switch t := r.GetTarget().(type) {
+	case *fencerv1.ReleaseRequest_Token:
+		return parseToken("token", t.Token)
+	case *fencerv1.ReleaseRequest_SessionId:
+		return token.Token{}, validateSessionID("session_id", t.SessionId)
+	default:
+		return token.Token{}, invalidArg("target", "", "one of token or session_id is required")
+	}
+}
+
+// validateCheck checks a CheckRequest and returns its token.
+func validateCheck(r *fencerv1.CheckRequest) (token.Token, error) {
+	return parseToken("token", r.GetToken())
+}
+
+// validateAdvance checks an AdvanceRequest and returns its token.
+func validateAdvance(r *fencerv1.AdvanceRequest) (token.Token, error) {
+	if err := validateName("resource", r.GetResource()); err != nil {
+		return token.Token{}, err
+	}
+	return parseToken("token", r.GetToken())
+}
+
+// validatePut checks a PutRequest and returns its token.
+func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
+	tok, err := parseToken("token", r.GetToken())
+	if err != nil {
+		return token.Token{}, err
+	}
+	if err := validateKey("key", r.GetKey()); err != nil {
+		return token.Token{}, err
+	}
+	return tok, validateValue("value", r.GetValue())
+}
+
+// validateGet checks a GetRequest.
+func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
+
+// validateDelete checks a DeleteRequest and returns its token.
+func validateDelete(r *fencerv1.DeleteRequest) (token.Token, error) {
+	tok, err := parseToken("token", r.GetToken())
+	if err != nil {
+		return token.Token{}, err
+	}
+	return tok, validateKey("key", r.GetKey())
+}
+
+// validateTxn checks a TxnRequest and returns its token. Besides each
+// key and value, it rejects a branch that writes one key twice, which etcd
+// would refuse.
+func validateTxn(r *fencerv1.TxnRequest) (token.Token, error) {
+	tok, err := parseToken("token", r.GetToken())
+	if err != nil {
+		return token.Token{}, err
+	}
+	if n := len(r.GetCompares()); n > MaxTxnCompares {
+		return token.Token{}, invalidArg("compares", strconv.Itoa(n), "more than "+strconv.Itoa(MaxTxnCompares))
+	}
+	for i, c := range r.GetCompares() {
+		if err := validateCompare(fmt.Sprintf("compares[%d]", i), c); err != nil {
+			return token.Token{}, err
+		}
+	}
+	if err := validateOps("success", r.GetSuccess()); err != nil {
+		return token.Token{}, err
+	}
+	return tok, validateOps("failure", r.GetFailure())
+}
+
+func validateCompare(field string, c *fencerv1.Compare) error {
+	if err := validateKey(field+".key", c.GetKey()); err != nil {
+		return err
+	}
+	switch c.GetTarget() {
+	case fencerv1.Compare_TARGET_VALUE:
+		if err := validateValue(field+".value", c.GetValue()); err != nil {
+			return err
+		}
+	case fencerv1.Compare_TARGET_VERSION, fencerv1.Compare_TARGET_CREATE_REVISION, fencerv1.Compare_TARGET_MOD_REVISION:
+		if c.GetNumber() < 0 {
+			return invalidArg(field+".number", strconv.FormatInt(c.GetNumber(), 10), "must not be negative")
+		}
+	default:
+		return invalidArg(field+".target", c.GetTarget().String(), "unknown or unspecified")
+	}
+	switch c.GetResult() {
+	case fencerv1.Compare_RESULT_EQUAL, fencerv1.Compare_RESULT_NOT_EQUAL, fencerv1.Compare_RESULT_GREATER, fencerv1.Compare_RESULT_LESS:
+		return nil
+	default:
+		return invalidArg(field+".result", c.GetResult().String(), "unknown or unspecified")
+	}
+}
+
+func validateOps(branch string, ops []*fencerv1.Op) error {
+	if len(ops) > MaxTxnOps {
+		return invalidArg(branch, strconv.Itoa(len(ops)), "more than "+strconv.Itoa(MaxTxnOps)+" operations")
+	}
+	written := map[string]bool{}
+	for i, op := range ops {
+		field := fmt.Sprintf("%s[%d]", branch, i)
+		var key string
+		switch o := op.GetOp().(type) {
+		case *fencerv1.Op_Put:
+			key = o.Put.GetKey()
+			if err := validateKey(field+".put.key", key); err != nil {
+				return err
+			}
+			if err := validateValue(field+".put.value", o.Put.GetValue()); err != nil {
+				return err
+			}
+		case *fencerv1.Op_Delete:
+			key = o.Delete.GetKey()
+			if err := validateKey(field+".delete.key", key); err != nil {
+				return err
+			}
+		case *fencerv1.Op_Get:
+			if err := validateKey(field+".get.key", o.Get.GetKey()); err != nil {
+				return err
+			}
+			continue
+		default:
+			return invalidArg(field, "", "one of put, delete or get is required")
+		}
+		if written[key] {
+			return invalidArg(field, key, "writes a key already written in this branch")
+		}
+		written[key] = true
+	}
+	return nil
+}
+
+// validateWatchLease checks a WatchLeaseRequest.
+func validateWatchLease(r *fencerv1.WatchLeaseRequest) error {
+	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+		return err
+	}
+	if r.GetStartRevision() < 0 {
+		return invalidArg("start_revision", strconv.FormatInt(r.GetStartRevision(), 10), "must not be negative")
+	}
+	return nil
+}

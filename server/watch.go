@@ -1,0 +1,127 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+)
+
+// progressEvery is how often at most a watch reports progress when etcd
+// reports changes that do not concern the session.
+const progressEvery = time.Second
+
+// WatchLease implements FencerService.WatchLease with one etcd watch on
+// the holder keys (with their previous values) and one on the session key.
+// A holder key whose previous value was attached to the session and that is
+// deleted, or rewritten under another etcd lease or create revision, is
+// reported LOST. When the session key is deleted the stream ends with
+// SESSION_NOT_FOUND; LOST events for the same revision may not have been
+// sent first.
+func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.FencerService_WatchLeaseServer) error {
+	if err := validateWatchLease(req); err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	id := clientv3.LeaseID(req.GetSessionId())
+	rev, err := s.checkSession(ctx, id, principalOf(ctx))
+	if err != nil {
+		return err
+	}
+	start := req.GetStartRevision()
+	if start == 0 {
+		start = rev + 1
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	leases := s.cli.Watch(wctx, s.store.HolderKey(""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
+	session := s.cli.Watch(wctx, s.sessionKey(id), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start}); err != nil {
+		return err
+	}
+	last := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return ErrShuttingDown
+		case <-ctx.Done():
+			return ctx.Err()
+		case wr, ok := <-session:
+			if err := watchErr(wr, ok); err != nil {
+				return err
+			}
+			if len(wr.Events) > 0 {
+				return fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, wr.Header.Revision)
+			}
+		case wr, ok := <-leases:
+			if err := watchErr(wr, ok); err != nil {
+				return err
+			}
+			sent := false
+			for _, ev := range wr.Events {
+				out := lostEvent(ev, id, s.store)
+				if out == nil {
+					continue
+				}
+				if err := stream.Send(out); err != nil {
+					return err
+				}
+				s.m.lost.Inc()
+				sent = true
+			}
+			if sent || (!wr.IsProgressNotify() && time.Since(last) < progressEvery) {
+				if sent {
+					last = time.Now()
+				}
+				continue
+			}
+			if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: wr.Header.Revision}); err != nil {
+				return err
+			}
+			last = time.Now()
+		}
+	}
+}
+
+// errWatchBroken ends a lease watch whose etcd watch failed; the client
+// watches again.
+var errWatchBroken = fmt.Errorf("server: etcd watch broke: %w", errStoreUnavailable)
+
+func watchErr(wr clientv3.WatchResponse, ok bool) error {
+	switch {
+	case !ok:
+		return errWatchBroken
+	case wr.CompactRevision != 0:
+		return fmt.Errorf("%w: compacted at %d", ErrWatchCompacted, wr.CompactRevision)
+	case wr.Err() != nil:
+		return fmt.Errorf("%w: %w", errWatchBroken, wr.Err())
+	}
+	return nil
+}
+
+// lostEvent decides, purely, whether ev ends a lease of session id, and
+// returns the event to send, or nil.
+func lostEvent(ev *clientv3.Event, id clientv3.LeaseID, store *etcdstore.Store) *fencerv1.WatchLeaseResponse {
+	prev := ev.PrevKv
+	if prev == nil || clientv3.LeaseID(prev.Lease) != id {
+		return nil
+	}
+	reason := "deleted"
+	if ev.Type == mvccpb.PUT {
+		if clientv3.LeaseID(ev.Kv.Lease) == id && ev.Kv.CreateRevision == prev.CreateRevision {
+			return nil
+		}
+		reason = "replaced"
+	}
+	st, ok := store.ParseHolder(prev)
+	if !ok {
+		return nil
+	}
+	tok := st.Token
+	return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_LOST, Token: tok.String(), Revision: ev.Kv.ModRevision, Reason: reason}
+}
