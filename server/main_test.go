@@ -51,6 +51,7 @@ func TestMain(m *testing.M) {
 			goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
 			goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 			goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+			goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 		); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
