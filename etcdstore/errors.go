@@ -21,6 +21,9 @@ var (
 	// ErrLeaseLost ends a Lease whose holder key was deleted or replaced
 	// by someone else.
 	ErrLeaseLost = errors.New("etcdstore: lease lost")
+	// ErrAlreadyHeld means the session already holds the lease it was
+	// asked to acquire; a session holds a lease at most once at a time.
+	ErrAlreadyHeld = errors.New("etcdstore: lease already held by this session")
 	// ErrCondition means the caller's own compares in TryAcquireOn failed.
 	ErrCondition = errors.New("etcdstore: acquire condition failed")
 )

@@ -69,9 +69,9 @@ func (l *Lease) end(reason error) {
 }
 
 // TryAcquire acquires lease name if it is free and returns at once
-// otherwise, with a *token.HeldError naming the current holder (this
-// session included, if it already holds name). The acquisition and the
-// epoch bump are one etcd Txn.
+// otherwise, with a *token.HeldError naming the current holder, or
+// ErrAlreadyHeld if this session holds name (until it has observed the
+// loss of that Lease). The acquisition and the epoch bump are one etcd Txn.
 func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	l, _, err := s.tryAcquire(ctx, name)
 	return l, err
@@ -84,8 +84,11 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 		return nil, 0, s.Err()
 	}
 	s.mu.Lock()
-	seen := s.epochs[name]
+	seen, mine := s.epochs[name], s.held[name]
 	s.mu.Unlock()
+	if mine != nil {
+		return nil, 0, fmt.Errorf("%w: %s", ErrAlreadyHeld, mine.tok)
+	}
 	tok, seen, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name, seen)
 	if seen != (epochSeen{}) {
 		s.rememberEpoch(name, seen)

@@ -165,6 +165,10 @@ func TestTryAcquireHeldByAnother(t *testing.T) {
 	defer cancel()
 	_, err = b.Acquire(wctx, "jobs")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// A session holds a lease at most once; asking again fails at once.
+	_, err = a.Acquire(ctx, "jobs")
+	require.ErrorIs(t, err, etcdstore.ErrAlreadyHeld)
 }
 
 func TestAcquireWaitsForRelease(t *testing.T) {

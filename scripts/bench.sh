@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Runs fencer's benchmarks and prints their figures. Each benchmark measures
-# fencer beside its baseline in the same run and reports the ratio.
-# BENCHTIME overrides the iteration counts (e.g. BENCHTIME=200x for a quick look).
+# fencer beside its baseline in the same run and reports the ratio through
+# b.ReportMetric. BENCHTIME overrides the iteration counts (for example
+# BENCHTIME=100x for a quick look).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export FENCER_REQUIRE_KUBE=1
 bt="${BENCHTIME:-}"
 run() { # package, benchmark regexp, default benchtime
-	go test -run '^$' -bench "$2" -benchtime "${bt:-$3}" -count 1 "$1" | grep -E '^(Benchmark|ok|FAIL|---)' || true
+	echo "== go test -run '^\$' -bench '$2' -benchtime ${bt:-$3} $1"
+	go test -run '^$' -bench "$2" -benchtime "${bt:-$3}" -count 1 "$1" | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 }
+# etcd store: guarded Put vs a raw guarded Txn and a plain Put; Acquire+Release
+# vs concurrency.Mutex; loss detection after an external delete.
 run ./etcdstore 'BenchmarkGuardedPut$' 3000x
 run ./etcdstore 'BenchmarkAcquireRelease$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
+# Kubernetes: fenced Update vs plain client.Update on the real kube-apiserver.
+run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
+# Service: guarded Put through gRPC vs a direct guarded etcd Txn (1 and 64
+# clients); server RSS with 10,000 held leases (one full run per iteration).
+run ./server 'BenchmarkServiceGuardedPut' 3000x
+echo "== go test -run '^\$' -bench BenchmarkServiceRSS10kLeases -benchtime 1x ./server"
+go test -run '^$' -bench 'BenchmarkServiceRSS10kLeases' -benchtime 1x -count 1 ./server | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
