@@ -456,16 +456,20 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// Release deletes the holder key if and only if it is still this
-// acquisition's, and ends the Lease with etcdstore.ErrReleased. Releasing a
-// lease that has already ended changes nothing and returns nil.
+// Release ends the Lease with etcdstore.ErrReleased (Done closes first,
+// as with the library) and then asks the server to delete the holder key
+// if and only if it is still this acquisition's, so a retried or late
+// Release never deletes a newer holder's key. If that call fails, the
+// Lease has ended all the same; a retry deletes the key, or it expires with
+// the session. Releasing a lease that has already ended changes nothing in
+// etcd unless its key is still this acquisition's.
 func (l *Lease) Release(ctx context.Context) error {
+	l.sess.forget(l)
+	l.end(etcdstore.ErrReleased)
 	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}})
 	if err := fromStatus(err); err != nil {
 		return fmt.Errorf("client: release %s: %w", l.tok, err)
 	}
-	l.sess.forget(l)
-	l.end(etcdstore.ErrReleased)
 	return nil
 }
 

@@ -140,10 +140,16 @@ func (b *BearerTokens) Authenticate(ctx context.Context) (string, error) {
 }
 
 // ClientCertificates authenticates calls by their verified TLS client
-// certificate: the principal is the certificate's subject common name. It
-// relies on the server's tls.Config to require and verify client
-// certificates (tls.RequireAndVerifyClientCert); it does not check
-// revocation.
+// certificate: the principal is the subject common name of the chain's
+// leaf, which must be a valid principal (see ValidatePrincipal); a call
+// without a verified chain fails with ErrUnauthenticated. Verification is
+// the TLS layer's (against ClientCAs, or the system's roots when that is
+// nil), so Config.Validate accepts ClientCertificates only with a
+// tls.Config that verifies client certificates.
+//
+// It does not check revocation, and it trusts every CA in ClientCAs alike:
+// any certificate they issue with common name X is principal X. Subject
+// alternative names are ignored.
 type ClientCertificates struct{}
 
 // Authenticate returns the common name of the verified client certificate.

@@ -17,14 +17,31 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fencer-dev/fencer/client"
 )
 
 // BenchmarkServiceGuardedPut compares a guarded Put through the gRPC
-// service with the same guarded etcd Txn made directly (etcdstore.Put), at
-// 1 and 64 concurrent clients, in the same run. ratio is the service's
-// throughput over the direct throughput.
+// service with the same guarded etcd Txn made directly, at 1 and 64
+// concurrent clients. Four variants share one etcd member and one etcd
+// client (the server's), and run interleaved in rounds so that drift on a
+// shared machine hits them alike:
+//
+//   - direct: etcdstore.Store.Put, the Txn the server makes;
+//   - grpc: client.Client.Put through the server;
+//   - noop: a grpc.health.v1 Check on a bare grpc server, over a
+//     connection dialled like the client's: the hop alone, without fencer
+//     code or etcd;
+//   - hop: direct, then noop, in the same worker: what the service would
+//     reach if it added nothing but the hop.
+//
+// ratio is grpc over direct throughput and hop-ratio is hop over direct,
+// the ceiling the hop leaves. cpu-us/put is the process's CPU time (etcd,
+// server and clients all run in it) per operation of each variant, where
+// the platform reports it.
 func BenchmarkServiceGuardedPut(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
@@ -35,35 +52,85 @@ func BenchmarkServiceGuardedPut(b *testing.B) {
 			l, err := newSession(b, c).Acquire(ctx, "bench")
 			require.NoError(b, err)
 			tok := l.Token()
+			hc := healthpb.NewHealthClient(dial(b, alice, startBareServer(b)))
 			value := []byte("some value of a typical size, say sixty-four bytes long........")
-			run := func(put func(key string) error) time.Duration {
-				var next atomic.Int64
-				var wg sync.WaitGroup
-				start := time.Now()
-				for w := 0; w < conc; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
-							if err := put("k" + strconv.Itoa(int(i%1024))); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				return time.Since(start)
+			direct := func(key string) error { _, err := st.Put(ctx, tok, key, value); return err }
+			noop := func(string) error { _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); return err }
+			variants := []func(key string) error{
+				direct,
+				func(key string) error { _, err := c.Put(ctx, tok, key, value); return err },
+				noop,
+				func(key string) error {
+					if err := direct(key); err != nil {
+						return err
+					}
+					return noop(key)
+				},
 			}
 			b.ResetTimer()
-			direct := run(func(key string) error { _, err := st.Put(ctx, tok, key, value); return err })
-			service := run(func(key string) error { _, err := c.Put(ctx, tok, key, value); return err })
+			wall, cpu := runRounds(b, conc, b.N, variants)
 			b.StopTimer()
-			b.ReportMetric(float64(b.N)/direct.Seconds(), "direct-puts/s")
-			b.ReportMetric(float64(b.N)/service.Seconds(), "grpc-puts/s")
-			b.ReportMetric(direct.Seconds()/service.Seconds(), "ratio")
+			for i, name := range []string{"direct", "grpc", "noop", "hop"} {
+				b.ReportMetric(float64(b.N)/wall[i].Seconds(), name+"-puts/s")
+				b.ReportMetric(float64(cpu[i].Microseconds())/float64(b.N), name+"-cpu-us/put")
+			}
+			b.ReportMetric(wall[0].Seconds()/wall[1].Seconds(), "ratio")
+			b.ReportMetric(wall[0].Seconds()/wall[3].Seconds(), "hop-ratio")
+			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// runRounds runs n calls of each variant on conc workers, in rounds of at
+// most 1000 calls per variant, and returns each variant's wall-clock and
+// process CPU time. Calls write 1024 distinct keys in turn.
+func runRounds(b *testing.B, conc, n int, variants []func(key string) error) (wall, cpu []time.Duration) {
+	b.Helper()
+	wall, cpu = make([]time.Duration, len(variants)), make([]time.Duration, len(variants))
+	const round = 1000
+	for done := 0; done < n; done += round {
+		end := int64(min(done+round, n))
+		for v, call := range variants {
+			next := atomic.Int64{}
+			next.Store(int64(done))
+			var wg sync.WaitGroup
+			cpu0, start := cpuTime(b), time.Now()
+			for w := 0; w < conc; w++ {
+				wg.Go(func() {
+					for i := next.Add(1); i <= end; i = next.Add(1) {
+						if err := call("k" + strconv.Itoa(int(i%1024))); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			wall[v] += time.Since(start)
+			cpu[v] += cpuTime(b) - cpu0
+		}
+	}
+	return wall, cpu
+}
+
+// startBareServer serves grpc.health.v1 alone, without fencer's
+// interceptors, on a loopback port, and returns its address.
+func startBareServer(b *testing.B) string {
+	b.Helper()
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	b.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return lis.Addr().String()
 }
 
 // BenchmarkServiceRSS10kLeases measures the resident memory of a fencer

@@ -28,8 +28,9 @@
 //     remote holder that acts after its lease is gone is stopped by the
 //     guard, not by the watch.
 //   - Authentication is as strong as its configuration: Anonymous admits
-//     anyone who can reach the port, and bearer tokens over plaintext can be
-//     read on the network.
+//     anyone who can reach the port, bearer tokens over plaintext can be
+//     read on the network, and ClientCertificates checks no revocation and
+//     trusts every CA in the TLS configuration's ClientCAs alike.
 //   - A call that fails with STORE_UNAVAILABLE may or may not have been
 //     applied.
 //   - Writes made with a raw etcd client bypass both the guard's caller

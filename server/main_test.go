@@ -95,12 +95,20 @@ var testTokens = map[string]string{
 	"bob-token-0123456789ab": "bob",
 }
 
-// startServer serves st on a loopback port and returns its address.
+// startServer serves st on a loopback port, in plaintext with the bearer
+// tokens of testTokens, and returns its address.
 func startServer(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
 	t.Helper()
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
-	srv, err := server.New(server.Config{Store: st, Authenticator: auth})
+	return serve(t, server.Config{Store: st, Authenticator: auth})
+}
+
+// serve serves cfg on a loopback port until the test ends and returns its
+// address.
+func serve(t testing.TB, cfg server.Config) (string, *server.Server) {
+	t.Helper()
+	srv, err := server.New(cfg)
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -115,14 +123,21 @@ func startServer(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
 	return lis.Addr().String(), srv
 }
 
-// dial connects to addrs (round-robin when several) as the principal whose
-// bearer token is tok ("" sends none).
+// dial connects to addrs (round-robin when several) in plaintext as the
+// principal whose bearer token is tok ("" sends none).
 func dial(t testing.TB, tok string, addrs ...string) *grpc.ClientConn {
 	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if tok != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(tok, false)))
 	}
+	return dialWith(t, opts, addrs...)
+}
+
+// dialWith connects to addrs (round-robin when several) with opts, which
+// must set the transport credentials.
+func dialWith(t testing.TB, opts []grpc.DialOption, addrs ...string) *grpc.ClientConn {
+	t.Helper()
 	r := manual.NewBuilderWithScheme(fmt.Sprintf("test%d", prefixSeq.Add(1)))
 	var state resolver.State
 	for _, a := range addrs {

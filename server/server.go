@@ -32,20 +32,37 @@ type Config struct {
 	// Authenticator decides each call's principal. Use Anonymous only where
 	// every caller is trusted.
 	Authenticator Authenticator
-	// TLS, when set, is the server's TLS configuration; set ClientAuth to
-	// tls.RequireAndVerifyClientCert for mutual TLS. Nil serves plaintext.
+	// TLS, when set, is the server's TLS configuration and must provide a
+	// certificate (Certificates, GetCertificate or GetConfigForClient).
+	// For mutual TLS set ClientCAs and ClientAuth to
+	// tls.RequireAndVerifyClientCert: clients without a certificate that
+	// verifies are then refused during the handshake, before any call. Nil
+	// serves plaintext. The server does not reload certificates; use
+	// GetCertificate for rotation.
 	TLS *tls.Config
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
 }
 
-// Validate reports whether c can make a Server.
+// Validate reports whether c can make a Server: Store and Authenticator
+// are set, TLS (if set) has a certificate, and ClientCertificates is used
+// only with TLS that verifies client certificates
+// (tls.VerifyClientCertIfGiven or tls.RequireAndVerifyClientCert). It does
+// not load or check the certificates themselves.
 func (c Config) Validate() error {
 	switch {
 	case c.Store == nil:
 		return errors.New("server: config: Store is required")
 	case c.Authenticator == nil:
 		return errors.New("server: config: Authenticator is required (Anonymous admits everyone)")
+	case c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil:
+		return errors.New("server: config: TLS has no certificate")
+	}
+	switch c.Authenticator.(type) {
+	case ClientCertificates, *ClientCertificates:
+		if c.TLS == nil || (c.TLS.ClientAuth != tls.VerifyClientCertIfGiven && c.TLS.ClientAuth != tls.RequireAndVerifyClientCert) {
+			return errors.New("server: config: ClientCertificates needs TLS with ClientAuth VerifyClientCertIfGiven or RequireAndVerifyClientCert")
+		}
 	}
 	return nil
 }

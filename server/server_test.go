@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -93,19 +94,33 @@ func TestGuardedWritesAndStaleErrors(t *testing.T) {
 	require.ErrorIs(t, c.Check(ctx, l2.Token()), token.ErrStale)
 }
 
+func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
+	// Like the library's, a remote Release stops the holder first: Done is
+	// closed with ErrReleased before the key is deleted, so the watch's
+	// report of that deletion cannot turn the release into a loss, and a
+	// Release that cannot reach the server has ended the Lease all the same.
+	ctx := ctxT(t)
+	addr, _ := startServer(t, newStore(t))
+	c := client.New(dial(t, alice, addr))
+	l, err := newSession(t, c).Acquire(ctx, "rel")
+	require.NoError(t, err)
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	require.Equal(t, codes.Canceled, status.Code(l.Release(cancelled)))
+	waitDone(t, l.Done(), time.Second, "release")
+	require.ErrorIs(t, l.Err(), etcdstore.ErrReleased)
+	require.NoError(t, c.Check(ctx, l.Token()), "the key outlives a release that did not reach the server")
+
+	require.NoError(t, l.Release(ctx), "a retry deletes the key")
+	require.ErrorIs(t, c.Check(ctx, l.Token()), token.ErrStale)
+	require.ErrorIs(t, l.Err(), etcdstore.ErrReleased)
+}
+
 func TestAuth(t *testing.T) {
 	ctx := ctxT(t)
 	st := newStore(t)
 	addr, _ := startServer(t, st)
-	ac := client.New(dial(t, alice, addr))
-	bc := client.New(dial(t, bob, addr))
-	la, err := newSession(t, ac).Acquire(ctx, "a")
-	require.NoError(t, err)
-	sessA := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
-	resp, err := sessA.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a2"})
-	require.NoError(t, err)
-	raw := fencerv1.NewFencerServiceClient(dial(t, bob, addr))
-
 	t.Run("unauthenticated", func(t *testing.T) {
 		for name, tok := range map[string]string{"no token": "", "unknown token": "not-a-known-token-at-all"} {
 			c := client.New(dial(t, tok, addr))
@@ -115,13 +130,38 @@ func TestAuth(t *testing.T) {
 			require.Equal(t, codes.Unauthenticated, status.Code(err), name)
 		}
 	})
+	requirePrincipalsIsolated(t, dial(t, alice, addr), "alice", dial(t, bob, addr))
+}
+
+// requirePrincipalsIsolated checks the principal binding through two
+// connections to one server: a, authenticated as principal aName, and b,
+// authenticated as another principal. Leases a acquires name aName as
+// their holder's principal; b can neither write with a's tokens nor renew,
+// release, watch or acquire through a's sessions (PERMISSION_DENIED), and
+// none of its attempts writes or releases anything; b may still read and
+// check a's tokens.
+func requirePrincipalsIsolated(t *testing.T, a *grpc.ClientConn, aName string, b *grpc.ClientConn) {
+	t.Helper()
+	ctx := ctxT(t)
+	ac, bc := client.New(a), client.New(b)
+	la, err := newSession(t, ac).Acquire(ctx, "isolated")
+	require.NoError(t, err)
+	resp, err := fencerv1.NewFencerServiceClient(a).Acquire(ctx, &fencerv1.AcquireRequest{Name: "isolated2"})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(resp.GetHolder(), aName+"/"), "holder %q of a lease acquired as %q", resp.GetHolder(), aName)
+	t.Cleanup(func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = fencerv1.NewFencerServiceClient(a).Release(rctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: resp.GetSessionId()}})
+	})
+	raw := fencerv1.NewFencerServiceClient(b)
 	cases := map[string]func() error{
 		"put with another's token": func() error {
-			_, err := bc.Put(ctx, la.Token(), "k", []byte("x"))
+			_, err := bc.Put(ctx, la.Token(), "isolated", []byte("x"))
 			return err
 		},
 		"delete with another's token": func() error {
-			_, err := bc.Delete(ctx, la.Token(), "k")
+			_, err := bc.Delete(ctx, la.Token(), "isolated")
 			return err
 		},
 		"txn with another's token": func() error {
@@ -138,7 +178,7 @@ func TestAuth(t *testing.T) {
 			return err
 		},
 		"acquire through another's session": func() error {
-			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "b", SessionId: resp.GetSessionId()})
+			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "isolated3", SessionId: resp.GetSessionId()})
 			return err
 		},
 		"renew another's session": func() error {
@@ -171,14 +211,16 @@ func TestAuth(t *testing.T) {
 	}
 	// Nothing was written or released.
 	require.NoError(t, ac.Check(ctx, la.Token()))
-	_, found, err := ac.Get(ctx, "k")
+	_, found, err := ac.Get(ctx, "isolated")
 	require.NoError(t, err)
 	require.False(t, found)
 	tok2, err := token.Parse(resp.GetToken())
 	require.NoError(t, err)
 	require.NoError(t, ac.Check(ctx, tok2))
-	// Bob may still read and check.
+	// The other principal may still read and check.
 	require.NoError(t, bc.Check(ctx, la.Token()))
+	_, _, err = bc.Get(ctx, "isolated")
+	require.NoError(t, err)
 }
 
 func TestValidationNamesFieldAndWritesNothing(t *testing.T) {

@@ -26,9 +26,9 @@ type connFlags struct {
 func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.server, "server", envOr("FENCER_SERVER", defaultListen), "fencer server address; several comma-separated addresses are used round-robin ($FENCER_SERVER)")
 	fs.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("FENCER_AUTH_TOKEN_FILE"), "file holding the bearer token to send ($FENCER_AUTH_TOKEN_FILE; or the token itself in $FENCER_AUTH_TOKEN)")
-	fs.StringVar(&c.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the server; enables TLS")
-	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS")
-	fs.StringVar(&c.tlsKey, "tls-key", "", "client private key (PEM) for mutual TLS")
+	fs.StringVar(&c.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the server; enables TLS (without it, TLS verifies against the system's roots)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS, with --tls-key; enables TLS")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "client private key (PEM) for mutual TLS, with --tls-cert; enables TLS")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "timeout of each call")
 }
 
@@ -40,30 +40,20 @@ func envOr(key, def string) string {
 }
 
 // dial connects to the server(s). The connection is lazy: errors show on
-// the first call.
+// the first call. Any of --tls-ca, --tls-cert and --tls-key turns TLS on;
+// without --tls-ca the system's roots verify the server. Each server's
+// certificate must name the host of its address.
 func (c *connFlags) dial() (*grpc.ClientConn, error) {
 	addrs := splitList(c.server)
 	if len(addrs) == 0 {
 		return nil, errors.New("--server is empty")
 	}
 	var opts []grpc.DialOption
-	secure := c.tlsCA != ""
+	secure := c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != ""
 	if secure {
-		pem, err := os.ReadFile(c.tlsCA)
+		cfg, err := c.tlsConfig()
 		if err != nil {
 			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("no certificates in %s", c.tlsCA)
-		}
-		cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		if c.tlsCert != "" {
-			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-			if err != nil {
-				return nil, err
-			}
-			cfg.Certificates = []tls.Certificate{cert}
 		}
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	} else {
@@ -86,4 +76,30 @@ func (c *connFlags) dial() (*grpc.ClientConn, error) {
 		opts = append(opts, grpc.WithResolvers(staticResolver{}), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
 	}
 	return grpc.NewClient(target, opts...)
+}
+
+// tlsConfig builds the client's TLS configuration from the flags.
+func (c *connFlags) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.tlsCA != "" {
+		pem, err := os.ReadFile(c.tlsCA)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("no certificates in %s", c.tlsCA)
+		}
+	}
+	if c.tlsCert != "" || c.tlsKey != "" {
+		if c.tlsCert == "" || c.tlsKey == "" {
+			return nil, errors.New("--tls-cert and --tls-key go together")
+		}
+		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }

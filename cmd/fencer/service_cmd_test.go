@@ -22,12 +22,7 @@ import (
 // the server address and the store.
 func startService(t *testing.T) (string, *etcdstore.Store) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "cli", Dir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(member.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{startEtcd(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
 	st, err := etcdstore.New(cli)
@@ -45,6 +40,18 @@ func startService(t *testing.T) (string, *etcdstore.Store) {
 		<-done
 	})
 	return lis.Addr().String(), st
+}
+
+// startEtcd runs an embedded etcd member until the test ends and returns
+// its client endpoint.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "cli", Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(member.Close)
+	return member.Endpoint()
 }
 
 func TestAcquireCommand(t *testing.T) {

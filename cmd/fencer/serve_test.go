@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/server"
+)
+
+// pki is a CA with a serving key pair, client key pairs for alice and bob
+// and a token file, written to a test directory.
+type pki struct {
+	ca                    *testca.CA
+	caFile                string
+	serverCert, serverKey string
+	aliceCert, aliceKey   string
+	bobCert, bobKey       string
+	tokenFile             string
+}
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	dir := t.TempDir()
+	p := pki{ca: testca.New(t, "fencer test CA")}
+	p.caFile = p.ca.WriteCA(t, dir, "ca.crt")
+	p.serverCert, p.serverKey = testca.WriteKeyPair(t, dir, "server", p.ca.ServerCert(t))
+	p.aliceCert, p.aliceKey = testca.WriteKeyPair(t, dir, "alice", p.ca.ClientCert(t, "alice"))
+	p.bobCert, p.bobKey = testca.WriteKeyPair(t, dir, "bob", p.ca.ClientCert(t, "bob"))
+	p.tokenFile = filepath.Join(dir, "tokens")
+	require.NoError(t, os.WriteFile(p.tokenFile, []byte("# test tokens\nalice-token-0123456789 alice\n"), 0o600))
+	return p
+}
+
+func TestServeSecurityFlags(t *testing.T) {
+	p := newPKI(t)
+	empty := filepath.Join(t.TempDir(), "empty.pem")
+	require.NoError(t, os.WriteFile(empty, []byte("no certificates here\n"), 0o600))
+	type want struct {
+		err        string // substring of the error; "" for success
+		tls        bool
+		clientAuth tls.ClientAuthType
+		auth       any // the Authenticator's type
+	}
+	anon := want{auth: server.Anonymous("")}
+	cases := []struct {
+		name string
+		f    serveFlags
+		want want
+	}{
+		{"loopback plaintext anonymous", serveFlags{listen: "127.0.0.1:7890"}, anon},
+		{"other loopback address", serveFlags{listen: "127.0.0.2:7890"}, anon},
+		{"IPv6 loopback", serveFlags{listen: "[::1]:7890"}, anon},
+		{"localhost", serveFlags{listen: "localhost:7890"}, anon},
+		{"all interfaces, plaintext", serveFlags{listen: ":7890"}, want{err: "refusing plaintext"}},
+		{"0.0.0.0, plaintext", serveFlags{listen: "0.0.0.0:7890"}, want{err: "refusing plaintext"}},
+		{"[::], plaintext", serveFlags{listen: "[::]:7890"}, want{err: "refusing plaintext"}},
+		{"host name, plaintext", serveFlags{listen: "fencer.example:7890"}, want{err: "refusing plaintext"}},
+		{"no port", serveFlags{listen: "127.0.0.1"}, want{err: "refusing plaintext"}},
+		{"tokens over plaintext", serveFlags{listen: ":7890", tokenFile: p.tokenFile}, want{err: "refusing plaintext"}},
+		{"TLS without authentication", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey}, want{err: "refusing unauthenticated"}},
+		{"TLS and tokens", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tokenFile: p.tokenFile},
+			want{tls: true, auth: &server.BearerTokens{}}},
+		{"mutual TLS", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile},
+			want{tls: true, clientAuth: tls.RequireAndVerifyClientCert, auth: server.ClientCertificates{}}},
+		{"mutual TLS and tokens", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, tokenFile: p.tokenFile},
+			want{tls: true, clientAuth: tls.RequireAndVerifyClientCert, auth: &server.BearerTokens{}}},
+		{"insecure plaintext", serveFlags{listen: ":7890", insecure: true}, anon},
+		{"insecure TLS", serveFlags{listen: ":7890", insecure: true, tlsCert: p.serverCert, tlsKey: p.serverKey}, want{tls: true, auth: server.Anonymous("")}},
+		{"cert without key", serveFlags{listen: "127.0.0.1:7890", tlsCert: p.serverCert}, want{err: "tls"}},
+		{"key without cert", serveFlags{listen: "127.0.0.1:7890", tlsKey: p.serverKey}, want{err: "tls"}},
+		{"client CA without TLS", serveFlags{listen: "127.0.0.1:7890", tlsClientCA: p.caFile}, want{err: "--tls-client-ca needs --tls-cert"}},
+		{"client CA file without certificates", serveFlags{listen: "127.0.0.1:7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: empty}, want{err: "no certificates"}},
+		{"missing client CA file", serveFlags{listen: "127.0.0.1:7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: empty + ".missing"}, want{err: "no such file"}},
+		{"missing token file", serveFlags{listen: "127.0.0.1:7890", tokenFile: empty + ".missing"}, want{err: "no such file"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, auth, err := tc.f.security()
+			if tc.want.err != "" {
+				require.ErrorContains(t, err, tc.want.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want.tls, cfg != nil)
+			if cfg != nil {
+				require.Equal(t, tc.want.clientAuth, cfg.ClientAuth)
+				require.GreaterOrEqual(t, cfg.MinVersion, uint16(tls.VersionTLS12))
+			}
+			require.IsType(t, tc.want.auth, auth)
+		})
+	}
+}
+
+// freeAddr returns a loopback address with a port that was free a moment
+// ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	return addr
+}
+
+// startServe runs fencer serve with f until the test ends and returns its
+// address once it answers.
+func startServe(t *testing.T, f serveFlags) string {
+	t.Helper()
+	f.listen, f.metricsListen, f.grace = freeAddr(t), "", 5*time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var stderr safeBuffer
+	go func() { done <- serve(ctx, f, &stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done, stderr.String())
+	})
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", f.listen)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, stderr.String())
+	return f.listen
+}
+
+func TestServeMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	endpoint := startEtcd(t)
+	addr := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	as := func(cert, key string) []string {
+		return []string{"--server", addr, "--tls-ca", p.caFile, "--tls-cert", cert, "--tls-key", key, "--timeout", "5s"}
+	}
+
+	var out, errb bytes.Buffer
+	code := runAcquire(ctx, append(as(p.aliceCert, p.aliceKey), "jobs", "--", "sh", "-c", `echo "$FENCER_TOKEN"`), &out, &errb)
+	require.Equal(t, 0, code, errb.String())
+	tok := strings.TrimSpace(out.String())
+	require.True(t, strings.HasPrefix(tok, "v1:1:"), tok)
+
+	// The principal is the certificate's common name.
+	out.Reset()
+	require.Equal(t, 0, runStatus(ctx, append(as(p.bobCert, p.bobKey), "--output", "json"), &out, &errb), errb.String())
+	var rows []statusRow
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rows))
+	require.Len(t, rows, 1)
+	require.False(t, rows[0].Held, "acquire released the lease when CMD exited")
+
+	for name, args := range map[string][]string{
+		"no client certificate": {"--server", addr, "--tls-ca", p.caFile, "--timeout", "5s"},
+		"plaintext":             {"--server", addr, "--timeout", "5s"},
+		"without the server CA": {"--server", addr, "--tls-cert", p.aliceCert, "--tls-key", p.aliceKey, "--timeout", "5s"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			require.Equal(t, 1, runStatus(ctx, args, &out, &errb), out.String())
+			require.NotEmpty(t, errb.String())
+		})
+	}
+
+	t.Run("several servers", func(t *testing.T) {
+		addr2 := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+		args := as(p.aliceCert, p.aliceKey)
+		args[1] = addr + "," + addr2
+		for range 4 { // round-robin reaches both
+			var out, errb bytes.Buffer
+			require.Equal(t, 0, runStatus(ctx, append(args, "--output", "json"), &out, &errb), errb.String())
+		}
+	})
+}
+
+func TestClientTLSFlagsNeverFallBackToPlaintext(t *testing.T) {
+	p := newPKI(t)
+	addr, _ := startService(t) // plaintext
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runStatus(ctx, []string{"--server", addr}, &out, &errb), errb.String())
+	for name, args := range map[string][]string{
+		"client certificate":  {"--tls-cert", p.aliceCert, "--tls-key", p.aliceKey},
+		"CA":                  {"--tls-ca", p.caFile},
+		"certificate, no key": {"--tls-cert", p.aliceCert},
+		"key, no certificate": {"--tls-key", p.aliceKey},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			require.Equal(t, 1, runStatus(ctx, append([]string{"--server", addr, "--timeout", "5s"}, args...), &out, &errb), out.String())
+		})
+	}
+}
