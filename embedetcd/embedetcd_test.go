@@ -6,25 +6,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/embedetcd"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// grpc-go's callback serializer exits shortly after the client closes.
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		// etcd members talk raft over keep-alive HTTP connections that
-		// outlive Close until their idle timeout.
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	)
-}
+func TestMain(m *testing.M) { etcdtest.Main(m) }
 
 func TestRestartKeepsDataAndPorts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -42,7 +29,7 @@ func TestRestartKeepsDataAndPorts(t *testing.T) {
 	require.NoError(t, err)
 	defer again.Close()
 	require.Equal(t, srv.Endpoint(), again.Endpoint())
-	cli := client(t, again.Endpoint())
+	cli := etcdtest.Client(t, again.Endpoint())
 	resp, err := cli.Get(ctx, "k")
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
@@ -90,16 +77,8 @@ func TestStartRejectsBadConfig(t *testing.T) {
 	}
 }
 
-func client(t *testing.T, endpoint string) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 func put(t *testing.T, endpoint, k, v string) {
 	t.Helper()
-	_, err := client(t, endpoint).Put(context.Background(), k, v)
+	_, err := etcdtest.Client(t, endpoint).Put(context.Background(), k, v)
 	require.NoError(t, err)
 }

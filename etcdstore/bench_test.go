@@ -9,6 +9,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 // timeRounds runs each variant n times, interleaved in rounds of 50 so that
@@ -38,7 +40,7 @@ func timeRounds(b *testing.B, n int, variants ...func(i int) error) []time.Durat
 // baseline.
 func BenchmarkGuardedPut(b *testing.B) {
 	ctx := context.Background()
-	st := newStore(b)
+	st := etcdtest.Store(b)
 	s := newSession(b, st)
 	l, err := s.Acquire(ctx, "bench")
 	if err != nil {
@@ -73,7 +75,7 @@ func BenchmarkGuardedPut(b *testing.B) {
 // concurrency.Mutex Lock+Unlock on a session of the same etcd.
 func BenchmarkAcquireRelease(b *testing.B) {
 	ctx := context.Background()
-	st := newStore(b)
+	st := etcdtest.Store(b)
 	s := newSession(b, st)
 	es, err := concurrency.NewSession(st.Client(), concurrency.WithTTL(10))
 	if err != nil {
@@ -108,7 +110,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // holder key returning to the holder's Done closing.
 func BenchmarkLossDetection(b *testing.B) {
 	ctx := context.Background()
-	st := newStore(b)
+	st := etcdtest.Store(b)
 	s := newSession(b, st)
 	n := max(b.N, 200)
 	lat := make([]time.Duration, 0, n)

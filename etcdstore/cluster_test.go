@@ -10,22 +10,14 @@ import (
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/token"
 )
 
-func startMember(t *testing.T, dir string) *embedetcd.Server {
-	t.Helper()
-	srv, err := embedetcd.Start(ctxT(t), embedetcd.Member{Name: "m", Dir: dir})
-	require.NoError(t, err)
-	t.Cleanup(srv.Close)
-	return srv
-}
-
 func TestRestartOnSameDataDirKeepsState(t *testing.T) {
-	ctx := ctxT(t)
-	dir := t.TempDir()
-	srv := startMember(t, dir)
-	st := newStore(t, srv.Endpoint())
+	ctx := etcdtest.Context(t)
+	srv := etcdtest.Start(t)
+	st := etcdtest.Store(t, srv.Endpoint())
 	s, err := st.NewSession(ctx)
 	require.NoError(t, err)
 	l, err := s.Acquire(ctx, "jobs")
@@ -40,7 +32,7 @@ func TestRestartOnSameDataDirKeepsState(t *testing.T) {
 	srv2, err := embedetcd.Start(ctx, member)
 	require.NoError(t, err)
 	t.Cleanup(srv2.Close)
-	st2, err := etcdstore.New(newClient(t, srv2.Endpoint()), etcdstore.WithPrefix(st.Prefix()))
+	st2, err := etcdstore.New(etcdtest.Client(t, srv2.Endpoint()), etcdstore.WithPrefix(st.Prefix()))
 	require.NoError(t, err)
 	require.Equal(t, "v", get(t, st2, "k"))
 	rec, ok, err := st2.Fence(ctx, "bucket")
@@ -60,7 +52,7 @@ func TestRestartOnSameDataDirKeepsState(t *testing.T) {
 }
 
 func TestClusterLeaderKill(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	base := t.TempDir()
 	var members []embedetcd.Member
 	for i := 0; i < 3; i++ {
@@ -73,7 +65,7 @@ func TestClusterLeaderKill(t *testing.T) {
 			s.Close()
 		}
 	})
-	st := newStore(t, embedetcd.Endpoints(servers)...)
+	st := etcdtest.Store(t, embedetcd.Endpoints(servers)...)
 	a := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
 	require.NoError(t, err)

@@ -14,20 +14,22 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/token"
 )
 
 func get(t *testing.T, st *etcdstore.Store, key string) string {
 	t.Helper()
-	v, ok, err := st.Get(ctxT(t), key)
+	v, ok, err := st.Get(etcdtest.Context(t), key)
 	require.NoError(t, err)
 	require.True(t, ok, "key %q missing", key)
 	return string(v.Data)
 }
 
 func TestPausedHolderIsFencedByTheStore(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	// A's clock never moves, so A never sends a keepalive: a process
 	// paused past its TTL.
 	paused := clocktesting.NewFakeClock(time.Now())
@@ -56,15 +58,15 @@ func TestPausedHolderIsFencedByTheStore(t *testing.T) {
 	require.Equal(t, lb.Token(), stale.Newer)
 	require.Equal(t, "from B", get(t, st, "result"))
 
-	waitDone(t, la.Done(), 5*time.Second, "A's Done")
+	etcdtest.WaitClosed(t, la.Done(), 5*time.Second, "A's Done")
 	require.ErrorIs(t, la.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, la.Err(), token.ErrNotHeld)
 	require.NoError(t, lb.Err())
 }
 
 func TestExternalDeleteEndsLease(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -72,7 +74,7 @@ func TestExternalDeleteEndsLease(t *testing.T) {
 
 	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	waitDone(t, l.Done(), 5*time.Second, "Done after external delete")
+	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after external delete")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
 
 	_, err = st.Put(ctx, l.Token(), "k", []byte("v"))
@@ -84,28 +86,28 @@ func TestExternalDeleteEndsLease(t *testing.T) {
 }
 
 func TestExternalReplaceEndsLease(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
 	// Another holder's record written over ours, keeping the key.
 	_, err = st.Client().Put(ctx, st.Prefix()+"leases/jobs", `{"holder":"intruder","epoch":9}`, clientv3.WithIgnoreLease())
 	require.NoError(t, err)
-	waitDone(t, l.Done(), 5*time.Second, "Done after another holder appeared")
+	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after another holder appeared")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
 	require.Contains(t, l.Err().Error(), "intruder")
 }
 
 func TestSameHolderReacquiresWithGreaterToken(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st, etcdstore.WithHolder("worker"))
 	first, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
 	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	waitDone(t, first.Done(), 5*time.Second, "Done")
+	etcdtest.WaitClosed(t, first.Done(), 5*time.Second, "Done")
 
 	second, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -124,8 +126,8 @@ func TestSameHolderReacquiresWithGreaterToken(t *testing.T) {
 }
 
 func TestRetriedReleaseKeepsNewerHolder(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
@@ -149,8 +151,8 @@ func TestRetriedReleaseKeepsNewerHolder(t *testing.T) {
 }
 
 func TestTryAcquireHeldByAnother(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	_, err := a.TryAcquire(ctx, "jobs")
@@ -172,8 +174,8 @@ func TestTryAcquireHeldByAnother(t *testing.T) {
 }
 
 func TestAcquireWaitsForRelease(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
@@ -194,8 +196,8 @@ func TestAcquireWaitsForRelease(t *testing.T) {
 }
 
 func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s, err := st.NewSession(ctx)
 	require.NoError(t, err)
 	l1, err := s.Acquire(ctx, "one")
@@ -205,7 +207,7 @@ func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
 	require.NoError(t, s.Close(ctx))
 	require.NoError(t, s.Close(ctx))
 	for _, l := range []*etcdstore.Lease{l1, l2} {
-		waitDone(t, l.Done(), time.Second, "Done")
+		etcdtest.WaitClosed(t, l.Done(), time.Second, "Done")
 		require.ErrorIs(t, l.Err(), etcdstore.ErrSessionClosed)
 		require.ErrorIs(t, st.Check(ctx, l.Token()), token.ErrStale)
 	}
@@ -214,9 +216,9 @@ func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
 }
 
 func TestKeepAliveFailureFailsClosed(t *testing.T) {
-	ctx := ctxT(t)
-	p := newProxy(t, strings.TrimPrefix(sharedEndpoint(t), "http://"))
-	st := newStore(t, p.Endpoint())
+	ctx := etcdtest.Context(t)
+	p := faultproxy.New(t, strings.TrimPrefix(etcdtest.Shared(t), "http://"))
+	st := etcdtest.Store(t, p.Endpoint())
 	clk := clocktesting.NewFakeClock(time.Now())
 	s := newSession(t, st, etcdstore.WithTTL(3*time.Second), etcdstore.WithClock(clk))
 	l, err := s.Acquire(ctx, "jobs")
@@ -232,7 +234,7 @@ func TestKeepAliveFailureFailsClosed(t *testing.T) {
 		}
 		clk.Step(time.Second)
 	}
-	waitDone(t, l.Done(), 5*time.Second, "Done after the local deadline")
+	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the local deadline")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 	require.ErrorIs(t, s.Err(), etcdstore.ErrSessionExpired)
 }
@@ -244,8 +246,8 @@ func waitWaiters(t *testing.T, clk *clocktesting.FakeClock) {
 }
 
 func TestGuardedTxnTellsStaleFromOwnCompare(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -288,8 +290,8 @@ func TestGuardedTxnTellsStaleFromOwnCompare(t *testing.T) {
 }
 
 func TestAdvance(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l1, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -319,8 +321,8 @@ func TestAdvance(t *testing.T) {
 }
 
 func TestAdvanceRejectsLowerRecorded(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -340,8 +342,8 @@ func TestAdvanceRejectsLowerRecorded(t *testing.T) {
 }
 
 func TestConcurrentAdvanceRecordsMaximum(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	var (
 		mu       sync.Mutex
 		accepted []token.Token
@@ -397,8 +399,8 @@ func TestConcurrentAdvanceRecordsMaximum(t *testing.T) {
 }
 
 func TestBadInputWritesNothing(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -456,18 +458,18 @@ func TestBadInputWritesNothing(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	_, err := etcdstore.New(nil)
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
-	_, err = etcdstore.New(newClient(t, sharedEndpoint(t)), etcdstore.WithPrefix("no-slash"))
+	_, err = etcdstore.New(etcdtest.Client(t, etcdtest.Shared(t)), etcdstore.WithPrefix("no-slash"))
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
-	st := newStore(t)
+	st := etcdtest.Store(t)
 	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, 1500 * time.Millisecond} {
-		_, err := st.NewSession(ctxT(t), etcdstore.WithTTL(ttl))
+		_, err := st.NewSession(etcdtest.Context(t), etcdstore.WithTTL(ttl))
 		require.ErrorIs(t, err, etcdstore.ErrInvalidArgument, "ttl %s", ttl)
 	}
 }
 
 func TestListAndStatus(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	s := newSession(t, st)
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)

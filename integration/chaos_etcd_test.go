@@ -13,11 +13,10 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
-	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -31,9 +30,7 @@ var chaosDuration = flag.Duration("chaos.duration", 6*time.Second, "how long eac
 func TestChaosEtcdFencedRegister(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), *chaosDuration+time.Minute)
 	defer cancel()
-	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "chaos", Dir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(srv.Close)
+	srv := etcdtest.Start(t)
 	endpoint := srv.Endpoint()[len("http://"):]
 
 	h := newHistory()
@@ -47,12 +44,12 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 	// writeBatch writes a few values with l's token, sometimes freezing the
 	// holder's connection first so that the write arrives late. It stops at
 	// the first write that is not accepted.
-	writeBatch := func(w int, p *freezeProxy, st *etcdstore.Store, l *etcdstore.Lease) {
+	writeBatch := func(w int, p *faultproxy.Proxy, st *etcdstore.Store, l *etcdstore.Lease) {
 		for i := 0; i < 2+rand.IntN(8) && time.Now().Before(stop); i++ {
 			wasFrozen := rand.IntN(6) == 0
 			if wasFrozen {
 				frozen.Add(1)
-				p.freeze(time.Duration(1500+rand.IntN(1000)) * time.Millisecond)
+				p.Freeze(time.Duration(1500+rand.IntN(1000)) * time.Millisecond)
 			}
 			in := regInput{write: true, tok: l.Token().Revision, val: int(nextVal.Add(1))}
 			call := h.now()
@@ -79,7 +76,7 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 			time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
 		}
 	}
-	worker := func(w int, p *freezeProxy, st *etcdstore.Store) {
+	worker := func(w int, p *faultproxy.Proxy, st *etcdstore.Store) {
 		newSession := func() *etcdstore.Session {
 			sess, err := st.NewSession(ctx, etcdstore.WithTTL(time.Second), etcdstore.WithHolder("w"+strconv.Itoa(w)))
 			if err != nil {
@@ -117,8 +114,8 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for w := 1; w <= 3; w++ {
-		p := newFreezeProxy(t, endpoint)
-		st := newEtcdStore(t, "http://"+p.addr())
+		p := faultproxy.New(t, endpoint)
+		st := newEtcdStore(t, p.Endpoint())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -153,10 +150,7 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 
 func newEtcdStore(t *testing.T, endpoint string) *etcdstore.Store {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { cli.Close() })
-	st, err := etcdstore.New(cli, etcdstore.WithPrefix("/chaos/"))
+	st, err := etcdstore.New(etcdtest.Client(t, endpoint), etcdstore.WithPrefix("/chaos/"))
 	require.NoError(t, err)
 	return st
 }

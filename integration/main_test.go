@@ -3,11 +3,11 @@ package integration_test
 import (
 	"flag"
 	"io"
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
+
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) {
@@ -17,9 +17,5 @@ func TestMain(m *testing.M) {
 	klog.InitFlags(fs)
 	_ = fs.Set("logtostderr", "false")
 	klog.SetOutput(io.Discard)
-	goleak.VerifyTestMain(m,
-		// grpc-go's callback serializer exits shortly after a client closes.
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-	)
-	os.Exit(0)
+	etcdtest.Main(m)
 }

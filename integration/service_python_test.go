@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,14 +12,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/servicetest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -51,34 +49,17 @@ func TestServicePythonWriterIsFenced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "py", Dir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(member.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { cli.Close() })
-	st, err := etcdstore.New(cli)
+	st, err := etcdstore.New(etcdtest.Client(t, etcdtest.Start(t).Endpoint()))
 	require.NoError(t, err)
 	const pyToken, goToken = "python-writer-token-0001", "go-writer-token-00000001"
 	auth, err := server.NewBearerTokens(map[string]string{pyToken: "python-writer", goToken: "go-writer"})
 	require.NoError(t, err)
-	srv, err := server.New(server.Config{Store: st, Authenticator: auth})
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-served
-	})
+	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: auth})
 
 	_, file, _, _ := runtime.Caller(0)
 	pyDir := filepath.Join(filepath.Dir(file), "..", "python")
 	cmd := exec.CommandContext(ctx, python, filepath.Join(pyDir, "stale_writer.py"), "orders", "orders/42")
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+pyDir, "FENCER_SERVER="+lis.Addr().String(), "FENCER_AUTH_TOKEN="+pyToken, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pyDir, "FENCER_SERVER="+addr, "FENCER_AUTH_TOKEN="+pyToken, "PYTHONDONTWRITEBYTECODE=1")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -101,7 +82,7 @@ func TestServicePythonWriterIsFenced(t *testing.T) {
 	require.NoError(t, err)
 
 	// 2. A Go writer supersedes it once its lease expires, and writes.
-	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+	cc, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(client.BearerToken(goToken, false)))
 	require.NoError(t, err)
 	t.Cleanup(func() { cc.Close() })

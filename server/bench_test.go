@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 // BenchmarkServiceGuardedPut compares a guarded Put through the gRPC
@@ -46,7 +47,7 @@ func BenchmarkServiceGuardedPut(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
 			ctx := context.Background()
-			st := newStore(b)
+			st := etcdtest.Store(b)
 			addr, _ := startServer(b, st)
 			c := client.New(dial(b, alice, addr))
 			l, err := newSession(b, c).Acquire(ctx, "bench")
@@ -147,12 +148,12 @@ func BenchmarkServiceRSS10kLeases(b *testing.B) {
 	out, err := build.CombinedOutput()
 	require.NoError(b, err, string(out))
 	for i := 0; i < b.N; i++ {
-		st := newStore(b)
+		st := etcdtest.Store(b)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(b, err)
 		addr := lis.Addr().String()
 		lis.Close()
-		cmd := exec.Command(bin, "serve", "--etcd-endpoints", shared.Endpoint(), "--prefix", st.Prefix(), "--listen", addr, "--metrics-listen", "")
+		cmd := exec.Command(bin, "serve", "--etcd-endpoints", etcdtest.Shared(b), "--prefix", st.Prefix(), "--listen", addr, "--metrics-listen", "")
 		require.NoError(b, cmd.Start())
 		b.Cleanup(func() {
 			_ = cmd.Process.Kill()

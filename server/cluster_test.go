@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -18,7 +19,7 @@ import (
 // over both servers. Killing the etcd leader mid-run loses no
 // acknowledged write, and the superseded holder's writes are all rejected.
 func TestTwoServersOverThreeMembers(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	members := make([]embedetcd.Member, 3)
 	for i := range members {
 		members[i] = embedetcd.Member{Name: fmt.Sprintf("m%d", i), Dir: t.TempDir()}
@@ -29,7 +30,7 @@ func TestTwoServersOverThreeMembers(t *testing.T) {
 		t.Cleanup(s.Close)
 	}
 	eps := embedetcd.Endpoints(servers)
-	st1 := newStore(t, eps...)
+	st1 := etcdtest.Store(t, eps...)
 	st2 := sameStore(t, st1, eps...)
 	addr1, _ := startServer(t, st1)
 	addr2, _ := startServer(t, st2)
@@ -81,7 +82,7 @@ func TestTwoServersOverThreeMembers(t *testing.T) {
 		err := write(old.Token(), i)
 		require.ErrorIs(t, err, token.ErrStale, "stale write %d accepted", i)
 	}
-	waitDone(t, old.Done(), 5*time.Second, "old holder's loss")
+	etcdtest.WaitClosed(t, old.Done(), 5*time.Second, "old holder's loss")
 
 	for key, rev := range acked {
 		v, found, err := c.Get(ctx, key)

@@ -17,13 +17,14 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
 
 func TestGuardedWritesAndStaleErrors(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	addr, _ := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 
@@ -44,7 +45,7 @@ func TestGuardedWritesAndStaleErrors(t *testing.T) {
 	// Lose the lease from outside; the watch reports it.
 	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	waitDone(t, l1.Done(), 5*time.Second, "lease loss")
+	etcdtest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
 	require.ErrorIs(t, l1.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, l1.Err(), token.ErrNotHeld)
 
@@ -99,8 +100,8 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 	// closed with ErrReleased before the key is deleted, so the watch's
 	// report of that deletion cannot turn the release into a loss, and a
 	// Release that cannot reach the server has ended the Lease all the same.
-	ctx := ctxT(t)
-	addr, _ := startServer(t, newStore(t))
+	ctx := etcdtest.Context(t)
+	addr, _ := startServer(t, etcdtest.Store(t))
 	c := client.New(dial(t, alice, addr))
 	l, err := newSession(t, c).Acquire(ctx, "rel")
 	require.NoError(t, err)
@@ -108,7 +109,7 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	require.Equal(t, codes.Canceled, status.Code(l.Release(cancelled)))
-	waitDone(t, l.Done(), time.Second, "release")
+	etcdtest.WaitClosed(t, l.Done(), time.Second, "release")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrReleased)
 	require.NoError(t, c.Check(ctx, l.Token()), "the key outlives a release that did not reach the server")
 
@@ -118,8 +119,8 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	addr, _ := startServer(t, st)
 	t.Run("unauthenticated", func(t *testing.T) {
 		for name, tok := range map[string]string{"no token": "", "unknown token": "not-a-known-token-at-all"} {
@@ -142,7 +143,7 @@ func TestAuth(t *testing.T) {
 // check a's tokens.
 func requirePrincipalsIsolated(t *testing.T, a *grpc.ClientConn, aName string, b *grpc.ClientConn) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := etcdtest.Context(t)
 	ac, bc := client.New(a), client.New(b)
 	la, err := newSession(t, ac).Acquire(ctx, "isolated")
 	require.NoError(t, err)
@@ -224,8 +225,8 @@ func requirePrincipalsIsolated(t *testing.T, a *grpc.ClientConn, aName string, b
 }
 
 func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	addr, _ := startServer(t, st)
 	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
 	l, err := newSession(t, client.New(dial(t, alice, addr))).Acquire(ctx, "v")
@@ -314,8 +315,8 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 }
 
 func TestSessionFailsClosedWhenServerGone(t *testing.T) {
-	ctx := ctxT(t)
-	st := newStore(t)
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
 	addr, srv := startServer(t, st)
 	s := newSession(t, client.New(dial(t, alice, addr)), client.WithTTL(2*time.Second))
 	l, err := s.Acquire(ctx, "gone")
@@ -324,14 +325,14 @@ func TestSessionFailsClosedWhenServerGone(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	require.NoError(t, srv.Shutdown(sctx))
-	waitDone(t, l.Done(), 3*time.Second, "local deadline")
+	etcdtest.WaitClosed(t, l.Done(), 3*time.Second, "local deadline")
 	require.Less(t, time.Since(start), 2500*time.Millisecond)
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 }
 
 func TestHealthAndShutdown(t *testing.T) {
-	ctx := ctxT(t)
-	addr, srv := startServer(t, newStore(t))
+	ctx := etcdtest.Context(t)
+	addr, srv := startServer(t, etcdtest.Store(t))
 	h := healthpb.NewHealthClient(dial(t, alice, addr))
 	resp, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
 	require.NoError(t, err)

@@ -4,17 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
-	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/servicetest"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -22,36 +20,16 @@ import (
 // the server address and the store.
 func startService(t *testing.T) (string, *etcdstore.Store) {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{startEtcd(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	require.NoError(t, err)
-	t.Cleanup(func() { cli.Close() })
-	st, err := etcdstore.New(cli)
-	require.NoError(t, err)
-	srv, err := server.New(server.Config{Store: st, Authenticator: server.Anonymous("tester")})
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(lis) }()
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-done
-	})
-	return lis.Addr().String(), st
+	st := etcdtest.Store(t, startEtcd(t))
+	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	return addr, st
 }
 
 // startEtcd runs an embedded etcd member until the test ends and returns
 // its client endpoint.
 func startEtcd(t *testing.T) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "cli", Dir: t.TempDir()})
-	require.NoError(t, err)
-	t.Cleanup(member.Close)
-	return member.Endpoint()
+	return etcdtest.Start(t).Endpoint()
 }
 
 func TestAcquireCommand(t *testing.T) {
