@@ -41,12 +41,14 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 	)
 	stop := time.Now().Add(*chaosDuration)
 
-	// writeBatch writes a few values with l's token, sometimes freezing the
-	// holder's connection first so that the write arrives late. It stops at
-	// the first write that is not accepted.
-	writeBatch := func(w int, p *faultproxy.Proxy, st *etcdstore.Store, l *etcdstore.Lease) {
-		for i := 0; i < 2+rand.IntN(8) && time.Now().Before(stop); i++ {
-			wasFrozen := rand.IntN(6) == 0
+	// writeBatch writes a few values with l's token, freezing the holder's
+	// connection before the write sometimes (and always before the last
+	// write of a worker's first batch), so that the write arrives late. It
+	// stops at the first write that is not accepted.
+	writeBatch := func(w int, p *faultproxy.Proxy, st *etcdstore.Store, l *etcdstore.Lease, first bool) {
+		n := 2 + rand.IntN(8)
+		for i := 0; i < n && time.Now().Before(stop); i++ {
+			wasFrozen := rand.IntN(6) == 0 || first && i == n-1
 			if wasFrozen {
 				frozen.Add(1)
 				p.Freeze(time.Duration(1500+rand.IntN(1000)) * time.Millisecond)
@@ -91,6 +93,7 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 			}
 		}()
 		var l *etcdstore.Lease
+		batches := 0 // written by this worker
 		for sess != nil && time.Now().Before(stop) {
 			if l == nil || l.Err() != nil {
 				actx, acancel := context.WithTimeout(ctx, 3*time.Second)
@@ -106,7 +109,8 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 				}
 				acquired.Add(1)
 			}
-			writeBatch(w, p, st, l)
+			writeBatch(w, p, st, l, batches == 0)
+			batches++
 			if rand.IntN(3) == 0 {
 				_ = l.Release(ctx)
 			}
