@@ -43,6 +43,11 @@ type Config struct {
 	// between readings of this clock matter; the timestamps in the Lease
 	// record are written for people and for client-go, and never read.
 	Clock clock.WithDelayedExecution
+	// Watcher, when set, ends each acquisition as soon as it sees the
+	// Lease deleted, replaced or taken, instead of at the next renewal,
+	// and receives the Elector's metrics. It must watch Namespace. Nil
+	// means that loss is detected by renewals only.
+	Watcher *Watcher
 }
 
 // DefaultConfig returns a Config for the Lease namespace/name and the
@@ -62,7 +67,8 @@ func DefaultConfig(namespace, name, identity string) Config {
 // Validate reports the first invalid field as a *ConfigError, or nil. It
 // applies client-go's rules (LeaseDuration > RenewDeadline >
 // JitterFactor*RetryPeriod > 0) plus fencer's own: whole-second
-// LeaseDuration, and names that the API server accepts.
+// LeaseDuration, names that the API server accepts, and a Watcher that
+// watches Namespace.
 func (c Config) Validate() error {
 	switch {
 	case len(validation.IsDNS1123Label(c.Namespace)) > 0:
@@ -83,6 +89,8 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: "RenewDeadline", Reason: "must be less than LeaseDuration"}
 	case c.RenewDeadline <= time.Duration(JitterFactor*float64(c.RetryPeriod)):
 		return &ConfigError{Field: "RetryPeriod", Reason: "times JitterFactor must be less than RenewDeadline"}
+	case c.Watcher != nil && !c.Watcher.watches(c.Namespace):
+		return &ConfigError{Field: "Watcher", Reason: "does not watch namespace " + c.Namespace}
 	}
 	return nil
 }

@@ -22,6 +22,17 @@
 // for RenewDeadline, which is less than LeaseDuration, so it stops before
 // any other candidate may take over.
 //
+// # Self-fencing
+//
+// A Watcher, one per process, lists and watches Leases and ends every
+// Held of the Electors configured with it (Config.Watcher) as soon as an
+// event shows its Lease deleted, replaced or taken, cancelling the Held's
+// Context. A Leader runs controller-runtime leader-only work under an
+// Elector with such a context and acquires again, with a greater token,
+// after a loss. The Watcher also feeds the metrics (WithRegisterer). See
+// docs/fencing.md for what this gives over client-go, its timings, and
+// the RBAC it needs.
+//
 // # Fenced writes
 //
 // Client wraps a controller-runtime client; UpdateFenced and DeleteFenced
@@ -39,9 +50,11 @@
 //   - Fencing is per object. A stale holder can still write an object that
 //     no newer holder has written; that write is ordered before the newer
 //     holder's writes to it.
-//   - A Held's Done and Err report loss as the renewal loop sees it, up to
-//     a renewal period late. They stop work early; they are not what makes
-//     a write safe.
+//   - A Held's Done and Err report loss when the Watcher's event reaches
+//     the process (without a Watcher, up to a renewal period late), and not
+//     at all while the process is paused or, until the renew deadline, cut
+//     off from the API server. They stop work early; they are not what
+//     makes a write safe.
 //   - Status writes cannot carry a stamp; they are conditional on a version
 //     stamped with the writer's own token. Deletes are conditional on the
 //     UID and resourceVersion that were checked. Creates cannot be fenced

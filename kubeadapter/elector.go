@@ -76,6 +76,14 @@ func NewElector(leases coordinationv1client.LeasesGetter, cfg Config) (*Elector,
 	return e, nil
 }
 
+// metrics returns the metrics of the Elector's Watcher, or nil.
+func (e *Elector) metrics() *metrics {
+	if e.cfg.Watcher == nil {
+		return nil
+	}
+	return e.cfg.Watcher.metrics
+}
+
 // Identity returns the holderIdentity this Elector writes: the configured
 // identity, "_" and the Elector's nonce.
 func (e *Elector) Identity() string { return e.identity }

@@ -22,6 +22,9 @@ var (
 	// fence, such as DeleteAllOf, server-side apply or an unknown patch
 	// type. Nothing was written.
 	ErrUnsupported = errors.New("kubeadapter: unsupported")
+	// ErrAlreadyStarted means Watcher.Start or Leader.Start was called on
+	// a Watcher or Leader that had already been started.
+	ErrAlreadyStarted = errors.New("kubeadapter: already started")
 
 	// ErrReleased is the reason a Held ended because Release was called.
 	ErrReleased = errors.New("kubeadapter: lease released")

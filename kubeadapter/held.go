@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -26,15 +27,16 @@ const maxReleaseAttempts = 5
 //   - no renewal succeeded within RenewDeadline of the start of the last
 //     successful write, on the Elector's clock (ErrRenewDeadline): the
 //     holder fails closed, before any other candidate may take over;
-//   - a renewal finds that the Lease names another holder or acquisition
-//     (ErrLeaseTaken), was deleted (ErrLeaseDeleted) or was recreated with
-//     a new UID (ErrLeaseReplaced).
+//   - the Elector's Watcher or a renewal finds that the Lease names another
+//     holder or acquisition (ErrLeaseTaken), was deleted (ErrLeaseDeleted)
+//     or was recreated with a new UID (ErrLeaseReplaced).
 //
-// Loss is detected by the renewal loop, so it is noticed up to about
-// RetryPeriod after it happened, or at the renew deadline when the API
-// server cannot be reached. A Held's end is
-// an optimisation that stops work early; it is never what makes a write
-// safe. That is the conditional write of the fenced client.
+// With a Watcher (Config.Watcher), loss is noticed when the Lease event
+// reaches the process; without one, up to about RetryPeriod after it
+// happened. When the API server cannot be reached it is noticed at the
+// renew deadline. A Held's end is an optimisation that stops work early;
+// it is never what makes a write safe. That is the conditional write of
+// the fenced client.
 type Held struct {
 	e        *Elector
 	tok      token.Token
@@ -42,6 +44,7 @@ type Held struct {
 	cancel   context.CancelCauseFunc
 	deadline clock.Timer
 	done     chan struct{}
+	ended    atomic.Bool
 
 	// mu guards lease, the Lease as last written or adopted by this
 	// acquisition, and serializes Release.
@@ -64,6 +67,10 @@ func (e *Elector) start(ctx context.Context, got *coordinationv1.Lease, writeSta
 	// not read the clock; end does not.
 	h.deadline = e.clock.AfterFunc(e.cfg.RenewDeadline-e.clock.Since(writeStart), func() { h.end(ErrRenewDeadline, "") })
 	e.current = h
+	e.metrics().acquired(e.Lease())
+	if w := e.cfg.Watcher; w != nil {
+		w.register(h, got)
+	}
 	go h.renewLoop()
 	return h, nil
 }
@@ -90,11 +97,15 @@ func (h *Held) Err() error {
 	return context.Cause(h.ctx)
 }
 
-// end ends the Held for reason; only the first call has an effect. A
-// watcher that sees the Lease deleted, replaced or taken may call it. It
-// must not read the clock (see start).
-func (h *Held) end(reason error, holder string) {
+// end ends the Held for reason and reports whether this call did; only
+// the first call has an effect. It must not read the clock (see start).
+func (h *Held) end(reason error, holder string) bool {
+	if !h.ended.CompareAndSwap(false, true) {
+		return false
+	}
+	h.e.metrics().ended(h.tok.Lease, reason)
 	h.cancel(&LostError{Token: h.tok, Reason: reason, Holder: holder})
+	return true
 }
 
 // Release ends the Held (if it has not ended) and waits for its renewal
@@ -144,6 +155,9 @@ func (h *Held) Release(ctx context.Context) error {
 // renewLoop renews every RetryPeriod until the Held ends.
 func (h *Held) renewLoop() {
 	defer close(h.done)
+	if w := h.e.cfg.Watcher; w != nil {
+		defer w.unregister(h)
+	}
 	defer h.deadline.Stop()
 	t := h.e.clock.NewTimer(h.e.cfg.RetryPeriod)
 	defer t.Stop()
@@ -176,6 +190,7 @@ func (h *Held) renew() {
 		now := metav1.NewMicroTime(start)
 		next.Spec.RenewTime = &now
 		got, err := leases.Update(h.ctx, next, metav1.UpdateOptions{})
+		h.e.metrics().renewal(h.tok.Lease, err == nil)
 		switch {
 		case err == nil:
 			h.adopt(got)

@@ -23,3 +23,7 @@ run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
 run ./server 'BenchmarkServiceGuardedPut' 3000x
 echo "== go test -run '^\$' -bench BenchmarkServiceRSS10kLeases -benchtime 1x ./server"
 go test -run '^$' -bench 'BenchmarkServiceRSS10kLeases' -benchtime 1x -count 1 ./server | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+# Self-fencing on the real kube-apiserver: 50 trials each of delete, replace
+# and holder change, fencer beside stock client-go (15/10/2 s) in the same run.
+echo "== go test -run '^\$' -bench BenchmarkSelfFence -benchtime 1x ./kubeadapter"
+go test -run '^$' -bench 'BenchmarkSelfFence$' -benchtime 1x -count 1 ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)|selffence_bench' || true

@@ -1,0 +1,471 @@
+package kubeadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Backoff between failed list or watch calls, and the server-side timeout
+// of one watch call.
+const (
+	watchRetryMin = 100 * time.Millisecond
+	watchRetryMax = 30 * time.Second
+	watchTimeout  = 5 * time.Minute
+)
+
+// Watcher is the one Lease watcher of a process. It lists and watches
+// coordination.k8s.io/v1 Leases, in all namespaces or in those given to
+// WatchNamespaces, and serves every Elector configured with it
+// (Config.Watcher): each acquisition registers with it, and the Watcher
+// ends the acquisition, cancelling its Context, as soon as an event shows
+// that the Lease
+//
+//   - was deleted (ErrLeaseDeleted),
+//   - was replaced by an object with another UID (ErrLeaseReplaced), or
+//   - names another holder or another acquisition: another holderIdentity,
+//     including none, or another leaseTransitions (ErrLeaseTaken).
+//
+// The holder's own renewals change only resourceVersion and renewTime, so
+// they end nothing. Events older than the acquiring write (by
+// resourceVersion, which Kubernetes 1.35 and later let clients compare as
+// integers) are ignored, so a late event about a previous holder or a
+// previous incarnation of the Lease never ends a newer acquisition.
+// Timestamps in the record are never read: a renewTime in the future
+// extends nothing.
+//
+// The Watcher also feeds the metrics (WithRegisterer). It only reads:
+// list and watch on Leases, in every namespace it watches.
+//
+// What it does not guarantee: a Watcher sees a change only when the event
+// reaches it, so it narrows the window in which a superseded holder keeps
+// working; it does not close it. While the watch is broken (the API server
+// is unreachable, or the process is paused), nothing is seen, and the Held
+// ends only at its renew deadline (fail closed) or when a renewal finds
+// the loss. Fenced writes, not the Watcher, are what make a superseded
+// holder's writes fail. A Watcher that is not running (Start) ends
+// nothing.
+//
+// Every Lease in scope is kept in memory and every event about one is
+// processed, including those of Leases no Elector uses (such as node
+// heartbeats in kube-node-lease when watching all namespaces); prefer
+// WatchNamespaces.
+type Watcher struct {
+	leases     coordinationv1client.LeasesGetter
+	namespaces []string // nil means all namespaces
+	clock      clock.Clock
+	metrics    *metrics
+	started    atomic.Bool
+
+	// mu guards scopes and regs.
+	mu     sync.Mutex
+	scopes map[string]*scope // by watched namespace, "" for all
+	regs   map[string]map[*Held]*coordinationv1.Lease
+}
+
+// scope is what one list-and-watch stream has seen.
+type scope struct {
+	// listed is set once the first list has been applied; before it,
+	// Leases seen are not counted as acquisitions.
+	listed bool
+	// progress is the resourceVersion up to which the stream has been
+	// applied: every change with a resourceVersion at most progress is
+	// reflected in leases.
+	progress int64
+	// leases holds the last seen object of each existing Lease, by
+	// "namespace/name".
+	leases map[string]seen
+}
+
+type seen struct {
+	lease *coordinationv1.Lease
+	rv    int64
+}
+
+// WatcherOption configures a Watcher.
+type WatcherOption func(*Watcher) error
+
+// WatchNamespaces restricts the Watcher to the given namespaces, with one
+// watch per namespace, which needs list and watch on Leases only there (a
+// namespaced Role). Without it the Watcher watches Leases in all
+// namespaces with one watch, which needs a ClusterRole. Electors whose
+// Lease is in a namespace the Watcher does not watch are refused by
+// NewElector.
+func WatchNamespaces(namespaces ...string) WatcherOption {
+	return func(w *Watcher) error {
+		if len(namespaces) == 0 {
+			return &ConfigError{Field: "WatchNamespaces", Reason: "must name at least one namespace"}
+		}
+		for _, ns := range namespaces {
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return &ConfigError{Field: "WatchNamespaces", Reason: fmt.Sprintf("%q is not a DNS-1123 label", ns)}
+			}
+			if !slices.Contains(w.namespaces, ns) {
+				w.namespaces = append(w.namespaces, ns)
+			}
+		}
+		return nil
+	}
+}
+
+// WithRegisterer registers the Watcher's metrics (see the Metric
+// constants) with reg. Electors configured with the Watcher report their
+// renewals and acquisitions through it. A registerer takes one Watcher's
+// metrics only.
+func WithRegisterer(reg prometheus.Registerer) WatcherOption {
+	return func(w *Watcher) error {
+		if reg == nil {
+			return &ConfigError{Field: "WithRegisterer", Reason: "must not be nil"}
+		}
+		m, err := newMetrics(reg)
+		if err != nil {
+			return err
+		}
+		w.metrics = m
+		return nil
+	}
+}
+
+// WithWatcherClock sets the clock that times retries and the self-fence
+// latency. The default is the real clock.
+func WithWatcherClock(c clock.Clock) WatcherOption {
+	return func(w *Watcher) error {
+		if c == nil {
+			return &ConfigError{Field: "WithWatcherClock", Reason: "must not be nil"}
+		}
+		w.clock = c
+		return nil
+	}
+}
+
+// NewWatcher returns a Watcher that lists and watches Leases through
+// leases (for a clientset, clientset.CoordinationV1()). It performs no
+// I/O; Start runs it. It returns a *ConfigError for a nil leases or an
+// invalid option, and the registerer's error when the metrics cannot be
+// registered.
+func NewWatcher(leases coordinationv1client.LeasesGetter, opts ...WatcherOption) (*Watcher, error) {
+	if leases == nil {
+		return nil, &ConfigError{Field: "leases", Reason: "must not be nil"}
+	}
+	w := &Watcher{
+		leases: leases,
+		clock:  clock.RealClock{},
+		scopes: map[string]*scope{},
+		regs:   map[string]map[*Held]*coordinationv1.Lease{},
+	}
+	for _, o := range opts {
+		if err := o(w); err != nil {
+			return nil, err
+		}
+	}
+	for _, ns := range w.scopeNames() {
+		w.scopes[ns] = &scope{leases: map[string]seen{}}
+	}
+	return w, nil
+}
+
+// Start lists and watches Leases until ctx is done, then returns nil; it
+// returns ErrAlreadyStarted when called a second time. It never returns
+// because of API errors: a failed list or watch is logged (with the
+// logr.Logger of ctx) and retried with backoff, and an expired
+// resourceVersion causes a new list. Start makes a Watcher a
+// controller-runtime manager.Runnable.
+func (w *Watcher) Start(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
+	var wg sync.WaitGroup
+	for ns := range w.scopes {
+		wg.Go(func() { w.run(ctx, ns) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// NeedLeaderElection returns false: a Watcher must run in every replica,
+// leader or not.
+func (w *Watcher) NeedLeaderElection() bool { return false }
+
+// watches reports whether the Watcher watches Leases in namespace.
+func (w *Watcher) watches(namespace string) bool {
+	return w.namespaces == nil || slices.Contains(w.namespaces, namespace)
+}
+
+func (w *Watcher) scopeNames() []string {
+	if w.namespaces == nil {
+		return []string{metav1.NamespaceAll}
+	}
+	return w.namespaces
+}
+
+func (w *Watcher) scopeOf(namespace string) *scope {
+	if w.namespaces == nil {
+		return w.scopes[metav1.NamespaceAll]
+	}
+	return w.scopes[namespace]
+}
+
+// run lists and watches one scope until ctx is done.
+func (w *Watcher) run(ctx context.Context, ns string) {
+	log := logr.FromContextOrDiscard(ctx).WithValues("namespace", ns)
+	var rv string // "" means that a list is needed
+	failures := 0
+	for ctx.Err() == nil {
+		var err error
+		if rv == "" {
+			rv, err = w.list(ctx, ns)
+		} else {
+			rv, err = w.follow(ctx, ns, rv)
+		}
+		switch {
+		case err == nil:
+			failures = 0
+			continue
+		case ctx.Err() != nil:
+			return
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			rv = ""
+			continue
+		}
+		failures++
+		delay := min(watchRetryMin<<min(failures-1, 16), watchRetryMax)
+		log.Error(err, "lease watch failed; retrying", "after", delay)
+		t := w.clock.NewTimer(wait.Jitter(delay, 0.5))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// list lists the scope, applies the result and returns its
+// resourceVersion.
+func (w *Watcher) list(ctx context.Context, ns string) (string, error) {
+	list, err := w.leases.Leases(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", fmt.Errorf("kubeadapter: list leases: %w", err)
+	}
+	at := w.clock.Now()
+	rv, err := parseRV(list.ResourceVersion)
+	if err != nil {
+		return "", err
+	}
+	w.mu.Lock()
+	s := w.scopes[ns]
+	var ends []ending
+	present := map[string]bool{}
+	for i := range list.Items {
+		l := &list.Items[i]
+		lrv, err := parseRV(l.ResourceVersion)
+		if err != nil {
+			w.mu.Unlock()
+			return "", err
+		}
+		present[leaseKey(l)] = true
+		ends = append(ends, w.saw(s, l, lrv)...)
+	}
+	// What the list no longer shows was deleted at or before rv.
+	for k := range s.leases {
+		if !present[k] {
+			delete(s.leases, k)
+		}
+	}
+	s.progress = max(s.progress, rv)
+	s.listed = true
+	for k := range w.regs {
+		if _, ok := s.leases[k]; !ok && w.scopeOf(namespaceOf(k)) == s {
+			ends = append(ends, w.check(k, nil, rv)...)
+		}
+	}
+	w.mu.Unlock()
+	w.finish(ends, at)
+	return list.ResourceVersion, nil
+}
+
+// errNoProgress means that a watch ended before delivering any event; it
+// is retried with backoff so that a watch that keeps closing at once does
+// not spin.
+var errNoProgress = errors.New("kubeadapter: lease watch closed without events")
+
+// follow watches the scope from rv and applies events until the watch
+// ends, and returns the resourceVersion up to which it applied them.
+func (w *Watcher) follow(ctx context.Context, ns, rv string) (string, error) {
+	timeout := int64(wait.Jitter(watchTimeout, 1) / time.Second)
+	wi, err := w.leases.Leases(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true, TimeoutSeconds: &timeout})
+	if err != nil {
+		return rv, fmt.Errorf("kubeadapter: watch leases: %w", err)
+	}
+	defer wi.Stop()
+	progressed := false
+	for {
+		var ev watch.Event
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return rv, ctx.Err()
+		case ev, ok = <-wi.ResultChan():
+		}
+		if !ok {
+			if !progressed {
+				return rv, errNoProgress
+			}
+			return rv, nil
+		}
+		at := w.clock.Now()
+		if ev.Type == watch.Error {
+			return rv, fmt.Errorf("kubeadapter: watch leases: %w", apierrors.FromObject(ev.Object))
+		}
+		l, isLease := ev.Object.(*coordinationv1.Lease)
+		if !isLease {
+			return rv, fmt.Errorf("kubeadapter: watch leases: unexpected %T in %s event", ev.Object, ev.Type)
+		}
+		n, err := parseRV(l.ResourceVersion)
+		if err != nil {
+			return rv, err
+		}
+		w.apply(ns, ev.Type, l, n, at)
+		rv, progressed = l.ResourceVersion, true
+	}
+}
+
+// apply applies one watch event with resourceVersion rv, received at at.
+func (w *Watcher) apply(ns string, typ watch.EventType, l *coordinationv1.Lease, rv int64, at time.Time) {
+	w.mu.Lock()
+	s := w.scopes[ns]
+	var ends []ending
+	switch typ {
+	case watch.Added, watch.Modified:
+		ends = w.saw(s, l, rv)
+	case watch.Deleted:
+		k := leaseKey(l)
+		delete(s.leases, k)
+		ends = w.check(k, nil, rv)
+	}
+	s.progress = max(s.progress, rv)
+	w.mu.Unlock()
+	w.finish(ends, at)
+}
+
+// saw records l, seen at resourceVersion rv, counts it when it is an
+// acquisition, and returns the registrations it ends. w.mu is held.
+func (w *Watcher) saw(s *scope, l *coordinationv1.Lease, rv int64) []ending {
+	k := leaseKey(l)
+	prev, had := s.leases[k]
+	if had && rv <= prev.rv {
+		return nil
+	}
+	l.ManagedFields = nil
+	s.leases[k] = seen{lease: l, rv: rv}
+	if holder := holderOf(&l.Spec); holder != "" && s.listed {
+		if !had || lossReason(prev.lease, l) != nil {
+			w.metrics.transition(k)
+		}
+	}
+	return w.check(k, l, rv)
+}
+
+// ending is a registration that an event ends.
+type ending struct {
+	h      *Held
+	reason error
+	holder string
+}
+
+// check compares cur (nil when the Lease does not exist), as of
+// resourceVersion rv, with every registration of key whose acquiring write
+// rv does not precede, and returns those it ends. w.mu is held.
+func (w *Watcher) check(key string, cur *coordinationv1.Lease, rv int64) []ending {
+	var ends []ending
+	for h, acquired := range w.regs[key] {
+		if rv < h.tok.Revision {
+			continue
+		}
+		if reason := lossReason(acquired, cur); reason != nil {
+			e := ending{h: h, reason: reason}
+			if cur != nil {
+				e.holder = holderOf(&cur.Spec)
+			}
+			ends = append(ends, e)
+		}
+	}
+	return ends
+}
+
+// finish ends the Helds of ends, outside w.mu, and times each end it
+// caused from at, when the cause was an event received at at.
+func (w *Watcher) finish(ends []ending, at time.Time) {
+	for _, e := range ends {
+		if e.h.end(e.reason, e.holder) && !at.IsZero() {
+			w.metrics.fenced(w.clock.Since(at))
+		}
+	}
+}
+
+// register makes the Watcher watch over h, acquired by the write that
+// returned acquired. What the Watcher has already seen of the Lease is
+// checked at once: a change it applied before h registered ends h too.
+func (w *Watcher) register(h *Held, acquired *coordinationv1.Lease) {
+	k := leaseKey(acquired)
+	w.mu.Lock()
+	if w.regs[k] == nil {
+		w.regs[k] = map[*Held]*coordinationv1.Lease{}
+	}
+	w.regs[k][h] = acquired
+	var ends []ending
+	s := w.scopeOf(acquired.Namespace)
+	if cur, ok := s.leases[k]; ok {
+		ends = w.check(k, cur.lease, cur.rv)
+	} else {
+		ends = w.check(k, nil, s.progress)
+	}
+	w.mu.Unlock()
+	w.finish(ends, time.Time{})
+}
+
+// unregister stops watching over h.
+func (w *Watcher) unregister(h *Held) {
+	k := h.tok.Lease
+	w.mu.Lock()
+	delete(w.regs[k], h)
+	if len(w.regs[k]) == 0 {
+		delete(w.regs, k)
+	}
+	w.mu.Unlock()
+}
+
+func leaseKey(l *coordinationv1.Lease) string { return l.Namespace + "/" + l.Name }
+
+func namespaceOf(key string) string {
+	ns, _, _ := strings.Cut(key, "/")
+	return ns
+}
+
+// parseRV parses a resourceVersion as the integer Kubernetes 1.35 and
+// later let clients compare.
+func parseRV(rv string) (int64, error) {
+	n, err := token.ParseRevision(rv)
+	if err != nil {
+		return 0, fmt.Errorf("kubeadapter: resourceVersion %q: %w", rv, err)
+	}
+	return n, nil
+}
