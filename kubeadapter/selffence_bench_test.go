@@ -252,15 +252,25 @@ func fencerTrial(k *kube, w *kubeadapter.Watcher, kind lossKind, name string) (t
 	if err != nil {
 		return trial{}, err
 	}
+	if tr, ok := awaitStop(stoppedAt, wrote, started, 10*time.Second); ok {
+		return tr, nil
+	}
+	return trial{}, fmt.Errorf("fencer %s: not cancelled within 10s", kind)
+}
+
+// awaitStop waits up to timeout for the old holder to stop and measures
+// the trial from the loss's write (wrote) and the new holder's start
+// (started, zero when there is none). ok is false if it did not stop.
+func awaitStop(stoppedAt <-chan time.Time, wrote, started time.Time, timeout time.Duration) (tr trial, ok bool) {
 	select {
 	case at := <-stoppedAt:
-		tr := trial{stopped: true, latency: at.Sub(wrote)}
+		tr = trial{stopped: true, latency: at.Sub(wrote)}
 		if !started.IsZero() {
 			tr.overlap = at.Sub(started)
 		}
-		return tr, nil
-	case <-time.After(10 * time.Second):
-		return trial{}, fmt.Errorf("fencer %s: not cancelled within 10s", kind)
+		return tr, true
+	case <-time.After(timeout):
+		return trial{}, false
 	}
 }
 
@@ -307,14 +317,6 @@ func clientGoTrial(k *kube, kind lossKind, name string) (trial, error) {
 	if err != nil {
 		return trial{}, err
 	}
-	select {
-	case at := <-stoppedAt:
-		tr := trial{stopped: true, latency: at.Sub(wrote)}
-		if !started.IsZero() {
-			tr.overlap = at.Sub(started)
-		}
-		return tr, nil
-	case <-time.After(clientGoDeleteWatch):
-		return trial{}, nil
-	}
+	tr, _ := awaitStop(stoppedAt, wrote, started, clientGoDeleteWatch)
+	return tr, nil
 }
