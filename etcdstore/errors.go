@@ -39,6 +39,7 @@ type ArgumentError struct {
 	Reason string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *ArgumentError) Error() string {
 	return fmt.Sprintf("etcdstore: invalid %s %q: %s", e.Arg, e.Value, e.Reason)
 }

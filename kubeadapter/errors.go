@@ -51,6 +51,7 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("kubeadapter: invalid config: %s %s", e.Field, e.Reason)
 }
@@ -71,6 +72,7 @@ type LostError struct {
 	Holder string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *LostError) Error() string {
 	if e.Holder == "" {
 		return fmt.Sprintf("kubeadapter: %s no longer held: %v", e.Token, e.Reason)

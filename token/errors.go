@@ -33,6 +33,7 @@ type StaleError struct {
 	Newer Token
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *StaleError) Error() string {
 	if e.Newer.IsZero() {
 		return fmt.Sprintf("token: stale: %s is no longer current", e.Token)
@@ -52,6 +53,7 @@ type HeldError struct {
 	Holder string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *HeldError) Error() string {
 	if e.Holder == "" {
 		return fmt.Sprintf("token: lease %q held by another", e.Lease)
@@ -71,6 +73,7 @@ type ForeignLeaseError struct {
 	Got string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *ForeignLeaseError) Error() string {
 	return fmt.Sprintf("token: foreign lease: want %q, got %q", e.Want, e.Got)
 }
@@ -88,6 +91,7 @@ type MalformedError struct {
 	Reason string
 }
 
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
 func (e *MalformedError) Error() string {
 	return fmt.Sprintf("token: malformed %s %q: %s", e.Field, e.Input, e.Reason)
 }
