@@ -5,7 +5,7 @@ PKGS      ?= ./...
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build test bench lint fuzz proto proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build test bench lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 
@@ -33,8 +33,12 @@ python-deps:
 proto:
 	./scripts/proto.sh
 
-## proto-check: fail if regenerating from proto/ changes anything
-proto-check: proto
+## proto-lint: buf lint of proto/ (STANDARD rules)
+proto-lint:
+	./scripts/proto-lint.sh
+
+## proto-check: lint proto/ and fail if regenerating from it changes anything
+proto-check: proto-lint proto
 	@out="$$(git status --porcelain proto python)"; \
 	if [ -n "$$out" ]; then echo "make proto changed generated code:"; echo "$$out"; git diff --stat proto python; exit 1; fi
 
