@@ -39,8 +39,8 @@ type Session struct {
 	c   *Client
 	ttl time.Duration
 
-	ctx    context.Context // cancelled when the session ends
-	cancel context.CancelFunc
+	ctx    context.Context // done when the session ends; its cause is Err's value
+	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
 	open sync.Mutex // serializes the acquisition that opens the session
@@ -48,7 +48,6 @@ type Session struct {
 	id   int64 // 0 until opened
 	held map[string]*Lease
 	lost map[token.Token]bool // lost before Acquire returned; bounded
-	err  error
 }
 
 // NewSession returns a session that opens on its first acquisition. It
@@ -61,7 +60,7 @@ func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
 	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
 		return nil, &etcdstore.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
 }
 
@@ -78,9 +77,10 @@ func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 // Err returns nil while the session runs, and then why it ended:
 // etcdstore.ErrSessionClosed or etcdstore.ErrSessionExpired, wrapped.
 func (s *Session) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
+	if s.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(s.ctx)
 }
 
 // Acquire acquires lease name, waiting while another holder has it, until
@@ -128,7 +128,8 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 		}
 		s.start(resp.GetSessionId(), deadline, tok.Revision)
 	}
-	l := &Lease{sess: s, tok: tok, done: make(chan struct{})}
+	l := &Lease{sess: s, tok: tok}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := s.remember(l); err != nil {
 		return nil, err
 	}
@@ -151,7 +152,7 @@ func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
 // leases still vanish when its TTL runs out. Close is idempotent.
 func (s *Session) Close(ctx context.Context) error {
 	s.mu.Lock()
-	closed := s.err != nil && errors.Is(s.err, etcdstore.ErrSessionClosed)
+	closed := errors.Is(s.Err(), etcdstore.ErrSessionClosed)
 	id := s.id
 	s.mu.Unlock()
 	if closed {
@@ -172,13 +173,10 @@ func (s *Session) Close(ctx context.Context) error {
 // end stops the session and its leases with reason; the first reason wins.
 func (s *Session) end(reason error) {
 	s.mu.Lock()
-	if s.err == nil {
-		s.err = reason
-	}
+	s.cancel(reason)
 	held := s.held
 	s.held = map[string]*Lease{}
 	s.mu.Unlock()
-	s.cancel()
 	for _, l := range held {
 		l.end(reason)
 	}
@@ -399,7 +397,7 @@ func (s *Session) lose(tok token.Token, reason error) {
 // the watch already reported l lost.
 func (s *Session) remember(l *Lease) error {
 	s.mu.Lock()
-	err := s.err
+	err := s.Err()
 	lost := s.lost[l.tok]
 	delete(s.lost, l.tok)
 	if err == nil && !lost {
@@ -430,10 +428,9 @@ type Lease struct {
 	sess *Session
 	tok  token.Token
 
-	done chan struct{}
-	once sync.Once
-	mu   sync.Mutex
-	err  error
+	// ctx is done when the acquisition ends; its cause is Err's value.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // Token returns the fencing token of this acquisition.
@@ -444,16 +441,17 @@ func (l *Lease) Token() token.Token { return l.tok }
 // ended, including by the local deadline. Done is prompt but advisory:
 // writes are fenced by the store, not by Done, and a watch that cannot
 // reach any server reports nothing until the local deadline passes.
-func (l *Lease) Done() <-chan struct{} { return l.done }
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held and then why it ended:
 // etcdstore.ErrReleased, ErrLeaseLost, ErrSessionClosed or
 // ErrSessionExpired, wrapped with detail. All of them also match
 // token.ErrNotHeld.
 func (l *Lease) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
 }
 
 // Release ends the Lease with etcdstore.ErrReleased (Done closes first,
@@ -473,11 +471,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
+// end ends the acquisition with reason; only the first call has an effect.
 func (l *Lease) end(reason error) {
-	l.once.Do(func() {
-		l.mu.Lock()
-		l.err = fmt.Errorf("%w (%w)", reason, token.ErrNotHeld)
-		l.mu.Unlock()
-		close(l.done)
-	})
+	l.cancel(fmt.Errorf("%w (%w)", reason, token.ErrNotHeld))
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,10 +18,9 @@ type Lease struct {
 	sess *Session
 	tok  token.Token
 
-	done chan struct{}
-	once sync.Once
-	mu   sync.Mutex
-	err  error
+	// ctx is done when the acquisition ends; its cause is Err's value.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // Token returns the fencing token of this acquisition.
@@ -31,15 +29,16 @@ func (l *Lease) Token() token.Token { return l.tok }
 // Done is closed when this acquisition ends: released, its holder key
 // deleted or replaced by someone else, or its session ended. Done closing
 // is prompt but advisory; writes are fenced by the store, not by Done.
-func (l *Lease) Done() <-chan struct{} { return l.done }
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held and then why it ended:
 // ErrReleased, ErrLeaseLost, ErrSessionClosed or ErrSessionExpired, wrapped
 // with detail. All of them also match token.ErrNotHeld.
 func (l *Lease) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
 }
 
 // Guard returns the etcd condition that holds while this acquisition is
@@ -59,13 +58,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	return err
 }
 
+// end ends the acquisition with reason; only the first call has an effect.
 func (l *Lease) end(reason error) {
-	l.once.Do(func() {
-		l.mu.Lock()
-		l.err = fmt.Errorf("%w (%w)", reason, token.ErrNotHeld)
-		l.mu.Unlock()
-		close(l.done)
-	})
+	l.cancel(fmt.Errorf("%w (%w)", reason, token.ErrNotHeld))
 }
 
 // TryAcquire acquires lease name if it is free and returns at once
@@ -96,7 +91,8 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 	if err != nil {
 		return nil, heldAt, err
 	}
-	l := &Lease{sess: s, tok: tok, done: make(chan struct{})}
+	l := &Lease{sess: s, tok: tok}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	if err := s.remember(l); err != nil {
 		return nil, 0, err
 	}
@@ -236,7 +232,7 @@ func (s *Store) WaitFree(ctx context.Context, name string, rev int64) error {
 // is attached to the session's etcd lease and goes with it.
 func (s *Session) remember(l *Lease) error {
 	s.mu.Lock()
-	err := s.err
+	err := s.Err()
 	if err == nil {
 		s.held[l.tok.Lease] = l
 	}

@@ -57,14 +57,13 @@ type Session struct {
 	ttl    time.Duration
 	clock  clock.Clock
 
-	ctx    context.Context // cancelled when the session ends
-	cancel context.CancelFunc
+	ctx    context.Context // done when the session ends; its cause is Err's value
+	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
 	mu     sync.Mutex
 	held   map[string]*Lease
 	epochs map[string]epochSeen // per lease name, to guess the next epoch
-	err    error                // why the session ended; nil while it runs
 	closed bool
 }
 
@@ -95,7 +94,7 @@ func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session
 	// Watch from the grant's revision on, so that no change to a holder key
 	// acquired through this session can be missed.
 	startRev := grant.ResponseHeader.Revision + 1
-	sctx, cancel := context.WithCancel(context.Background())
+	sctx, cancel := context.WithCancelCause(context.Background())
 	sess := &Session{
 		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
 		ctx: sctx, cancel: cancel, held: map[string]*Lease{}, epochs: map[string]epochSeen{},
@@ -119,9 +118,10 @@ func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 // Err returns nil while the session runs, and then why it ended:
 // ErrSessionClosed or ErrSessionExpired (possibly wrapped with detail).
 func (s *Session) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
+	if s.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(s.ctx)
 }
 
 // Close releases every lease the session holds, revokes its etcd lease so
@@ -149,13 +149,10 @@ func (s *Session) Close(ctx context.Context) error {
 // reason wins.
 func (s *Session) end(reason error) {
 	s.mu.Lock()
-	if s.err == nil {
-		s.err = reason
-	}
+	s.cancel(reason)
 	held := s.held
 	s.held = map[string]*Lease{}
 	s.mu.Unlock()
-	s.cancel()
 	for _, l := range held {
 		l.end(reason)
 	}
