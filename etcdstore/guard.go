@@ -39,8 +39,7 @@ func (s *Store) staleOps(tok token.Token) []clientv3.Op {
 func staleError(tok token.Token, resp *clientv3.TxnResponse, i int) error {
 	e := &token.StaleError{Token: tok}
 	if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
-		r := decodeRecord(kvs[0].Value)
-		e.Newer = token.Token{Lease: tok.Lease, Epoch: r.Epoch, Revision: kvs[0].CreateRevision}
+		e.Newer, _ = holderOf(tok.Lease, kvs[0])
 	}
 	return e
 }

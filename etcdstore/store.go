@@ -72,17 +72,6 @@ func (s *Store) holderKey(name string) string { return s.prefix + "leases/" + na
 // etcd lease.
 func (s *Store) HolderKey(name string) string { return s.holderKey(name) }
 
-// ParseHolder reads a holder key's key-value pair, as seen in a Get or a
-// watch event, into the lease's Status. ok is false if kv is not a holder
-// key of this store.
-func (s *Store) ParseHolder(kv *mvccpb.KeyValue) (st Status, ok bool) {
-	name, ok := strings.CutPrefix(string(kv.Key), s.prefix+"leases/")
-	if !ok || ValidateName("name", name) != nil {
-		return Status{}, false
-	}
-	r := decodeRecord(kv.Value)
-	return Status{Name: name, Holder: r.Holder, Epoch: r.Epoch, Token: token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}}, true
-}
 func (s *Store) epochKey(name string) string     { return s.prefix + "epochs/" + name }
 func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
 
@@ -191,11 +180,30 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 		st.Epoch, _ = strconv.ParseUint(string(kvs[0].Value), 10, 64)
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-		r := decodeRecord(kvs[0].Value)
-		st.Holder = r.Holder
-		st.Token = token.Token{Lease: name, Epoch: r.Epoch, Revision: kvs[0].CreateRevision}
+		st.Token, st.Holder = holderOf(name, kvs[0])
 	}
 	return st, nil
+}
+
+// ParseHolder reads a holder key's key-value pair, as seen in a Get or a
+// watch event, into the lease's Status. ok is false if kv is not a holder
+// key of this store.
+func (s *Store) ParseHolder(kv *mvccpb.KeyValue) (st Status, ok bool) {
+	name, ok := strings.CutPrefix(string(kv.Key), s.prefix+"leases/")
+	if !ok || ValidateName("name", name) != nil {
+		return Status{}, false
+	}
+	st = Status{Name: name}
+	st.Token, st.Holder = holderOf(name, kv)
+	st.Epoch = st.Token.Epoch
+	return st, true
+}
+
+// holderOf reads kv, the holder key of lease name: the current token and
+// its holder.
+func holderOf(name string, kv *mvccpb.KeyValue) (token.Token, string) {
+	r := decodeRecord(kv.Value)
+	return token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}, r.Holder
 }
 
 // List returns the status of every lease that has ever been acquired under
@@ -211,8 +219,9 @@ func (s *Store) List(ctx context.Context) ([]Status, error) {
 	holders := map[string]Status{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix+"leases/")
-		r := decodeRecord(kv.Value)
-		holders[name] = Status{Name: name, Holder: r.Holder, Token: token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}}
+		st := Status{Name: name}
+		st.Token, st.Holder = holderOf(name, kv)
+		holders[name] = st
 	}
 	var out []Status
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {

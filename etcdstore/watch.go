@@ -90,10 +90,12 @@ func (s *Session) observe(name string, deleted bool, kv *mvccpb.KeyValue) {
 			return
 		}
 		reason = fmt.Errorf("%w: holder key of %q replaced at revision %d", ErrLeaseLost, name, kv.CreateRevision)
-	case decodeRecord(kv.Value).Holder != s.holder:
-		reason = fmt.Errorf("%w: holder key of %q now names %q", ErrLeaseLost, name, decodeRecord(kv.Value).Holder)
 	default:
-		return
+		holder := decodeRecord(kv.Value).Holder
+		if holder == s.holder {
+			return
+		}
+		reason = fmt.Errorf("%w: holder key of %q now names %q", ErrLeaseLost, name, holder)
 	}
 	s.forget(l)
 	l.end(reason)
