@@ -24,3 +24,15 @@ func newSession(t testing.TB, st *etcdstore.Store, opts ...etcdstore.SessionOpti
 	})
 	return s
 }
+
+// holding returns a context, a store on the shared member, a session and
+// the session's acquisition of lease name.
+func holding(t *testing.T, name string) (context.Context, *etcdstore.Store, *etcdstore.Session, *etcdstore.Lease) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	s := newSession(t, st)
+	l, err := s.Acquire(ctx, name)
+	require.NoError(t, err)
+	return ctx, st, s, l
+}

@@ -65,14 +65,10 @@ func TestPausedHolderIsFencedByTheStore(t *testing.T) {
 }
 
 func TestExternalDeleteEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, _, l := holding(t, "jobs")
 	require.NoError(t, st.Check(ctx, l.Token()))
 
-	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
+	_, err := st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
 	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after external delete")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
@@ -86,13 +82,9 @@ func TestExternalDeleteEndsLease(t *testing.T) {
 }
 
 func TestExternalReplaceEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, _, l := holding(t, "jobs")
 	// Another holder's record written over ours, keeping the key.
-	_, err = st.Client().Put(ctx, st.Prefix()+"leases/jobs", `{"holder":"intruder","epoch":9}`, clientv3.WithIgnoreLease())
+	_, err := st.Client().Put(ctx, st.Prefix()+"leases/jobs", `{"holder":"intruder","epoch":9}`, clientv3.WithIgnoreLease())
 	require.NoError(t, err)
 	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after another holder appeared")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
@@ -246,11 +238,7 @@ func waitWaiters(t *testing.T, clk *clocktesting.FakeClock) {
 }
 
 func TestGuardedTxnTellsStaleFromOwnCompare(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, s, l := holding(t, "jobs")
 	key := st.DataKey("counter")
 	put := []clientv3.Op{clientv3.OpPut(key, "1")}
 
@@ -290,11 +278,7 @@ func TestGuardedTxnTellsStaleFromOwnCompare(t *testing.T) {
 }
 
 func TestAdvance(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l1, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, s, l1 := holding(t, "jobs")
 	require.NoError(t, st.Advance(ctx, "bucket", l1.Token()))
 	require.NoError(t, st.Advance(ctx, "bucket", l1.Token()), "re-advance with the same token is a no-op")
 	require.NoError(t, l1.Release(ctx))
@@ -321,16 +305,12 @@ func TestAdvance(t *testing.T) {
 }
 
 func TestAdvanceRejectsLowerRecorded(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, _, l := holding(t, "jobs")
 	// A newer token of the lease reached the resource record through a
 	// store with the same prefix (a restore, or a bug elsewhere): Advance
 	// must not move it back even though l is current.
 	newer := token.Token{Lease: "jobs", Epoch: l.Token().Epoch + 5, Revision: l.Token().Revision + 1000}
-	_, err = st.Client().Put(ctx, st.Prefix()+"fences/bucket", newer.String())
+	_, err := st.Client().Put(ctx, st.Prefix()+"fences/bucket", newer.String())
 	require.NoError(t, err)
 	err = st.Advance(ctx, "bucket", l.Token())
 	var stale *token.StaleError
@@ -399,11 +379,7 @@ func TestConcurrentAdvanceRecordsMaximum(t *testing.T) {
 }
 
 func TestBadInputWritesNothing(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	s := newSession(t, st)
-	l, err := s.Acquire(ctx, "jobs")
-	require.NoError(t, err)
+	ctx, st, s, l := holding(t, "jobs")
 	good := l.Token()
 	before, err := st.Client().Get(ctx, "anything")
 	require.NoError(t, err)
