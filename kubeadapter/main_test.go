@@ -1,8 +1,6 @@
 package kubeadapter_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,15 +12,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
@@ -32,11 +26,12 @@ import (
 // shared is the one kube-apiserver of this package's tests, started on
 // first use and stopped by TestMain.
 var shared struct {
-	once   sync.Once
-	env    *kubetest.Env
-	dir    string
-	err    error
-	policy sync.Once
+	once      sync.Once
+	env       *kubetest.Env
+	dir       string
+	err       error
+	policy    sync.Once
+	policyErr error
 }
 
 func TestMain(m *testing.M) {
@@ -159,48 +154,13 @@ func (h staticHolder) Token() token.Token { return h.tok }
 func (h staticHolder) Err() error         { return nil }
 
 // installPolicy installs deploy/admission/policy.yaml, once per package,
-// and waits until the API server enforces it. It reports false when the
-// file does not exist.
-func installPolicy(tb testing.TB, k *kube) bool {
+// and waits until the API server enforces it.
+func installPolicy(tb testing.TB, k *kube) {
 	tb.Helper()
-	data, err := os.ReadFile("../deploy/admission/policy.yaml")
-	if errors.Is(err, os.ErrNotExist) {
-		return false
-	}
-	require.NoError(tb, err)
 	shared.policy.Do(func() {
-		ctx := context.Background()
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for {
-			doc, err := r.Read()
-			if err != nil {
-				break
-			}
-			var meta metav1.TypeMeta
-			require.NoError(tb, yaml.Unmarshal(doc, &meta))
-			switch meta.Kind {
-			case "ValidatingAdmissionPolicy":
-				var p admissionv1.ValidatingAdmissionPolicy
-				require.NoError(tb, yaml.Unmarshal(doc, &p))
-				_, err = k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
-			case "ValidatingAdmissionPolicyBinding":
-				var b admissionv1.ValidatingAdmissionPolicyBinding
-				require.NoError(tb, yaml.Unmarshal(doc, &b))
-				_, err = k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{})
-			}
-			require.NoError(tb, err)
-		}
-		// Wait until a dry-run stale update of a probe is denied.
-		cms := k.cs.CoreV1().ConfigMaps(k.ns)
-		probe, err := cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: "policy-probe", Annotations: token.Token{Lease: k.ns + "/probe", Revision: 5}.Stamp(nil)},
-		}, metav1.CreateOptions{})
-		require.NoError(tb, err)
-		probe.Annotations[token.AnnotationToken] = "4"
-		require.Eventually(tb, func() bool {
-			_, err := cms.Update(ctx, probe, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-			return apierrors.IsForbidden(err)
-		}, time.Minute, 100*time.Millisecond, "admission policy not enforced")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		shared.policyErr = k.env.InstallPolicy(ctx)
 	})
-	return true
+	require.NoError(tb, shared.policyErr)
 }

@@ -1,23 +1,13 @@
 package kubetest_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
 )
@@ -100,75 +90,15 @@ func TestAdmissionPolicy(t *testing.T) {
 	}
 }
 
-// installPolicy creates the objects of deploy/admission/policy.yaml and waits
-// until the API server enforces them: policies reach the admission plugin
-// through an informer, a moment after they are created.
+// installPolicy installs the shipped policy and waits until it is
+// enforced.
 func installPolicy(t *testing.T, env *kubetest.Env) {
-	t.Helper()
-	ctx := t.Context()
-	admin := clientset(t, env.Admin())
-	for _, doc := range yamlDocuments(t, "../../deploy/admission/policy.yaml") {
-		var meta metav1.TypeMeta
-		require.NoError(t, yaml.Unmarshal(doc, &meta))
-		switch meta.Kind {
-		case "ValidatingAdmissionPolicy":
-			var p admissionv1.ValidatingAdmissionPolicy
-			require.NoError(t, yaml.UnmarshalStrict(doc, &p))
-			_, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
-			require.NoError(t, err)
-		case "ValidatingAdmissionPolicyBinding":
-			var b admissionv1.ValidatingAdmissionPolicyBinding
-			require.NoError(t, yaml.UnmarshalStrict(doc, &b))
-			_, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{})
-			require.NoError(t, err)
-		default:
-			t.Fatalf("unexpected kind %q in policy.yaml", meta.Kind)
-		}
-	}
-	waitEnforced(t, admin)
-}
-
-// waitEnforced retries a dry-run stale update of a probe object until the
-// policy denies it.
-func waitEnforced(t *testing.T, admin *kubernetes.Clientset) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	cms := admin.CoreV1().ConfigMaps(kubetest.Namespace)
-	probe, err := cms.Create(ctx, configMap("policy-probe", fenced(kubetest.Namespace+"/probe", "5")), metav1.CreateOptions{})
-	require.NoError(t, err)
-	probe.Annotations[tokenKey] = "4"
 	start := time.Now()
-	for {
-		_, err := cms.Update(ctx, probe, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "stale fencing token") {
-			t.Logf("policy enforced after %v", time.Since(start).Round(time.Millisecond))
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("policy not enforced after %v; last dry-run update: %v", time.Since(start), err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func yamlDocuments(t *testing.T, path string) [][]byte {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	require.NoError(t, err)
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var docs [][]byte
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return docs
-		}
-		require.NoError(t, err)
-		if len(bytes.TrimSpace(doc)) > 0 {
-			docs = append(docs, doc)
-		}
-	}
+	require.NoError(t, env.InstallPolicy(ctx))
+	t.Logf("policy enforced after %v", time.Since(start).Round(time.Millisecond))
 }
 
 func fenced(lease, token string) map[string]string {
