@@ -75,9 +75,8 @@ func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []by
 	if err := ValidateValue(value); err != nil {
 		return 0, err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
-		Then(clientv3.OpPut(s.DataKey(key), string(value))).
-		Else(s.staleOps(tok)...).Commit()
+	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)},
+		[]clientv3.Op{clientv3.OpPut(s.DataKey(key), string(value))}, s.staleOps(tok))
 	if err != nil {
 		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
 	}
@@ -97,9 +96,8 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string) (bool, 
 	if err := ValidateKey(key); err != nil {
 		return false, err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
-		Then(clientv3.OpDelete(s.DataKey(key))).
-		Else(s.staleOps(tok)...).Commit()
+	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)},
+		[]clientv3.Op{clientv3.OpDelete(s.DataKey(key))}, s.staleOps(tok))
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
 	}
@@ -167,7 +165,7 @@ func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
 	if err := validToken(tok); err != nil {
 		return false, err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).Then(clientv3.OpDelete(s.holderKey(tok.Lease))).Commit()
+	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)}, []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}, nil)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: release %s: %w", tok, err)
 	}
@@ -210,10 +208,8 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) e
 				return &token.StaleError{Token: tok, Newer: recorded}
 			}
 		}
-		resp, err := s.cli.Txn(ctx).
-			If(s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)).
-			Then(clientv3.OpPut(key, tok.String())).
-			Else(s.staleOps(tok)...).Commit()
+		resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)},
+			[]clientv3.Op{clientv3.OpPut(key, tok.String())}, s.staleOps(tok))
 		if err != nil {
 			return fmt.Errorf("etcdstore: advance %q: %w", resource, err)
 		}

@@ -127,11 +127,10 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
 		}, cond...)
-		resp, err := s.cli.Txn(ctx).If(cmps...).
-			Then(clientv3.OpPut(hk, encodeRecord(record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
-				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))).
-			Else(clientv3.OpGet(hk), clientv3.OpGet(ek)).
-			Commit()
+		resp, err := s.commit(ctx, cmps,
+			[]clientv3.Op{clientv3.OpPut(hk, encodeRecord(record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
+				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))},
+			[]clientv3.Op{clientv3.OpGet(hk), clientv3.OpGet(ek)})
 		if err != nil {
 			return token.Token{}, seen, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
 		}

@@ -35,6 +35,7 @@ const (
 type Store struct {
 	cli    *clientv3.Client
 	prefix string
+	batch  *batcher // nil unless WithBatching
 }
 
 // Option configures a Store.
@@ -47,11 +48,11 @@ func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefi
 // New returns a Store that uses cli. The Store does not close cli.
 func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 	s := &Store{cli: cli, prefix: DefaultPrefix}
-	for _, o := range opts {
-		o(s)
-	}
 	if cli == nil {
 		return nil, invalid("client", "", "nil")
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	if !strings.HasSuffix(s.prefix, "/") || !utf8.ValidString(s.prefix) {
 		return nil, invalid("prefix", s.prefix, `must be valid UTF-8 and end in "/"`)

@@ -17,9 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -27,56 +25,57 @@ import (
 
 // BenchmarkServiceGuardedPut compares a guarded Put through the gRPC
 // service with the same guarded etcd Txn made directly, at 1 and 64
-// concurrent clients. Four variants share one etcd member and one etcd
-// client (the server's), and run interleaved in rounds so that drift on a
-// shared machine hits them alike:
+// concurrent clients. Three variants share one etcd member and one etcd
+// client, and run interleaved in rounds so that drift on a shared machine
+// hits them alike:
 //
-//   - direct: etcdstore.Store.Put, the Txn the server makes;
-//   - grpc: client.Client.Put through the server;
-//   - noop: a grpc.health.v1 Check on a bare grpc server, over a
-//     connection dialled like the client's: the hop alone, without fencer
-//     code or etcd;
-//   - hop: direct, then noop, in the same worker: what the service would
-//     reach if it added nothing but the hop.
+//   - direct: a hand-written guarded Txn per Put,
+//     If(CreateRevision(holder) = token).Then(OpPut), the physical limit of
+//     one write per Txn;
+//   - grpc: client.Client.Put through a server whose store batches
+//     concurrent writes (etcdstore.WithBatching(etcdstore.DefaultBatch),
+//     as fencer serve does);
+//   - unbatched: the same through a server whose store sends one Txn per
+//     Put.
 //
-// ratio is grpc over direct throughput and hop-ratio is hop over direct,
-// the ceiling the hop leaves. cpu-us/put is the process's CPU time (etcd,
-// server and clients all run in it) per operation of each variant, where
-// the platform reports it.
+// ratio is grpc over direct throughput and unbatched-ratio is unbatched
+// over direct. cpu-us/put is the process's CPU time (etcd, servers and
+// clients all run in it) per Put of each variant, where the platform
+// reports it.
 func BenchmarkServiceGuardedPut(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
 			ctx := context.Background()
 			st := etcdtest.Store(b)
 			addr, _ := startServer(b, st)
-			c := client.New(dial(b, alice, addr))
+			unbatchedAddr, _ := serveUnbatched(b, st)
+			c, u := client.New(dial(b, alice, addr)), client.New(dial(b, alice, unbatchedAddr))
 			l, err := newSession(b, c).Acquire(ctx, "bench")
 			require.NoError(b, err)
 			tok := l.Token()
-			hc := healthpb.NewHealthClient(dial(b, alice, startBareServer(b)))
+			guard, err := st.Guard(tok)
+			require.NoError(b, err)
 			value := []byte("some value of a typical size, say sixty-four bytes long........")
-			direct := func(key string) error { _, err := st.Put(ctx, tok, key, value); return err }
-			noop := func(string) error { _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); return err }
 			variants := []func(key string) error{
-				direct,
-				func(key string) error { _, err := c.Put(ctx, tok, key, value); return err },
-				noop,
 				func(key string) error {
-					if err := direct(key); err != nil {
-						return err
+					r, err := st.Client().Txn(ctx).If(guard).Then(clientv3.OpPut(st.DataKey(key), string(value))).Commit()
+					if err == nil && !r.Succeeded {
+						err = fmt.Errorf("direct guarded Txn failed")
 					}
-					return noop(key)
+					return err
 				},
+				func(key string) error { _, err := c.Put(ctx, tok, key, value); return err },
+				func(key string) error { _, err := u.Put(ctx, tok, key, value); return err },
 			}
 			b.ResetTimer()
 			wall, cpu := runRounds(b, conc, b.N, variants)
 			b.StopTimer()
-			for i, name := range []string{"direct", "grpc", "noop", "hop"} {
+			for i, name := range []string{"direct", "grpc", "unbatched"} {
 				b.ReportMetric(float64(b.N)/wall[i].Seconds(), name+"-puts/s")
 				b.ReportMetric(float64(cpu[i].Microseconds())/float64(b.N), name+"-cpu-us/put")
 			}
 			b.ReportMetric(wall[0].Seconds()/wall[1].Seconds(), "ratio")
-			b.ReportMetric(wall[0].Seconds()/wall[3].Seconds(), "hop-ratio")
+			b.ReportMetric(wall[0].Seconds()/wall[2].Seconds(), "unbatched-ratio")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
@@ -112,26 +111,6 @@ func runRounds(b *testing.B, conc, n int, variants []func(key string) error) (wa
 		}
 	}
 	return wall, cpu
-}
-
-// startBareServer serves grpc.health.v1 alone, without fencer's
-// interceptors, on a loopback port, and returns its address.
-func startBareServer(b *testing.B) string {
-	b.Helper()
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	b.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return lis.Addr().String()
 }
 
 // BenchmarkServiceRSS10kLeases measures the resident memory of a fencer

@@ -35,6 +35,7 @@ type serveFlags struct {
 	tlsCert, tlsKey, tlsClientCA, tokenFile               string
 	insecure                                              bool
 	grace                                                 time.Duration
+	batch                                                 int
 }
 
 // runServe runs fencer's gRPC service until interrupted.
@@ -52,11 +53,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.tokenFile, "token-file", "", `bearer token file: "<token> <principal>" per line`)
 	fs.BoolVar(&f.insecure, "insecure", false, "allow plaintext or unauthenticated service on a non-loopback address")
 	fs.DurationVar(&f.grace, "shutdown-grace", 10*time.Second, "how long shutdown waits for calls in flight")
+	fs.IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "most concurrent writes that share one etcd Txn, each still guarded on its own (0 sends every write alone)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
 	if fs.NArg() != 0 {
 		fmt.Fprintln(stderr, "fencer serve: unexpected arguments:", fs.Args())
+		return 2
+	}
+	if f.batch < 0 || f.batch > etcdstore.MaxBatch {
+		fmt.Fprintf(stderr, "fencer serve: --batch %d: must be between 0 and %d\n", f.batch, etcdstore.MaxBatch)
 		return 2
 	}
 	if err := serve(ctx, f, stderr); err != nil {
@@ -90,7 +96,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
-	store, err := etcdstore.New(cli, etcdstore.WithPrefix(f.prefix))
+	store, err := etcdstore.New(cli, etcdstore.WithPrefix(f.prefix), etcdstore.WithBatching(f.batch))
 	if err != nil {
 		return err
 	}

@@ -8,12 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/testca"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -99,6 +101,14 @@ func TestServeSecurityFlags(t *testing.T) {
 			}
 			require.IsType(t, tc.want.auth, auth)
 		})
+	}
+}
+
+func TestServeRejectsABatchSizeOutOfRange(t *testing.T) {
+	for _, arg := range []string{"-1", strconv.Itoa(etcdstore.MaxBatch + 1), "many"} {
+		var stderr bytes.Buffer
+		require.Equal(t, 2, runServe(context.Background(), []string{"--batch", arg}, &bytes.Buffer{}, &stderr), arg)
+		require.Contains(t, stderr.String(), "batch", arg)
 	}
 }
 

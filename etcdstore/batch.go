@@ -1,0 +1,276 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Limits of one shared Txn, within etcd's defaults: --max-txn-ops 128
+// counts the nested Txns and their largest branch, and --max-request-bytes
+// is 1.5 MiB.
+const (
+	// MaxBatch is the largest batch WithBatching accepts.
+	MaxBatch = 120
+	// DefaultBatch is the batch size fencer serve uses unless told
+	// otherwise.
+	DefaultBatch = 64
+	// maxBatchBytes bounds the keys and values of one shared Txn.
+	maxBatchBytes = 1 << 20
+)
+
+// WithBatching lets up to max concurrent writes of the store share one
+// etcd Txn: guarded Put and Delete, acquisitions, Release and Advance. Each
+// write stays its own nested Txn with its own compares, so each commits or
+// fails on its own guard exactly as it would alone, and writes whose keys
+// overlap (one reads or writes a key another writes) never share a Txn. A
+// write that finds no other in flight is sent at once, on its own, so a
+// lone writer waits for nothing; writes that arrive while one is in flight
+// leave together as the next Txn.
+//
+// Writes that share a Txn commit at the same etcd revision. If etcd
+// rejects a shared Txn before applying it (too many operations, too large,
+// a lease it does not know), each write is retried on its own, so batching
+// never turns a write that would succeed alone into a failure. A write
+// whose context ends while its Txn is in flight returns the context's
+// error, and may or may not have committed, as with any etcd call.
+//
+// max is clamped to MaxBatch; max < 2 turns batching off, the default.
+// Batching starts goroutines only while writes are queued, and none
+// outlive them.
+func WithBatching(max int) Option {
+	return func(s *Store) {
+		s.batch = nil
+		if max >= 2 {
+			s.batch = &batcher{cli: s.cli, max: min(max, MaxBatch)}
+		}
+	}
+}
+
+// commit runs the Txn If(cmps).Then(then).Else(els), sharing an etcd Txn
+// with concurrent writes when the store batches and the Txn can be shared.
+func (s *Store) commit(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	c := &call{ctx: ctx, cmps: cmps, then: then, els: els}
+	if s.batch == nil || !c.keys() {
+		return c.alone(ctx, s.cli)
+	}
+	return s.batch.do(c)
+}
+
+// batcher queues writes while one shared Txn is in flight and sends them
+// together as the next.
+type batcher struct {
+	cli *clientv3.Client
+	max int
+
+	mu    sync.Mutex
+	busy  bool    // a Txn is in flight
+	queue []*call // writes waiting for the next Txn, oldest first
+}
+
+// call is one write: its Txn, the keys it reads and writes, and, once
+// done is closed, its outcome.
+type call struct {
+	ctx       context.Context
+	cmps      []clientv3.Cmp
+	then, els []clientv3.Op
+
+	reads, writes []string
+	size          int
+
+	done chan struct{}
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+// keys fills in the keys c reads and writes and its size. It reports
+// false for a Txn that cannot be shared: one that writes nothing (etcd
+// serves it without consensus), or that uses key ranges or nested Txns,
+// whose overlap with other writes is not worth working out.
+func (c *call) keys() bool {
+	for _, cmp := range c.cmps {
+		if len(cmp.GetCompare().GetRangeEnd()) > 0 {
+			return false
+		}
+		c.reads = append(c.reads, string(cmp.KeyBytes()))
+		c.size += len(cmp.KeyBytes()) + len(cmp.ValueBytes())
+	}
+	for _, op := range slices.Concat(c.then, c.els) {
+		if op.IsTxn() || len(op.RangeBytes()) > 0 {
+			return false
+		}
+		key := string(op.KeyBytes())
+		c.size += len(key) + len(op.ValueBytes())
+		if op.IsGet() {
+			c.reads = append(c.reads, key)
+		} else {
+			c.writes = append(c.writes, key)
+		}
+	}
+	return len(c.writes) > 0
+}
+
+// alone runs c as a Txn of its own.
+func (c *call) alone(ctx context.Context, cli *clientv3.Client) (*clientv3.TxnResponse, error) {
+	return cli.Txn(ctx).If(c.cmps...).Then(c.then...).Else(c.els...).Commit()
+}
+
+// do runs c: at once if no Txn is in flight, else in the next shared one.
+func (b *batcher) do(c *call) (*clientv3.TxnResponse, error) {
+	b.mu.Lock()
+	if !b.busy {
+		b.busy = true
+		b.mu.Unlock()
+		resp, err := c.alone(c.ctx, b.cli)
+		b.next()
+		return resp, err
+	}
+	c.done = make(chan struct{})
+	b.queue = append(b.queue, c)
+	b.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.resp, c.err
+	case <-c.ctx.Done():
+		b.mu.Lock()
+		if i := slices.Index(b.queue, c); i >= 0 {
+			b.queue = slices.Delete(b.queue, i, i+1)
+		}
+		b.mu.Unlock()
+		return nil, c.ctx.Err()
+	}
+}
+
+// next sends the queued writes, batch after batch, in a goroutine of its
+// own, or marks the batcher idle when none are queued.
+func (b *batcher) next() {
+	batch := b.take()
+	if batch == nil {
+		return
+	}
+	go func() {
+		for ; batch != nil; batch = b.take() {
+			b.run(batch)
+		}
+	}()
+}
+
+// take removes the next batch from the queue: the oldest writes, up to
+// max of them and maxBatchBytes, skipping any that overlap a write before
+// them, so that writes to one key keep their order. It returns nil, and
+// marks the batcher idle, when the queue is empty.
+func (b *batcher) take() []*call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.busy = false
+		return nil
+	}
+	var batch []*call
+	written := map[string]bool{} // key → written by a write before, or only read
+	rest, size := b.queue[:0], 0
+	for _, c := range b.queue {
+		fits := len(batch) < b.max && (batch == nil || size+c.size <= maxBatchBytes)
+		if fits && !overlaps(written, c) {
+			batch, size = append(batch, c), size+c.size
+		} else {
+			rest = append(rest, c)
+		}
+		for _, k := range c.reads {
+			if _, ok := written[k]; !ok {
+				written[k] = false
+			}
+		}
+		for _, k := range c.writes {
+			written[k] = true
+		}
+	}
+	clear(b.queue[len(rest):])
+	b.queue = rest
+	return batch
+}
+
+// overlaps reports whether c writes a key that an earlier write reads or
+// writes, or reads a key that one writes.
+func overlaps(written map[string]bool, c *call) bool {
+	for _, k := range c.writes {
+		if _, ok := written[k]; ok {
+			return true
+		}
+	}
+	for _, k := range c.reads {
+		if written[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// run sends batch as one Txn of nested Txns and hands each write its own
+// result. The Txn is cancelled once every write's context has ended.
+func (b *batcher) run(batch []*call) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var live atomic.Int32
+	live.Store(int32(len(batch)))
+	for _, c := range batch {
+		stop := context.AfterFunc(c.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	if len(batch) == 1 {
+		c := batch[0]
+		c.resp, c.err = c.alone(ctx, b.cli)
+		close(c.done)
+		return
+	}
+	ops := make([]clientv3.Op, len(batch))
+	for i, c := range batch {
+		ops[i] = clientv3.OpTxn(c.cmps, c.then, c.els)
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil && rejectedWhole(err) {
+		var wg sync.WaitGroup
+		for _, c := range batch {
+			wg.Go(func() {
+				c.resp, c.err = c.alone(c.ctx, b.cli)
+				close(c.done)
+			})
+		}
+		wg.Wait()
+		return
+	}
+	for i, c := range batch {
+		if c.err = err; err == nil {
+			sub := resp.Responses[i].GetResponseTxn()
+			c.resp = (*clientv3.TxnResponse)(&pb.TxnResponse{Header: resp.Header, Succeeded: sub.GetSucceeded(), Responses: sub.GetResponses()})
+		}
+		close(c.done)
+	}
+}
+
+// rejectedWhole reports whether etcd refused a shared Txn as a whole,
+// before applying any of it, for a reason that a write on its own may not
+// meet.
+func rejectedWhole(err error) bool {
+	for _, e := range []error{rpctypes.ErrTooManyOps, rpctypes.ErrRequestTooLarge, rpctypes.ErrLeaseNotFound, rpctypes.ErrDuplicateKey} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	// A message over the client's own size limit; etcd's ResourceExhausted
+	// errors (too many requests, no space) are not retried one by one.
+	var etcdErr rpctypes.EtcdError
+	return !errors.As(err, &etcdErr) && status.Code(err) == codes.ResourceExhausted
+}

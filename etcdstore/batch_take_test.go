@@ -1,0 +1,63 @@
+package etcdstore
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// queued is a call that reads and writes the given keys and is size bytes.
+func queued(reads, writes []string, size int) *call {
+	return &call{reads: reads, writes: writes, size: size}
+}
+
+func TestTakeFormsBatchesInOrderWithoutOverlap(t *testing.T) {
+	putA := queued([]string{"h1"}, []string{"a"}, 10)
+	putB := queued([]string{"h1"}, []string{"b"}, 10)
+	putAAgain := queued([]string{"h1"}, []string{"a"}, 10) // writes what putA writes
+	release := queued([]string{"h1"}, []string{"h1"}, 10)  // writes what the puts read
+	putC := queued([]string{"h2"}, []string{"c"}, 10)
+	readsA := queued([]string{"a"}, []string{"d"}, 10) // reads what putAAgain, held back, writes
+	b := &batcher{max: 10, queue: []*call{putA, putB, putAAgain, release, putC, readsA}}
+	b.busy = true
+
+	require.Equal(t, []*call{putA, putB, putC}, b.take())
+	require.Equal(t, []*call{putAAgain, release, readsA}, b.queue, "held-back writes keep their order")
+	require.True(t, b.busy)
+	require.Equal(t, []*call{putAAgain}, b.take(), "release overlaps the put before it; readsA the put it reads")
+	require.Equal(t, []*call{release, readsA}, b.take())
+	require.Nil(t, b.take())
+	require.False(t, b.busy, "an empty queue leaves the batcher idle")
+}
+
+func TestTakeKeepsBatchesWithinTheirLimits(t *testing.T) {
+	var calls []*call
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		calls = append(calls, queued(nil, []string{k}, 1))
+	}
+	b := &batcher{max: 2, queue: slices.Clone(calls), busy: true}
+	require.Equal(t, calls[:2], b.take())
+	require.Equal(t, calls[2:4], b.take())
+	require.Equal(t, calls[4:], b.take())
+
+	big := queued(nil, []string{"big"}, maxBatchBytes+1)
+	small := queued(nil, []string{"small"}, 1)
+	half := queued(nil, []string{"half"}, maxBatchBytes/2+1)
+	b = &batcher{max: 10, queue: []*call{big, small, half, queued(nil, []string{"half2"}, maxBatchBytes/2+1)}, busy: true}
+	require.Equal(t, []*call{big}, b.take(), "a write over the byte limit goes alone")
+	require.Equal(t, []*call{small, half}, b.take())
+	require.Len(t, b.take(), 1)
+}
+
+func TestWithBatchingClampsItsSize(t *testing.T) {
+	for _, tc := range []struct{ in, want int }{{-1, 0}, {0, 0}, {1, 0}, {2, 2}, {64, 64}, {MaxBatch + 1, MaxBatch}} {
+		s := &Store{}
+		WithBatching(tc.in)(s)
+		if tc.want == 0 {
+			require.Nil(t, s.batch, "WithBatching(%d)", tc.in)
+			continue
+		}
+		require.Equal(t, tc.want, s.batch.max, "WithBatching(%d)", tc.in)
+	}
+}

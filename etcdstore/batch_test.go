@@ -1,0 +1,197 @@
+package etcdstore_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// batching returns a store that batches writes, on st's client and prefix.
+func batching(t *testing.T, st *etcdstore.Store) *etcdstore.Store {
+	t.Helper()
+	bst, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()), etcdstore.WithBatching(8))
+	require.NoError(t, err)
+	return bst
+}
+
+// queueUp starts each write in a goroutine of its own while bst's batcher
+// is paused, in order: each is queued before the next starts. Then it sends
+// them, and returns once every write has returned.
+func queueUp(t *testing.T, bst *etcdstore.Store, writes ...func()) {
+	t.Helper()
+	queued, resume := etcdstore.PauseBatching(bst)
+	var wg sync.WaitGroup
+	for i, w := range writes {
+		wg.Go(w)
+		require.Eventually(t, func() bool { return queued() == i+1 }, 5*time.Second, time.Millisecond)
+	}
+	resume()
+	wg.Wait()
+}
+
+func TestBatchedWritesShareATxnAndKeepTheirOwnGuards(t *testing.T) {
+	ctx, st, s, l := holding(t, "batch")
+	bst := batching(t, st)
+	old, err := s.Acquire(ctx, "superseded")
+	require.NoError(t, err)
+	require.NoError(t, old.Release(ctx))
+	newer, err := s.Acquire(ctx, "superseded")
+	require.NoError(t, err)
+
+	tok := l.Token()
+	revs := make([]int64, 4)
+	var staleErr, secondErr, delErr error
+	var secondRev int64
+	var deleted bool
+	put := func(i int, key string) func() {
+		return func() {
+			var err error
+			revs[i], err = bst.Put(ctx, tok, key, []byte("first"))
+			require.NoError(t, err)
+		}
+	}
+	queueUp(t, bst,
+		put(0, "k0"), put(1, "k1"), put(2, "k2"), put(3, "k3"),
+		func() { _, staleErr = bst.Put(ctx, old.Token(), "k4", []byte("stale")) },
+		func() { secondRev, secondErr = bst.Put(ctx, tok, "k0", []byte("second")) },
+		func() { deleted, delErr = bst.Delete(ctx, tok, "k1") },
+	)
+
+	require.Equal(t, []int64{revs[0], revs[0], revs[0], revs[0]}, revs, "the four puts shared one Txn")
+	var stale *token.StaleError
+	require.ErrorAs(t, staleErr, &stale)
+	require.Equal(t, newer.Token(), stale.Newer)
+	_, ok, err := st.Get(ctx, "k4")
+	require.NoError(t, err)
+	require.False(t, ok, "the stale put wrote nothing")
+
+	require.NoError(t, secondErr)
+	require.Greater(t, secondRev, revs[0], "a second write to k0 waits for the next Txn")
+	require.Equal(t, "second", get(t, st, "k0"))
+	require.NoError(t, delErr)
+	require.True(t, deleted, "the delete of k1 came after its put")
+	_, ok, err = st.Get(ctx, "k1")
+	require.NoError(t, err)
+	require.False(t, ok)
+	require.Equal(t, "first", get(t, st, "k2"))
+}
+
+func TestBatchedAcquisitionsAndReleases(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	bst := batching(t, st)
+	s := newSession(t, bst)
+	names := []string{"a", "b", "c", "d", "e"}
+	leases := make([]*etcdstore.Lease, len(names))
+	var writes []func()
+	for i, name := range names {
+		writes = append(writes, func() {
+			var err error
+			leases[i], err = s.TryAcquire(ctx, name)
+			require.NoError(t, err)
+		})
+	}
+	queueUp(t, bst, writes...)
+	for _, l := range leases {
+		require.Equal(t, leases[0].Token().Revision, l.Token().Revision, "the acquisitions shared one Txn")
+		require.Equal(t, uint64(1), l.Token().Epoch)
+		require.NoError(t, st.Check(ctx, l.Token()))
+	}
+
+	writes = writes[:0]
+	for _, l := range leases {
+		writes = append(writes, func() { require.NoError(t, l.Release(ctx)) })
+	}
+	queueUp(t, bst, writes...)
+	for i, name := range names {
+		status, err := st.Status(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, etcdstore.Status{Name: name, Epoch: 1}, status)
+		l, err := s.TryAcquire(ctx, name)
+		require.NoError(t, err)
+		require.Equal(t, uint64(2), l.Token().Epoch)
+		c, err := l.Token().Compare(leases[i].Token())
+		require.NoError(t, err)
+		require.Equal(t, 1, c)
+	}
+}
+
+func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
+	ctx, st, _, l := holding(t, "batch")
+	bst := batching(t, st)
+	grant, err := st.Client().Grant(ctx, 60)
+	require.NoError(t, err)
+	_, err = st.Client().Revoke(ctx, grant.ID)
+	require.NoError(t, err)
+
+	var acquireErr error
+	revs := make([]int64, 3)
+	var writes []func()
+	for i := range revs {
+		writes = append(writes, func() {
+			var err error
+			revs[i], err = bst.Put(ctx, l.Token(), "k"+string(rune('0'+i)), []byte("v"))
+			require.NoError(t, err)
+		})
+	}
+	writes = append(writes, func() { _, _, acquireErr = bst.TryAcquireOn(ctx, grant.ID, "revoked", "orphan") })
+	queueUp(t, bst, writes...)
+
+	require.ErrorIs(t, acquireErr, rpctypes.ErrLeaseNotFound, "etcd refuses the whole Txn for this one write")
+	require.NotEqual(t, revs[0], revs[1], "the puts were retried one by one")
+	for i := range revs {
+		require.Equal(t, "v", get(t, st, "k"+string(rune('0'+i))))
+	}
+	status, err := st.Status(ctx, "orphan")
+	require.NoError(t, err)
+	require.Equal(t, etcdstore.Status{Name: "orphan"}, status)
+}
+
+func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
+	ctx, st, _, l := holding(t, "batch")
+	bst := batching(t, st)
+	queued, resume := etcdstore.PauseBatching(bst)
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() {
+		_, err := bst.Put(wctx, l.Token(), "k", []byte("v"))
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return queued() == 1 }, 5*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	require.Zero(t, queued())
+	resume()
+	_, ok, err := st.Get(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, ok)
+	// The batcher is idle again: the next write goes at once.
+	_, err = bst.Put(ctx, l.Token(), "k", []byte("v"))
+	require.NoError(t, err)
+}
+
+func TestLargeBatchedWritesGoInTxnsOfTheirOwn(t *testing.T) {
+	ctx, st, _, l := holding(t, "batch")
+	bst := batching(t, st)
+	big := []byte(strings.Repeat("x", 600<<10))
+	revs := make([]int64, 3)
+	var writes []func()
+	for i := range revs {
+		writes = append(writes, func() {
+			var err error
+			revs[i], err = bst.Put(ctx, l.Token(), "big"+string(rune('0'+i)), big)
+			require.NoError(t, err)
+		})
+	}
+	queueUp(t, bst, writes...)
+	require.Len(t, map[int64]bool{revs[0]: true, revs[1]: true, revs[2]: true}, 3, "no two 600 KiB puts share a Txn")
+}
