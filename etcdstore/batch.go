@@ -20,8 +20,8 @@ import (
 const (
 	// MaxBatch is the largest batch WithBatching accepts.
 	MaxBatch = 120
-	// DefaultBatch is the batch size fencer serve uses unless told
-	// otherwise.
+	// DefaultBatch is the batch size of a Store made without
+	// WithBatching.
 	DefaultBatch = 64
 	// maxBatchBytes bounds the keys and values of one shared Txn.
 	maxBatchBytes = 1 << 20
@@ -43,8 +43,9 @@ const (
 // whose context ends while its Txn is in flight returns the context's
 // error, and may or may not have committed, as with any etcd call.
 //
-// max is clamped to MaxBatch; max < 2 turns batching off, the default.
-// Batching starts goroutines only while writes are queued, and none
+// Batching is on by default, with DefaultBatch. max is clamped to
+// MaxBatch; max < 2 turns batching off, so that every write is a Txn of its
+// own. Batching starts goroutines only while writes are queued, and none
 // outlive them.
 func WithBatching(max int) Option {
 	return func(s *Store) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // queued is a call that reads and writes the given keys and is size bytes.
@@ -48,6 +49,12 @@ func TestTakeKeepsBatchesWithinTheirLimits(t *testing.T) {
 	require.Equal(t, []*call{big}, b.take(), "a write over the byte limit goes alone")
 	require.Equal(t, []*call{small, half}, b.take())
 	require.Len(t, b.take(), 1)
+}
+
+func TestStoresBatchByDefault(t *testing.T) {
+	s, err := New(&clientv3.Client{})
+	require.NoError(t, err)
+	require.Equal(t, DefaultBatch, s.batch.max)
 }
 
 func TestWithBatchingClampsItsSize(t *testing.T) {

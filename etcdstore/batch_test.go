@@ -15,20 +15,12 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-// batching returns a store that batches writes, on st's client and prefix.
-func batching(t *testing.T, st *etcdstore.Store) *etcdstore.Store {
-	t.Helper()
-	bst, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()), etcdstore.WithBatching(8))
-	require.NoError(t, err)
-	return bst
-}
-
-// queueUp starts each write in a goroutine of its own while bst's batcher
+// queueUp starts each write in a goroutine of its own while st's batcher
 // is paused, in order: each is queued before the next starts. Then it sends
 // them, and returns once every write has returned.
-func queueUp(t *testing.T, bst *etcdstore.Store, writes ...func()) {
+func queueUp(t *testing.T, st *etcdstore.Store, writes ...func()) {
 	t.Helper()
-	queued, resume := etcdstore.PauseBatching(bst)
+	queued, resume := etcdstore.PauseBatching(st)
 	var wg sync.WaitGroup
 	for i, w := range writes {
 		wg.Go(w)
@@ -40,7 +32,6 @@ func queueUp(t *testing.T, bst *etcdstore.Store, writes ...func()) {
 
 func TestBatchedWritesShareATxnAndKeepTheirOwnGuards(t *testing.T) {
 	ctx, st, s, l := holding(t, "batch")
-	bst := batching(t, st)
 	old, err := s.Acquire(ctx, "superseded")
 	require.NoError(t, err)
 	require.NoError(t, old.Release(ctx))
@@ -55,15 +46,15 @@ func TestBatchedWritesShareATxnAndKeepTheirOwnGuards(t *testing.T) {
 	put := func(i int, key string) func() {
 		return func() {
 			var err error
-			revs[i], err = bst.Put(ctx, tok, key, []byte("first"))
+			revs[i], err = st.Put(ctx, tok, key, []byte("first"))
 			require.NoError(t, err)
 		}
 	}
-	queueUp(t, bst,
+	queueUp(t, st,
 		put(0, "k0"), put(1, "k1"), put(2, "k2"), put(3, "k3"),
-		func() { _, staleErr = bst.Put(ctx, old.Token(), "k4", []byte("stale")) },
-		func() { secondRev, secondErr = bst.Put(ctx, tok, "k0", []byte("second")) },
-		func() { deleted, delErr = bst.Delete(ctx, tok, "k1") },
+		func() { _, staleErr = st.Put(ctx, old.Token(), "k4", []byte("stale")) },
+		func() { secondRev, secondErr = st.Put(ctx, tok, "k0", []byte("second")) },
+		func() { deleted, delErr = st.Delete(ctx, tok, "k1") },
 	)
 
 	require.Equal(t, []int64{revs[0], revs[0], revs[0], revs[0]}, revs, "the four puts shared one Txn")
@@ -88,8 +79,7 @@ func TestBatchedWritesShareATxnAndKeepTheirOwnGuards(t *testing.T) {
 func TestBatchedAcquisitionsAndReleases(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	st := etcdtest.Store(t)
-	bst := batching(t, st)
-	s := newSession(t, bst)
+	s := newSession(t, st)
 	names := []string{"a", "b", "c", "d", "e"}
 	leases := make([]*etcdstore.Lease, len(names))
 	var writes []func()
@@ -100,7 +90,7 @@ func TestBatchedAcquisitionsAndReleases(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
-	queueUp(t, bst, writes...)
+	queueUp(t, st, writes...)
 	for _, l := range leases {
 		require.Equal(t, leases[0].Token().Revision, l.Token().Revision, "the acquisitions shared one Txn")
 		require.Equal(t, uint64(1), l.Token().Epoch)
@@ -111,7 +101,7 @@ func TestBatchedAcquisitionsAndReleases(t *testing.T) {
 	for _, l := range leases {
 		writes = append(writes, func() { require.NoError(t, l.Release(ctx)) })
 	}
-	queueUp(t, bst, writes...)
+	queueUp(t, st, writes...)
 	for i, name := range names {
 		status, err := st.Status(ctx, name)
 		require.NoError(t, err)
@@ -127,7 +117,6 @@ func TestBatchedAcquisitionsAndReleases(t *testing.T) {
 
 func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 	ctx, st, _, l := holding(t, "batch")
-	bst := batching(t, st)
 	grant, err := st.Client().Grant(ctx, 60)
 	require.NoError(t, err)
 	_, err = st.Client().Revoke(ctx, grant.ID)
@@ -139,12 +128,12 @@ func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 	for i := range revs {
 		writes = append(writes, func() {
 			var err error
-			revs[i], err = bst.Put(ctx, l.Token(), "k"+string(rune('0'+i)), []byte("v"))
+			revs[i], err = st.Put(ctx, l.Token(), "k"+string(rune('0'+i)), []byte("v"))
 			require.NoError(t, err)
 		})
 	}
-	writes = append(writes, func() { _, _, acquireErr = bst.TryAcquireOn(ctx, grant.ID, "revoked", "orphan") })
-	queueUp(t, bst, writes...)
+	writes = append(writes, func() { _, _, acquireErr = st.TryAcquireOn(ctx, grant.ID, "revoked", "orphan") })
+	queueUp(t, st, writes...)
 
 	require.ErrorIs(t, acquireErr, rpctypes.ErrLeaseNotFound, "etcd refuses the whole Txn for this one write")
 	require.NotEqual(t, revs[0], revs[1], "the puts were retried one by one")
@@ -158,12 +147,11 @@ func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 
 func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
 	ctx, st, _, l := holding(t, "batch")
-	bst := batching(t, st)
-	queued, resume := etcdstore.PauseBatching(bst)
+	queued, resume := etcdstore.PauseBatching(st)
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error)
 	go func() {
-		_, err := bst.Put(wctx, l.Token(), "k", []byte("v"))
+		_, err := st.Put(wctx, l.Token(), "k", []byte("v"))
 		done <- err
 	}()
 	require.Eventually(t, func() bool { return queued() == 1 }, 5*time.Second, time.Millisecond)
@@ -175,23 +163,22 @@ func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 	// The batcher is idle again: the next write goes at once.
-	_, err = bst.Put(ctx, l.Token(), "k", []byte("v"))
+	_, err = st.Put(ctx, l.Token(), "k", []byte("v"))
 	require.NoError(t, err)
 }
 
 func TestLargeBatchedWritesGoInTxnsOfTheirOwn(t *testing.T) {
 	ctx, st, _, l := holding(t, "batch")
-	bst := batching(t, st)
 	big := []byte(strings.Repeat("x", 600<<10))
 	revs := make([]int64, 3)
 	var writes []func()
 	for i := range revs {
 		writes = append(writes, func() {
 			var err error
-			revs[i], err = bst.Put(ctx, l.Token(), "big"+string(rune('0'+i)), big)
+			revs[i], err = st.Put(ctx, l.Token(), "big"+string(rune('0'+i)), big)
 			require.NoError(t, err)
 		})
 	}
-	queueUp(t, bst, writes...)
+	queueUp(t, st, writes...)
 	require.Len(t, map[int64]bool{revs[0]: true, revs[1]: true, revs[2]: true}, 3, "no two 600 KiB puts share a Txn")
 }

@@ -35,7 +35,7 @@ const (
 type Store struct {
 	cli    *clientv3.Client
 	prefix string
-	batch  *batcher // nil unless WithBatching
+	batch  *batcher // nil when batching is off
 }
 
 // Option configures a Store.
@@ -51,6 +51,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 	if cli == nil {
 		return nil, invalid("client", "", "nil")
 	}
+	WithBatching(DefaultBatch)(s)
 	for _, o := range opts {
 		o(s)
 	}

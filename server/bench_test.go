@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
@@ -33,10 +34,10 @@ import (
 //     If(CreateRevision(holder) = token).Then(OpPut), the physical limit of
 //     one write per Txn;
 //   - grpc: client.Client.Put through a server whose store batches
-//     concurrent writes (etcdstore.WithBatching(etcdstore.DefaultBatch),
-//     as fencer serve does);
+//     concurrent writes (the default, etcdstore.DefaultBatch, as fencer
+//     serve does);
 //   - unbatched: the same through a server whose store sends one Txn per
-//     Put.
+//     Put (etcdstore.WithBatching(0)).
 //
 // ratio is grpc over direct throughput and unbatched-ratio is unbatched
 // over direct. cpu-us/put is the process's CPU time (etcd, servers and
@@ -47,8 +48,10 @@ func BenchmarkServiceGuardedPut(b *testing.B) {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
 			ctx := context.Background()
 			st := etcdtest.Store(b)
+			unbatched, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()), etcdstore.WithBatching(0))
+			require.NoError(b, err)
 			addr, _ := startServer(b, st)
-			unbatchedAddr, _ := serveUnbatched(b, st)
+			unbatchedAddr, _ := startServer(b, unbatched)
 			c, u := client.New(dial(b, alice, addr)), client.New(dial(b, alice, unbatchedAddr))
 			l, err := newSession(b, c).Acquire(ctx, "bench")
 			require.NoError(b, err)

@@ -36,18 +36,9 @@ var testTokens = map[string]string{
 	"bob-token-0123456789ab": "bob",
 }
 
-// startServer serves st's prefix on a loopback port, in plaintext with the
-// bearer tokens of testTokens, and returns its address. Like fencer serve,
-// it batches concurrent writes (etcdstore.DefaultBatch), on st's client.
+// startServer serves st on a loopback port, in plaintext with the bearer
+// tokens of testTokens, and returns its address.
 func startServer(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
-	t.Helper()
-	bst, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()), etcdstore.WithBatching(etcdstore.DefaultBatch))
-	require.NoError(t, err)
-	return serveUnbatched(t, bst)
-}
-
-// serveUnbatched is startServer with st as it is.
-func serveUnbatched(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
 	t.Helper()
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
