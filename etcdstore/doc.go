@@ -17,6 +17,10 @@
 //   - Store.Advance records the highest token that has passed for an
 //     external resource (a sequencer check for stores that cannot run an
 //     etcd Txn).
+//   - Concurrent writes (guarded Put and Delete, acquisitions, Release,
+//     Advance) share etcd Txns: a write that finds another in flight leaves
+//     with the others queued behind it, each as a nested Txn under its own
+//     guard. See WithBatching.
 //
 // # What is guaranteed
 //
@@ -35,4 +39,6 @@
 //     restore --bump-revision), or tokens issued after the backup may be
 //     issued again.
 //   - Writes made outside the store, with a raw etcd client, are not fenced.
+//   - Writes that shared a Txn report the same revision; a revision does not
+//     identify one write.
 package etcdstore

@@ -21,6 +21,7 @@ import (
 type connFlags struct {
 	server, authTokenFile, tlsCA, tlsCert, tlsKey string
 	timeout                                       time.Duration
+	insecure                                      bool
 }
 
 func (c *connFlags) register(fs *flag.FlagSet) {
@@ -30,6 +31,7 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS, with --tls-key; enables TLS")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "client private key (PEM) for mutual TLS, with --tls-cert; enables TLS")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "timeout of each call")
+	fs.BoolVar(&c.insecure, "insecure", false, "allow sending the bearer token in plaintext to a server that is not on loopback")
 }
 
 func envOr(key, def string) string {
@@ -42,7 +44,8 @@ func envOr(key, def string) string {
 // dial connects to the server(s). The connection is lazy: errors show on
 // the first call. Any of --tls-ca, --tls-cert and --tls-key turns TLS on;
 // without --tls-ca the system's roots verify the server. Each server's
-// certificate must name the host of its address.
+// certificate must name the host of its address. A bearer token is sent in
+// plaintext only to loopback addresses, or with --insecure.
 func (c *connFlags) dial() (*grpc.ClientConn, error) {
 	addrs := splitList(c.server)
 	if len(addrs) == 0 {
@@ -68,6 +71,11 @@ func (c *connFlags) dial() (*grpc.ClientConn, error) {
 		tok = strings.TrimSpace(string(b))
 	}
 	if tok != "" {
+		for _, a := range addrs {
+			if !secure && !c.insecure && !isLoopback(a) {
+				return nil, fmt.Errorf("refusing to send the bearer token in plaintext to %s: set --tls-ca (or --tls-cert and --tls-key), or --insecure", a)
+			}
+		}
 		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(tok, secure)))
 	}
 	target := "passthrough:///" + addrs[0]

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"flag"
 	"net"
 	"os"
 	"path/filepath"
@@ -209,6 +210,36 @@ func TestClientTLSFlagsNeverFallBackToPlaintext(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
 			require.Equal(t, 1, runStatus(ctx, append([]string{"--server", addr, "--timeout", "5s"}, args...), &out, &errb), out.String())
+		})
+	}
+}
+
+func TestClientSendsBearerTokensInPlaintextOnlyToLoopback(t *testing.T) {
+	t.Setenv("FENCER_AUTH_TOKEN", "alice-token-0123456789")
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  string // "" when the connection is made
+	}{
+		{"remote address", []string{"--server", "10.1.2.3:7890"}, "refusing to send the bearer token in plaintext to 10.1.2.3:7890"},
+		{"one remote among several", []string{"--server", "127.0.0.1:7890,fencer.example:7890"}, "in plaintext to fencer.example:7890"},
+		{"remote address, --insecure", []string{"--server", "10.1.2.3:7890", "--insecure"}, ""},
+		{"loopback", []string{"--server", "127.0.0.1:7890"}, ""},
+		{"localhost", []string{"--server", "localhost:7890"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c connFlags
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			c.register(fs)
+			require.NoError(t, fs.Parse(tc.args))
+			cc, err := c.dial()
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				require.Nil(t, cc)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, cc.Close())
 		})
 	}
 }
