@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -79,15 +80,12 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 		return nil, 0, s.Err()
 	}
 	s.mu.Lock()
-	seen, mine := s.epochs[name], s.held[name]
+	mine := s.held[name]
 	s.mu.Unlock()
 	if mine != nil {
 		return nil, 0, fmt.Errorf("%w: %s", ErrAlreadyHeld, mine.tok)
 	}
-	tok, seen, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name, seen)
-	if seen != (epochSeen{}) {
-		s.rememberEpoch(name, seen)
-	}
+	tok, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name)
 	if err != nil {
 		return nil, heldAt, err
 	}
@@ -108,19 +106,19 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 //
 // Nothing watches a lease acquired this way: the caller detects its loss.
 func (s *Store) TryAcquireOn(ctx context.Context, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (tok token.Token, heldAt int64, err error) {
-	tok, _, heldAt, err = s.acquire(ctx, id, holder, name, epochSeen{}, cond...)
-	return tok, heldAt, err
+	return s.acquire(ctx, id, holder, name, cond...)
 }
 
 // acquire creates the holder key of name on etcd lease id and bumps the
-// epoch, in one Txn. It starts from the epoch seen, so that the common case
-// is a single Txn; a wrong guess costs one more round trip. It returns the
-// epoch it last saw.
-func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name string, seen epochSeen, cond ...clientv3.Cmp) (token.Token, epochSeen, int64, error) {
+// epoch, in one Txn. It starts from the epoch the store last saw for name,
+// so that the common case is a single Txn; a wrong guess (another process
+// acquired name since) costs one more round trip.
+func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (token.Token, int64, error) {
 	if err := ValidateName("name", name); err != nil {
-		return token.Token{}, seen, 0, err
+		return token.Token{}, 0, err
 	}
 	hk, ek := s.holderKey(name), s.epochKey(name)
+	seen := s.epochs.get(name)
 	for {
 		epoch := seen.value + 1
 		cmps := append([]clientv3.Cmp{
@@ -132,41 +130,64 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))},
 			[]clientv3.Op{clientv3.OpGet(hk), clientv3.OpGet(ek)})
 		if err != nil {
-			return token.Token{}, seen, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
+			return token.Token{}, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
 		}
 		if resp.Succeeded {
 			rev := resp.Header.Revision
-			return token.Token{Lease: name, Epoch: epoch, Revision: rev}, epochSeen{value: epoch, modRev: rev}, 0, nil
+			s.epochs.put(name, epochSeen{value: epoch, modRev: rev})
+			return token.Token{Lease: name, Epoch: epoch, Revision: rev}, 0, nil
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-			return token.Token{}, seen, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
+			return token.Token{}, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
 		}
 		now := epochSeen{}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
 			now.modRev = kvs[0].ModRevision
 			if now.value, err = strconv.ParseUint(string(kvs[0].Value), 10, 64); err != nil {
-				return token.Token{}, seen, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, kvs[0].Value)
+				return token.Token{}, 0, fmt.Errorf("etcdstore: acquire %q: corrupt epoch %q", name, kvs[0].Value)
 			}
 		}
+		s.epochs.put(name, now)
 		if now == seen {
 			// The lease is free and the epoch as guessed: cond failed.
-			return token.Token{}, seen, 0, ErrCondition
+			return token.Token{}, 0, ErrCondition
 		}
 		seen = now // only the epoch differed from the guess: retry
 	}
 }
 
-// epochSeen is the last value and mod revision of an epoch key that a
-// session saw.
+// epochSeen is the last value and mod revision of an epoch key that the
+// store saw.
 type epochSeen struct {
 	value  uint64
 	modRev int64
 }
 
-func (s *Session) rememberEpoch(name string, e epochSeen) {
-	s.mu.Lock()
-	s.epochs[name] = e
-	s.mu.Unlock()
+// maxEpochGuesses bounds epochGuesses; past it the guesses start over.
+const maxEpochGuesses = 1 << 16
+
+// epochGuesses remembers, per lease name, the epoch a store last saw, so
+// that its next acquisition of the name guesses the epoch right. A wrong or
+// missing guess costs a round trip, never correctness: the acquiring Txn
+// compares the epoch key's mod revision.
+type epochGuesses struct {
+	mu   sync.Mutex
+	seen map[string]epochSeen
+}
+
+func (g *epochGuesses) get(name string) epochSeen {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.seen[name]
+}
+
+func (g *epochGuesses) put(name string, e epochSeen) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.seen[name]; g.seen == nil || (!ok && len(g.seen) >= maxEpochGuesses) {
+		g.seen = map[string]epochSeen{}
+	}
+	g.seen[name] = e
 }
 
 // Acquire acquires lease name, waiting while another holder has it. It

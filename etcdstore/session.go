@@ -63,7 +63,6 @@ type Session struct {
 
 	mu     sync.Mutex
 	held   map[string]*Lease
-	epochs map[string]epochSeen // per lease name, to guess the next epoch
 	closed bool
 }
 
@@ -97,7 +96,7 @@ func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session
 	sctx, cancel := context.WithCancelCause(context.Background())
 	sess := &Session{
 		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
-		ctx: sctx, cancel: cancel, held: map[string]*Lease{}, epochs: map[string]epochSeen{},
+		ctx: sctx, cancel: cancel, held: map[string]*Lease{},
 	}
 	deadline := sent.Add(time.Duration(grant.TTL) * time.Second)
 	sess.wg.Add(2)

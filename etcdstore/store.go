@@ -29,13 +29,16 @@ const (
 	DefaultPrefix = "/fencer/"
 )
 
-// Store issues and checks fencing tokens in etcd under one key prefix. It
-// holds no state of its own beyond its client, so several Stores (in one
-// process or many) may share a prefix. Methods are safe for concurrent use.
+// Store issues and checks fencing tokens in etcd under one key prefix. All
+// its state is in etcd: beyond its client it keeps only guesses (the epoch
+// it last saw per lease name, to acquire in one round trip) and the writes
+// it is batching, so several Stores (in one process or many) may share a
+// prefix. Methods are safe for concurrent use.
 type Store struct {
 	cli    *clientv3.Client
 	prefix string
 	batch  *batcher // nil when batching is off
+	epochs epochGuesses
 }
 
 // Option configures a Store.
@@ -208,8 +211,44 @@ func holderOf(name string, kv *mvccpb.KeyValue) (token.Token, string) {
 	return token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}, r.Holder
 }
 
+// ListPage returns the status of at most limit leases that have ever been
+// acquired under the store's prefix, those whose names sort after after
+// ("" starts at the first), ordered by name; more reports whether further
+// leases follow the last one returned. Each page is read at one etcd
+// revision, but a listing made of several pages is not: a lease acquired
+// or released between two pages shows as it was when its page was read.
+// It returns an *ArgumentError for limit < 1 or an invalid after.
+func (s *Store) ListPage(ctx context.Context, after string, limit int) (page []Status, more bool, err error) {
+	if limit < 1 {
+		return nil, false, invalid("limit", strconv.Itoa(limit), "less than 1")
+	}
+	epochs := s.prefix + "epochs/"
+	from := epochs
+	if after != "" {
+		if err := ValidateName("after", after); err != nil {
+			return nil, false, err
+		}
+		from = s.epochKey(after) + "\x00"
+	}
+	eresp, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(epochs)), clientv3.WithLimit(int64(limit)))
+	if err != nil {
+		return nil, false, fmt.Errorf("etcdstore: list: %w", err)
+	}
+	if len(eresp.Kvs) == 0 {
+		return nil, false, nil
+	}
+	first := strings.TrimPrefix(string(eresp.Kvs[0].Key), epochs)
+	last := strings.TrimPrefix(string(eresp.Kvs[len(eresp.Kvs)-1].Key), epochs)
+	hresp, err := s.cli.Get(ctx, s.holderKey(first), clientv3.WithRange(s.holderKey(last)+"\x00"), clientv3.WithRev(eresp.Header.Revision))
+	if err != nil {
+		return nil, false, fmt.Errorf("etcdstore: list: %w", err)
+	}
+	return s.statuses(eresp.Kvs, hresp.Kvs), eresp.More, nil
+}
+
 // List returns the status of every lease that has ever been acquired under
-// the store's prefix, ordered by name.
+// the store's prefix, ordered by name, read at one etcd revision. For many
+// leases, ListPage reads them a page at a time.
 func (s *Store) List(ctx context.Context) ([]Status, error) {
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(s.prefix+"epochs/", clientv3.WithPrefix()),
@@ -218,20 +257,26 @@ func (s *Store) List(ctx context.Context) ([]Status, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: list: %w", err)
 	}
-	holders := map[string]Status{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+	return s.statuses(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), nil
+}
+
+// statuses joins epoch keys with the holder keys of the same names, read
+// at the same revision: one Status per epoch key, in the epoch keys' order.
+func (s *Store) statuses(epochs, holders []*mvccpb.KeyValue) []Status {
+	held := map[string]Status{}
+	for _, kv := range holders {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix+"leases/")
 		st := Status{Name: name}
 		st.Token, st.Holder = holderOf(name, kv)
-		holders[name] = st
+		held[name] = st
 	}
-	var out []Status
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+	out := make([]Status, 0, len(epochs))
+	for _, kv := range epochs {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix+"epochs/")
-		st := holders[name]
+		st := held[name]
 		st.Name = name
 		st.Epoch, _ = strconv.ParseUint(string(kv.Value), 10, 64)
 		out = append(out, st)
 	}
-	return out, nil
+	return out
 }

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -443,6 +446,56 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
+func TestListPageReadsEveryLeaseOnce(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	s := newSession(t, st)
+	for _, name := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+		l, err := s.Acquire(ctx, name)
+		require.NoError(t, err)
+		if name == "c" || name == "f" {
+			require.NoError(t, l.Release(ctx))
+		}
+	}
+	all, err := st.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, all, 7)
+
+	var got []etcdstore.Status
+	var mores []bool
+	after := ""
+	for {
+		page, more, err := st.ListPage(ctx, after, 3)
+		require.NoError(t, err)
+		got, mores = append(got, page...), append(mores, more)
+		if !more {
+			break
+		}
+		after = page[len(page)-1].Name
+	}
+	require.Equal(t, all, got)
+	require.Equal(t, []bool{true, true, false}, mores)
+
+	page, more, err := st.ListPage(ctx, "g", 3)
+	require.NoError(t, err)
+	require.Empty(t, page)
+	require.False(t, more)
+	page, _, err = st.ListPage(ctx, "b", 1)
+	require.NoError(t, err)
+	require.Equal(t, all[2:3], page, "the page starts after the name given")
+
+	for _, tc := range []struct {
+		after string
+		limit int
+		arg   string
+	}{{"", 0, "limit"}, {"a/b", 3, "after"}} {
+		_, _, err := st.ListPage(ctx, tc.after, tc.limit)
+		var ae *etcdstore.ArgumentError
+		require.ErrorAs(t, err, &ae)
+		require.Equal(t, tc.arg, ae.Arg)
+	}
+}
+
 func TestListAndStatus(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	st := etcdtest.Store(t)
@@ -458,4 +511,53 @@ func TestListAndStatus(t *testing.T) {
 		{Name: "a", Token: la.Token(), Holder: s.Holder(), Epoch: 1},
 		{Name: "b", Epoch: 1},
 	}, list)
+}
+
+// countingStore returns a store on st's prefix whose etcd client counts the
+// Txns it sends.
+func countingStore(t *testing.T, st *etcdstore.Store) (*etcdstore.Store, *atomic.Int64) {
+	t.Helper()
+	var txns atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/Txn") {
+			txns.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(t)}, DialTimeout: 5 * time.Second,
+		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	cst, err := etcdstore.New(cli, etcdstore.WithPrefix(st.Prefix()))
+	require.NoError(t, err)
+	return cst, &txns
+}
+
+func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	cst, txns := countingStore(t, st)
+	grant, err := st.Client().Grant(ctx, 60)
+	require.NoError(t, err)
+	acquire := func(s *etcdstore.Store) token.Token {
+		t.Helper()
+		tok, _, err := s.TryAcquireOn(ctx, grant.ID, "holder", "known")
+		require.NoError(t, err)
+		_, err = s.Release(ctx, tok)
+		require.NoError(t, err)
+		return tok
+	}
+	acquire(cst)
+	txns.Store(0)
+	tok := acquire(cst)
+	require.Equal(t, uint64(2), tok.Epoch)
+	require.Equal(t, int64(2), txns.Load(), "one Txn to acquire, one to release")
+
+	// Another store's acquisition makes the guess wrong: one more Txn, and
+	// still the right epoch.
+	acquire(st)
+	txns.Store(0)
+	tok = acquire(cst)
+	require.Equal(t, uint64(4), tok.Epoch)
+	require.Equal(t, int64(3), txns.Load())
 }
