@@ -113,23 +113,33 @@ func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.
 	return resp, fromStatus(err)
 }
 
-// List returns every lease that has ever been acquired, ordered by name.
-// It may be out of date when it returns.
+// List returns every lease that has ever been acquired, ordered by name,
+// reading them from the server a page at a time. Each page is one etcd
+// revision's view, but the whole list is not: a lease acquired or released
+// while List reads shows as it was when its page was read. It may be out
+// of date when it returns.
 func (c *Client) List(ctx context.Context) ([]etcdstore.Status, error) {
-	resp, err := c.rpc.ListLeases(ctx, &fencerv1.ListLeasesRequest{})
-	if err != nil {
-		return nil, fromStatus(err)
-	}
-	out := make([]etcdstore.Status, len(resp.GetLeases()))
-	for i, l := range resp.GetLeases() {
-		out[i] = etcdstore.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
-		if l.GetHeld() {
-			tok, err := token.Parse(l.GetToken())
-			if err != nil {
-				return nil, fmt.Errorf("client: list: lease %q: %w", l.GetName(), err)
-			}
-			out[i].Token = tok
+	var out []etcdstore.Status
+	req := &fencerv1.ListLeasesRequest{}
+	for {
+		resp, err := c.rpc.ListLeases(ctx, req)
+		if err != nil {
+			return nil, fromStatus(err)
 		}
+		for _, l := range resp.GetLeases() {
+			st := etcdstore.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
+			if l.GetHeld() {
+				tok, err := token.Parse(l.GetToken())
+				if err != nil {
+					return nil, fmt.Errorf("client: list: lease %q: %w", l.GetName(), err)
+				}
+				st.Token = tok
+			}
+			out = append(out, st)
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
 	}
-	return out, nil
 }

@@ -164,19 +164,27 @@ func opResult(r *etcdserverpb.ResponseOp) *fencerv1.OpResult {
 	}
 }
 
-// ListLeases implements FencerService.ListLeases.
-func (s *Server) ListLeases(ctx context.Context, _ *fencerv1.ListLeasesRequest) (*fencerv1.ListLeasesResponse, error) {
-	list, err := s.store.List(ctx)
+// ListLeases implements FencerService.ListLeases: one page of
+// etcdstore's ListPage. The page token is the name of the page's last lease.
+func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest) (*fencerv1.ListLeasesResponse, error) {
+	size, err := validateListLeases(req)
 	if err != nil {
 		return nil, err
 	}
-	out := &fencerv1.ListLeasesResponse{Leases: make([]*fencerv1.LeaseStatus, len(list))}
-	for i, st := range list {
+	page, more, err := s.store.ListPage(ctx, req.GetPageToken(), size)
+	if err != nil {
+		return nil, err
+	}
+	out := &fencerv1.ListLeasesResponse{Leases: make([]*fencerv1.LeaseStatus, len(page))}
+	for i, st := range page {
 		ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch}
 		if !st.Token.IsZero() {
 			ls.Held, ls.Holder, ls.Token = true, st.Holder, st.Token.String()
 		}
 		out.Leases[i] = ls
+	}
+	if more {
+		out.NextPageToken = page[len(page)-1].Name
 	}
 	return out, nil
 }

@@ -84,7 +84,7 @@ func FuzzValidateRequests(f *testing.F) {
 		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {
 			t.Fatalf("accepted watch %v", &w)
 		}
-		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}} {
+		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}} {
 			if proto.Unmarshal(b, m) != nil {
 				continue
 			}
@@ -109,6 +109,15 @@ func FuzzValidateRequests(f *testing.F) {
 			case *fencerv1.KeepAliveRequest:
 				if validateKeepAlive(m) == nil && m.GetSessionId() <= 0 {
 					t.Fatal("accepted session id <= 0")
+				}
+			case *fencerv1.ListLeasesRequest:
+				if size, err := validateListLeases(m); err == nil {
+					if size < 1 || size > MaxListPageSize {
+						t.Fatalf("accepted page size %d", size)
+					}
+					if tok := m.GetPageToken(); tok != "" && etcdstore.ValidateName("after", tok) != nil {
+						t.Fatalf("accepted page token %q", tok)
+					}
 				}
 			}
 		}

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -283,6 +286,18 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 			_, err := raw.Release(ctx, &fencerv1.ReleaseRequest{})
 			return err
 		}},
+		{"negative page size", "page_size", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageSize: -1})
+			return err
+		}},
+		{"page too large", "page_size", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageSize: server.MaxListPageSize + 1})
+			return err
+		}},
+		{"bad page token", "page_token", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageToken: "a/b"})
+			return err
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -312,6 +327,51 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 	var ae *etcdstore.ArgumentError
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, "key", ae.Arg)
+}
+
+func TestListLeasesPages(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, _ := startServer(t, st)
+	c := client.New(dial(t, alice, addr))
+	s := newSession(t, c)
+	var names []string
+	for i := range 25 {
+		name := fmt.Sprintf("page-%02d", i)
+		l, err := s.Acquire(ctx, name)
+		require.NoError(t, err)
+		if i%3 == 0 {
+			require.NoError(t, l.Release(ctx))
+		}
+		names = append(names, name)
+	}
+
+	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	var got []string
+	var sizes []int
+	req := &fencerv1.ListLeasesRequest{PageSize: 10}
+	for {
+		resp, err := raw.ListLeases(ctx, req)
+		require.NoError(t, err)
+		sizes = append(sizes, len(resp.GetLeases()))
+		for _, l := range resp.GetLeases() {
+			got = append(got, l.GetName())
+			held, _ := strconv.Atoi(strings.TrimPrefix(l.GetName(), "page-"))
+			require.Equal(t, held%3 != 0, l.GetHeld(), l.GetName())
+		}
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	require.Equal(t, []int{10, 10, 5}, sizes)
+	require.Equal(t, names, got)
+
+	list, err := c.List(ctx)
+	require.NoError(t, err)
+	want, err := st.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, list)
 }
 
 func TestSessionFailsClosedWhenServerGone(t *testing.T) {

@@ -20,6 +20,11 @@ const (
 	MaxTxnCompares = 64
 	// MaxTxnOps is the most operations each Txn branch may carry.
 	MaxTxnOps = 64
+	// MaxListPageSize is the largest page ListLeases returns.
+	MaxListPageSize = 5000
+	// DefaultListPageSize is the page size of a ListLeases request with
+	// page_size 0.
+	DefaultListPageSize = 500
 	// MaxRequestBytes is the largest request message the server accepts.
 	// etcd's own request limit (1.5 MiB by default) applies to what a
 	// request writes.
@@ -137,6 +142,24 @@ func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
 
 // validateGet checks a GetRequest.
 func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
+
+// validateListLeases checks a ListLeasesRequest and returns its page size,
+// with the default for 0.
+func validateListLeases(r *fencerv1.ListLeasesRequest) (int, error) {
+	size := int(r.GetPageSize())
+	switch {
+	case size < 0 || size > MaxListPageSize:
+		return 0, invalidArg("page_size", strconv.Itoa(size), "not between 0 and "+strconv.Itoa(MaxListPageSize))
+	case size == 0:
+		size = DefaultListPageSize
+	}
+	if t := r.GetPageToken(); t != "" {
+		if err := validateName("page_token", t); err != nil {
+			return 0, err
+		}
+	}
+	return size, nil
+}
 
 // validateDelete checks a DeleteRequest and returns its token.
 func validateDelete(r *fencerv1.DeleteRequest) (token.Token, error) {

@@ -1821,9 +1821,14 @@ func (x *WatchLeaseResponse) GetReason() string {
 	return ""
 }
 
-// ListLeasesRequest lists leases.
+// ListLeasesRequest asks for one page of leases.
 type ListLeasesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_size is the most leases to return, 0 to 5000; 0 means 500.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page, unchanged; empty
+	// for the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1858,11 +1863,29 @@ func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
 	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{26}
 }
 
-// ListLeasesResponse is every lease that has ever been acquired.
+func (x *ListLeasesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLeasesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListLeasesResponse is one page of the leases that have ever been
+// acquired. Each page is read at one etcd revision; a listing of several
+// pages is not one snapshot.
 type ListLeasesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// leases are ordered by name.
-	Leases        []*LeaseStatus `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
+	Leases []*LeaseStatus `protobuf:"bytes,1,rep,name=leases,proto3" json:"leases,omitempty"`
+	// next_page_token asks for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1902,6 +1925,13 @@ func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
 		return x.Leases
 	}
 	return nil
+}
+
+func (x *ListLeasesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // LeaseStatus is one lease's holder as the store saw it.
@@ -2104,10 +2134,14 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x01\x12\r\n" +
 	"\tTYPE_LOST\x10\x02\x12\x11\n" +
-	"\rTYPE_PROGRESS\x10\x03\"\x13\n" +
-	"\x11ListLeasesRequest\"D\n" +
+	"\rTYPE_PROGRESS\x10\x03\"O\n" +
+	"\x11ListLeasesRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"l\n" +
 	"\x12ListLeasesResponse\x12.\n" +
-	"\x06leases\x18\x01 \x03(\v2\x16.fencer.v1.LeaseStatusR\x06leases\"y\n" +
+	"\x06leases\x18\x01 \x03(\v2\x16.fencer.v1.LeaseStatusR\x06leases\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"y\n" +
 	"\vLeaseStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +

@@ -103,8 +103,8 @@ type FencerServiceClient interface {
 	// with UNAVAILABLE when the server shuts down or etcd's watch breaks, in
 	// which case the client should Check its tokens and watch again.
 	WatchLease(ctx context.Context, in *WatchLeaseRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeaseResponse], error)
-	// ListLeases returns every lease that has ever been acquired, with its
-	// current holder and token if held. It is not paginated.
+	// ListLeases returns the leases that have ever been acquired, with their
+	// current holders and tokens if held, a page at a time, ordered by name.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
 }
 
@@ -292,8 +292,8 @@ type FencerServiceServer interface {
 	// with UNAVAILABLE when the server shuts down or etcd's watch breaks, in
 	// which case the client should Check its tokens and watch again.
 	WatchLease(*WatchLeaseRequest, grpc.ServerStreamingServer[WatchLeaseResponse]) error
-	// ListLeases returns every lease that has ever been acquired, with its
-	// current holder and token if held. It is not paginated.
+	// ListLeases returns the leases that have ever been acquired, with their
+	// current holders and tokens if held, a page at a time, ordered by name.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
 	mustEmbedUnimplementedFencerServiceServer()
 }

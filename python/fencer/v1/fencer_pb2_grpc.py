@@ -176,8 +176,8 @@ class FencerServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListLeases(self, request, context):
-        """ListLeases returns every lease that has ever been acquired, with its
-        current holder and token if held. It is not paginated.
+        """ListLeases returns the leases that have ever been acquired, with their
+        current holders and tokens if held, a page at a time, ordered by name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
