@@ -12,9 +12,11 @@ run() { # package, benchmark regexp, default benchtime
 	go test -run '^$' -bench "$2" -benchtime "${bt:-$3}" -count 1 "$1" | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 }
 # etcd store: guarded Put vs a raw guarded Txn and a plain Put; Acquire+Release
-# vs concurrency.Mutex; loss detection after an external delete.
+# vs concurrency.Mutex at 1 and 64 goroutines, and a one-goroutine cycle taken
+# apart with raw etcd calls; loss detection after an external delete.
 run ./etcdstore 'BenchmarkGuardedPut$' 3000x
 run ./etcdstore 'BenchmarkAcquireRelease$' 2000x
+run ./etcdstore 'BenchmarkAcquireReleaseCost$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
 # Kubernetes: fenced Update vs plain client.Update on the real kube-apiserver.
 run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
