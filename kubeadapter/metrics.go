@@ -32,6 +32,18 @@ const (
 	// MetricRenewalFailures counts renewal writes that failed, for any
 	// reason (API error, conflict, Lease gone).
 	MetricRenewalFailures = "fencer_lease_renewal_failures_total"
+	// MetricWatchErrors counts the Watcher's failed lists and watches, by
+	// kind: WatchExpired (its resourceVersion was too old; it lists again
+	// at once) or WatchFailed (any other error; it retries with backoff).
+	// While they fail the Watcher may see a loss late; renewals still fail
+	// closed at RenewDeadline.
+	MetricWatchErrors = "fencer_lease_watch_errors_total"
+)
+
+// Values of the kind label of MetricWatchErrors.
+const (
+	WatchExpired = "expired"
+	WatchFailed  = "failed"
 )
 
 // Values of the reason label of MetricSelfFence.
@@ -55,6 +67,7 @@ type metrics struct {
 	latency         prometheus.Histogram
 	renewals        *prometheus.CounterVec
 	renewalFailures *prometheus.CounterVec
+	watchErrors     *prometheus.CounterVec
 }
 
 // newMetrics creates the collectors and registers them with reg. It fails
@@ -87,8 +100,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricRenewalFailures,
 			Help: "Failed Lease renewal writes.",
 		}, []string{"lease"}),
+		watchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricWatchErrors,
+			Help: "Failed Lease lists and watches of the watcher, by kind (expired: listed again; failed: retried with backoff).",
+		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures} {
+	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
 		}
@@ -98,7 +115,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{ReasonDeleted, ReasonReplaced, ReasonTaken, ReasonRenewDeadline} {
 		m.selfFence.WithLabelValues(r)
 	}
+	for _, k := range []string{WatchExpired, WatchFailed} {
+		m.watchErrors.WithLabelValues(k)
+	}
 	return m, nil
+}
+
+// watchError records a failed list or watch of the given kind.
+func (m *metrics) watchError(kind string) {
+	if m != nil {
+		m.watchErrors.WithLabelValues(kind).Inc()
+	}
 }
 
 // acquired records the start of an acquisition of lease.

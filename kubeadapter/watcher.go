@@ -242,9 +242,11 @@ func (w *Watcher) run(ctx context.Context, ns string) {
 		case ctx.Err() != nil:
 			return
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			w.metrics.watchError(WatchExpired)
 			rv = ""
 			continue
 		}
+		w.metrics.watchError(WatchFailed)
 		failures++
 		delay := min(watchRetryMin<<min(failures-1, 16), watchRetryMax)
 		log.Error(err, "lease watch failed; retrying", "after", delay)

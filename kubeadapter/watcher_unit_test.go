@@ -387,6 +387,8 @@ func TestWatcherRelist(t *testing.T) {
 			tc.change(t, r.wl)
 			r.wl.current(t).Error(&apierrors.NewResourceExpired("too old").ErrStatus)
 			r.requireCancelled(t, seen, tc.want)
+			require.Equal(t, 1.0, testutil.ToFloat64(r.w.metrics.watchErrors.WithLabelValues(WatchExpired)))
+			require.Zero(t, testutil.ToFloat64(r.w.metrics.watchErrors.WithLabelValues(WatchFailed)))
 		})
 	}
 }
@@ -432,6 +434,9 @@ func TestWatcherUnreachableFailsClosed(t *testing.T) {
 	h, seen := r.acquire(t)
 	waitForRenewLoop(t, r.clk)
 	r.wl.setDown(t)
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(r.w.metrics.watchErrors.WithLabelValues(WatchFailed)) >= 1
+	}, 5*time.Second, time.Millisecond, "the broken watch is not counted")
 	r.clk.Step(cfg.RetryPeriod) // the renewal at +2s fails
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(r.w.metrics.renewalFailures.WithLabelValues("ns/fence")) == 1
@@ -529,9 +534,13 @@ fencer_self_fence_total{reason="deleted"} 0
 fencer_self_fence_total{reason="renew_deadline"} 0
 fencer_self_fence_total{reason="replaced"} 0
 fencer_self_fence_total{reason="taken"} 0
+# HELP fencer_lease_watch_errors_total Failed Lease lists and watches of the watcher, by kind (expired: listed again; failed: retried with backoff).
+# TYPE fencer_lease_watch_errors_total counter
+fencer_lease_watch_errors_total{kind="expired"} 0
+fencer_lease_watch_errors_total{kind="failed"} 0
 `
 	require.NoError(t, testutil.GatherAndCompare(r.reg, strings.NewReader(want),
-		MetricLeader, MetricRenewals, MetricTransitions, MetricSelfFence))
+		MetricLeader, MetricRenewals, MetricTransitions, MetricSelfFence, MetricWatchErrors))
 	problems, err := testutil.GatherAndLint(r.reg)
 	require.NoError(t, err)
 	require.Empty(t, problems)
