@@ -38,10 +38,17 @@ const (
 //
 // Writes that share a Txn commit at the same etcd revision. If etcd
 // rejects a shared Txn before applying it (too many operations, too large,
-// a lease it does not know), each write is retried on its own, so batching
-// never turns a write that would succeed alone into a failure. A write
-// whose context ends while its Txn is in flight returns the context's
-// error, and may or may not have committed, as with any etcd call.
+// a lease it does not know, a write the etcd user may not make), each
+// write is retried on its own, so batching never turns a write that would
+// succeed alone into a failure. A write whose context ends while it is
+// queued is never sent; one whose context ends while its Txn is in flight
+// returns the context's error, and may or may not have committed, as with
+// any etcd call. The shared Txn runs on a context of its own, ended when
+// every write's context has ended; it does not carry the writes' context
+// values (gRPC metadata such as clientv3.WithRequireLeader). An etcd
+// cluster whose --max-txn-ops is lower than the batch size plus the
+// largest write's compares or ops refuses full batches, which are then
+// retried write by write: correct, but slower than a smaller batch.
 //
 // Batching is on by default, with DefaultBatch. max is clamped to
 // MaxBatch; max < 2 turns batching off, so that every write is a Txn of its
@@ -146,7 +153,12 @@ func (b *batcher) do(c *call) (*clientv3.TxnResponse, error) {
 			b.queue = slices.Delete(b.queue, i, i+1)
 		}
 		b.mu.Unlock()
-		return nil, c.ctx.Err()
+		select {
+		case <-c.done: // taken before it could leave: take or run answered
+			return c.resp, c.err
+		default:
+			return nil, c.ctx.Err() // in flight: it may yet commit
+		}
 	}
 }
 
@@ -166,19 +178,21 @@ func (b *batcher) next() {
 
 // take removes the next batch from the queue: the oldest writes, up to
 // max of them and maxBatchBytes, skipping any that overlap a write before
-// them, so that writes to one key keep their order. It returns nil, and
-// marks the batcher idle, when the queue is empty.
+// them, so that writes to one key keep their order. Writes whose context
+// has ended leave the queue unsent, with the context's error. It returns
+// nil, and marks the batcher idle, when the queue is empty.
 func (b *batcher) take() []*call {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
-		b.busy = false
-		return nil
-	}
 	var batch []*call
 	written := map[string]bool{} // key → written by a write before, or only read
 	rest, size := b.queue[:0], 0
 	for _, c := range b.queue {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err // never sent: it writes nothing
+			close(c.done)
+			continue
+		}
 		fits := len(batch) < b.max && (batch == nil || size+c.size <= maxBatchBytes)
 		if fits && !overlaps(written, c) {
 			batch, size = append(batch, c), size+c.size
@@ -196,6 +210,9 @@ func (b *batcher) take() []*call {
 	}
 	clear(b.queue[len(rest):])
 	b.queue = rest
+	if batch == nil && len(rest) == 0 {
+		b.busy = false
+	}
 	return batch
 }
 
@@ -263,9 +280,11 @@ func (b *batcher) run(batch []*call) {
 
 // rejectedWhole reports whether etcd refused a shared Txn as a whole,
 // before applying any of it, for a reason that a write on its own may not
-// meet.
+// meet: a write the etcd user may not make (with etcd auth, every op of
+// every nested Txn is checked first) fails the whole shared Txn, and so do
+// limits that only the sum of the writes exceeds.
 func rejectedWhole(err error) bool {
-	for _, e := range []error{rpctypes.ErrTooManyOps, rpctypes.ErrRequestTooLarge, rpctypes.ErrLeaseNotFound, rpctypes.ErrDuplicateKey} {
+	for _, e := range []error{rpctypes.ErrTooManyOps, rpctypes.ErrRequestTooLarge, rpctypes.ErrLeaseNotFound, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied} {
 		if errors.Is(err, e) {
 			return true
 		}

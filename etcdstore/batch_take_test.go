@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -10,7 +11,7 @@ import (
 
 // queued is a call that reads and writes the given keys and is size bytes.
 func queued(reads, writes []string, size int) *call {
-	return &call{reads: reads, writes: writes, size: size}
+	return &call{ctx: context.Background(), reads: reads, writes: writes, size: size, done: make(chan struct{})}
 }
 
 func TestTakeFormsBatchesInOrderWithoutOverlap(t *testing.T) {
@@ -30,6 +31,27 @@ func TestTakeFormsBatchesInOrderWithoutOverlap(t *testing.T) {
 	require.Equal(t, []*call{release, readsA}, b.take())
 	require.Nil(t, b.take())
 	require.False(t, b.busy, "an empty queue leaves the batcher idle")
+}
+
+func TestTakeDropsWritesWhoseContextEnded(t *testing.T) {
+	live, gone := queued(nil, []string{"a"}, 1), queued(nil, []string{"b"}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	gone.ctx = ctx
+	b := &batcher{max: 10, queue: []*call{gone, live}, busy: true}
+	require.Equal(t, []*call{live}, b.take())
+	select {
+	case <-gone.done:
+		require.ErrorIs(t, gone.err, context.Canceled)
+	default:
+		t.Fatal("the cancelled write was not answered")
+	}
+	require.Empty(t, b.queue)
+
+	b = &batcher{max: 10, queue: []*call{queued(nil, []string{"c"}, 1)}, busy: true}
+	b.queue[0].ctx = ctx
+	require.Nil(t, b.take(), "a queue of ended writes leaves nothing to send")
+	require.False(t, b.busy)
 }
 
 func TestTakeKeepsBatchesWithinTheirLimits(t *testing.T) {

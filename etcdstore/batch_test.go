@@ -2,6 +2,7 @@ package etcdstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -147,24 +150,67 @@ func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 
 func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
 	ctx, st, _, l := holding(t, "batch")
-	queued, resume := etcdstore.PauseBatching(st)
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error)
-	go func() {
-		_, err := st.Put(wctx, l.Token(), "k", []byte("v"))
-		done <- err
-	}()
-	require.Eventually(t, func() bool { return queued() == 1 }, 5*time.Second, time.Millisecond)
-	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
-	require.Zero(t, queued())
-	resume()
-	_, ok, err := st.Get(ctx, "k")
-	require.NoError(t, err)
-	require.False(t, ok)
+	for i := range 10 {
+		key := "k" + strconv.Itoa(i)
+		wctx, cancel := context.WithCancel(ctx)
+		var otherErr, cancelledErr error
+		queued, resume := etcdstore.PauseBatching(st)
+		var wg sync.WaitGroup
+		wg.Go(func() { _, otherErr = st.Put(ctx, l.Token(), "other"+key, []byte("v")) })
+		require.Eventually(t, func() bool { return queued() == 1 }, 5*time.Second, time.Millisecond)
+		wg.Go(func() { _, cancelledErr = st.Put(wctx, l.Token(), key, []byte("v")) })
+		require.Eventually(t, func() bool { return queued() == 2 }, 5*time.Second, time.Millisecond)
+		cancel() // before anything is sent: whether its caller or take sees it first
+		resume()
+		wg.Wait()
+		require.NoError(t, otherErr)
+		require.ErrorIs(t, cancelledErr, context.Canceled)
+		_, ok, err := st.Get(ctx, key)
+		require.NoError(t, err)
+		require.False(t, ok, "a write cancelled while queued was sent")
+	}
 	// The batcher is idle again: the next write goes at once.
-	_, err = st.Put(ctx, l.Token(), "k", []byte("v"))
+	_, err := st.Put(ctx, l.Token(), "k", []byte("v"))
 	require.NoError(t, err)
+}
+
+// TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite runs on an
+// etcd member with authentication, as an etcd user who may write fencer's
+// data, holder and epoch keys but only read its fences.
+func TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	member := etcdtest.Start(t)
+	root := etcdtest.Client(t, member.Endpoint())
+	must := func(_ any, err error) { t.Helper(); require.NoError(t, err) }
+	must(root.RoleAdd(ctx, "root"))
+	must(root.UserAdd(ctx, "root", "root-password"))
+	must(root.UserGrantRole(ctx, "root", "root"))
+	must(root.RoleAdd(ctx, "writer"))
+	readWrite, readOnly := clientv3.PermissionType(clientv3.PermReadWrite), clientv3.PermissionType(clientv3.PermRead)
+	for prefix, perm := range map[string]clientv3.PermissionType{"data/": readWrite, "leases/": readWrite, "epochs/": readWrite, "fences/": readOnly} {
+		key := etcdstore.DefaultPrefix + prefix
+		must(root.RoleGrantPermission(ctx, "writer", key, clientv3.GetPrefixRangeEnd(key), perm))
+	}
+	must(root.UserAdd(ctx, "writer", "writer-password"))
+	must(root.UserGrantRole(ctx, "writer", "writer"))
+	must(root.AuthEnable(ctx))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, Username: "writer", Password: "writer-password",
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	st, err := etcdstore.New(cli)
+	require.NoError(t, err)
+	l, err := newSession(t, st).Acquire(ctx, "guarded")
+	require.NoError(t, err)
+
+	var putErr, advanceErr error
+	queueUp(t, st,
+		func() { _, putErr = st.Put(ctx, l.Token(), "k", []byte("v")) },
+		func() { advanceErr = st.Advance(ctx, "forbidden", l.Token()) },
+	)
+	require.ErrorIs(t, advanceErr, rpctypes.ErrPermissionDenied)
+	require.NoError(t, putErr, "the put failed only because it shared a Txn with a forbidden write")
+	require.Equal(t, "v", get(t, st, "k"))
 }
 
 func TestLargeBatchedWritesGoInTxnsOfTheirOwn(t *testing.T) {
