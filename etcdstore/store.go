@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/token"
@@ -214,10 +216,11 @@ func holderOf(name string, kv *mvccpb.KeyValue) (token.Token, string) {
 // ListPage returns the status of at most limit leases that have ever been
 // acquired under the store's prefix, those whose names sort after after
 // ("" starts at the first), ordered by name; more reports whether further
-// leases follow the last one returned. Each page is read at one etcd
-// revision, but a listing made of several pages is not: a lease acquired
-// or released between two pages shows as it was when its page was read.
-// It returns an *ArgumentError for limit < 1 or an invalid after.
+// leases follow the last one returned. after is a cursor, usually the last
+// name of the previous page, and need not be a valid lease name. Each page
+// is read at one etcd revision, but a listing made of several pages is
+// not: a lease acquired or released between two pages shows as it was when
+// its page was read. It returns an *ArgumentError for limit < 1.
 func (s *Store) ListPage(ctx context.Context, after string, limit int) (page []Status, more bool, err error) {
 	if limit < 1 {
 		return nil, false, invalid("limit", strconv.Itoa(limit), "less than 1")
@@ -225,25 +228,27 @@ func (s *Store) ListPage(ctx context.Context, after string, limit int) (page []S
 	epochs := s.prefix + "epochs/"
 	from := epochs
 	if after != "" {
-		if err := ValidateName("after", after); err != nil {
-			return nil, false, err
-		}
 		from = s.epochKey(after) + "\x00"
 	}
-	eresp, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(epochs)), clientv3.WithLimit(int64(limit)))
-	if err != nil {
-		return nil, false, fmt.Errorf("etcdstore: list: %w", err)
+	for {
+		eresp, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(epochs)), clientv3.WithLimit(int64(limit)))
+		if err != nil {
+			return nil, false, fmt.Errorf("etcdstore: list: %w", err)
+		}
+		if len(eresp.Kvs) == 0 {
+			return nil, false, nil
+		}
+		first := strings.TrimPrefix(string(eresp.Kvs[0].Key), epochs)
+		last := strings.TrimPrefix(string(eresp.Kvs[len(eresp.Kvs)-1].Key), epochs)
+		hresp, err := s.cli.Get(ctx, s.holderKey(first), clientv3.WithRange(s.holderKey(last)+"\x00"), clientv3.WithRev(eresp.Header.Revision))
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			continue // compacted between the two reads: read the page again
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("etcdstore: list: %w", err)
+		}
+		return s.statuses(eresp.Kvs, hresp.Kvs), eresp.More, nil
 	}
-	if len(eresp.Kvs) == 0 {
-		return nil, false, nil
-	}
-	first := strings.TrimPrefix(string(eresp.Kvs[0].Key), epochs)
-	last := strings.TrimPrefix(string(eresp.Kvs[len(eresp.Kvs)-1].Key), epochs)
-	hresp, err := s.cli.Get(ctx, s.holderKey(first), clientv3.WithRange(s.holderKey(last)+"\x00"), clientv3.WithRev(eresp.Header.Revision))
-	if err != nil {
-		return nil, false, fmt.Errorf("etcdstore: list: %w", err)
-	}
-	return s.statuses(eresp.Kvs, hresp.Kvs), eresp.More, nil
 }
 
 // List returns the status of every lease that has ever been acquired under

@@ -484,16 +484,43 @@ func TestListPageReadsEveryLeaseOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, all[2:3], page, "the page starts after the name given")
 
-	for _, tc := range []struct {
-		after string
-		limit int
-		arg   string
-	}{{"", 0, "limit"}, {"a/b", 3, "after"}} {
-		_, _, err := st.ListPage(ctx, tc.after, tc.limit)
-		var ae *etcdstore.ArgumentError
-		require.ErrorAs(t, err, &ae)
-		require.Equal(t, tc.arg, ae.Arg)
+	page, _, err = st.ListPage(ctx, "b~not a name", 1)
+	require.NoError(t, err)
+	require.Equal(t, all[2:3], page, "any cursor works")
+
+	_, _, err = st.ListPage(ctx, "", 0)
+	var ae *etcdstore.ArgumentError
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, "limit", ae.Arg)
+}
+
+// TestListPageSurvivesForeignKeys checks that a key under epochs/ that
+// fencer did not write, with a name no lease may have, is listed and can
+// be paged past.
+func TestListPageSurvivesForeignKeys(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	s := newSession(t, st)
+	for _, name := range []string{"a", "c"} {
+		_, err := s.Acquire(ctx, name)
+		require.NoError(t, err)
 	}
+	_, err := st.Client().Put(ctx, st.Prefix()+"epochs/b not/a name", "7")
+	require.NoError(t, err)
+	var names []string
+	after := ""
+	for {
+		page, more, err := st.ListPage(ctx, after, 1)
+		require.NoError(t, err)
+		for _, p := range page {
+			names = append(names, p.Name)
+		}
+		if !more {
+			break
+		}
+		after = page[len(page)-1].Name
+	}
+	require.Equal(t, []string{"a", "b not/a name", "c"}, names)
 }
 
 func TestListAndStatus(t *testing.T) {

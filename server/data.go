@@ -165,13 +165,14 @@ func opResult(r *etcdserverpb.ResponseOp) *fencerv1.OpResult {
 }
 
 // ListLeases implements FencerService.ListLeases: one page of
-// etcdstore's ListPage. The page token is the name of the page's last lease.
+// etcdstore's ListPage. The page token encodes the name of the page's last
+// lease.
 func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest) (*fencerv1.ListLeasesResponse, error) {
-	size, err := validateListLeases(req)
+	size, after, err := validateListLeases(req)
 	if err != nil {
 		return nil, err
 	}
-	page, more, err := s.store.ListPage(ctx, req.GetPageToken(), size)
+	page, more, err := s.store.ListPage(ctx, after, size)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +185,7 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 		out.Leases[i] = ls
 	}
 	if more {
-		out.NextPageToken = page[len(page)-1].Name
+		out.NextPageToken = encodePageToken(page[len(page)-1].Name)
 	}
 	return out, nil
 }

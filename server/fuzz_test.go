@@ -111,12 +111,12 @@ func FuzzValidateRequests(f *testing.F) {
 					t.Fatal("accepted session id <= 0")
 				}
 			case *fencerv1.ListLeasesRequest:
-				if size, err := validateListLeases(m); err == nil {
+				if size, after, err := validateListLeases(m); err == nil {
 					if size < 1 || size > MaxListPageSize {
 						t.Fatalf("accepted page size %d", size)
 					}
-					if tok := m.GetPageToken(); tok != "" && etcdstore.ValidateName("after", tok) != nil {
-						t.Fatalf("accepted page token %q", tok)
+					if (after == "") != (m.GetPageToken() == "") || encodePageToken(after) != m.GetPageToken() {
+						t.Fatalf("page token %q decoded to %q", m.GetPageToken(), after)
 					}
 				}
 			}

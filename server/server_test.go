@@ -295,7 +295,7 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 			return err
 		}},
 		{"bad page token", "page_token", fencerv1.ReasonInvalidArgument, func() error {
-			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageToken: "a/b"})
+			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageToken: "not base64!"})
 			return err
 		}},
 	}

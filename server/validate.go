@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/base64"
 	"fmt"
 	"strconv"
 
@@ -144,21 +145,36 @@ func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
 func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
 
 // validateListLeases checks a ListLeasesRequest and returns its page size,
-// with the default for 0.
-func validateListLeases(r *fencerv1.ListLeasesRequest) (int, error) {
-	size := int(r.GetPageSize())
+// with the default for 0, and the name its page token follows.
+func validateListLeases(r *fencerv1.ListLeasesRequest) (size int, after string, err error) {
+	size = int(r.GetPageSize())
 	switch {
 	case size < 0 || size > MaxListPageSize:
-		return 0, invalidArg("page_size", strconv.Itoa(size), "not between 0 and "+strconv.Itoa(MaxListPageSize))
+		return 0, "", invalidArg("page_size", strconv.Itoa(size), "not between 0 and "+strconv.Itoa(MaxListPageSize))
 	case size == 0:
 		size = DefaultListPageSize
 	}
-	if t := r.GetPageToken(); t != "" {
-		if err := validateName("page_token", t); err != nil {
-			return 0, err
-		}
+	if after, err = decodePageToken(r.GetPageToken()); err != nil {
+		return 0, "", err
 	}
-	return size, nil
+	return size, after, nil
+}
+
+// encodePageToken makes the page token that follows the lease named last.
+// It is opaque to clients: base64url of the name, which need not be a
+// valid lease name when something other than fencer wrote under the
+// prefix.
+func encodePageToken(last string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(last))
+}
+
+// decodePageToken returns the name a page token follows, "" for none.
+func decodePageToken(tok string) (string, error) {
+	after, err := base64.RawURLEncoding.Strict().DecodeString(tok)
+	if err != nil || (tok != "" && len(after) == 0) {
+		return "", invalidArg("page_token", tok, "not a page token of ListLeases")
+	}
+	return string(after), nil
 }
 
 // validateDelete checks a DeleteRequest and returns its token.

@@ -80,12 +80,24 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 				}
 				continue
 			}
-			if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: wr.Header.Revision}); err != nil {
+			if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: progressRevision(wr)}); err != nil {
 				return err
 			}
 			last = time.Now()
 		}
 	}
+}
+
+// progressRevision is the revision up to which wr shows every change: its
+// last event's, or, for a response without events (a progress
+// notification), its header's. While a watch catches up, etcd cuts its
+// responses short at a revision boundary but still puts the store's current
+// revision in the header, past the last event.
+func progressRevision(wr clientv3.WatchResponse) int64 {
+	if n := len(wr.Events); n > 0 {
+		return wr.Events[n-1].Kv.ModRevision
+	}
+	return wr.Header.Revision
 }
 
 // errWatchBroken ends a lease watch whose etcd watch failed; the client
