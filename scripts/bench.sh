@@ -23,6 +23,8 @@ run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
 # Service: guarded Put through gRPC vs a direct guarded etcd Txn (1 and 64
 # clients); server RSS with 10,000 held leases (one full run per iteration).
 run ./server 'BenchmarkServiceGuardedPut' 3000x
+# Service: CPU per holder-key change with 200 WatchLease streams open vs 1.
+run ./server 'BenchmarkWatchLeaseFanout' 1000x
 echo "== go test -run '^\$' -bench BenchmarkServiceRSS10kLeases -benchtime 1x ./server"
 go test -run '^$' -bench 'BenchmarkServiceRSS10kLeases' -benchtime 1x -count 1 ./server | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # Self-fencing on the real kube-apiserver: 50 trials each of delete, replace

@@ -116,6 +116,51 @@ func runRounds(b *testing.B, conc, n int, variants []func(key string) error) (wa
 	return wall, cpu
 }
 
+// BenchmarkWatchLeaseFanout measures what WatchLease streams cost while
+// leases change hands: Acquire+Release cycles of one lease, made directly
+// on the store, with 1 and then with 200 other remote sessions holding a
+// lease each (and so each with a WatchLease stream open). Every cycle
+// changes a holder key twice. It reports the process's CPU time per cycle
+// in each phase and their ratio: near 1 when the streams share one etcd
+// watch, growing with the number of streams when each has its own.
+func BenchmarkWatchLeaseFanout(b *testing.B) {
+	ctx := context.Background()
+	st := etcdtest.Store(b)
+	addr, _ := startServer(b, st)
+	c := client.New(dial(b, alice, addr))
+	churn, err := st.NewSession(ctx)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = churn.Close(ctx) })
+	hold := func(n int) {
+		for i := 0; i < n; i++ {
+			_, err := newSession(b, c).Acquire(ctx, fmt.Sprintf("held-%d-%d", n, i))
+			require.NoError(b, err)
+		}
+		time.Sleep(100 * time.Millisecond) // the streams are open
+	}
+	cycles := func() time.Duration {
+		cpu0 := cpuTime(b)
+		for i := 0; i < b.N; i++ {
+			l, err := churn.Acquire(ctx, "churn")
+			require.NoError(b, err)
+			require.NoError(b, l.Release(ctx))
+		}
+		return cpuTime(b) - cpu0
+	}
+	b.ResetTimer()
+	hold(1)
+	one := cycles()
+	b.StopTimer()
+	hold(199)
+	b.StartTimer()
+	many := cycles()
+	b.StopTimer()
+	b.ReportMetric(float64(one.Microseconds())/float64(b.N), "streams1-cpu-us/cycle")
+	b.ReportMetric(float64(many.Microseconds())/float64(b.N), "streams200-cpu-us/cycle")
+	b.ReportMetric(many.Seconds()/one.Seconds(), "cpu-ratio")
+	b.ReportMetric(0, "ns/op")
+}
+
 // BenchmarkServiceRSS10kLeases measures the resident memory of a fencer
 // serve process (built from ./cmd/fencer, on the shared etcd member) that
 // serves 10,000 held leases: one session holding them all, renewed and

@@ -23,6 +23,7 @@ type metrics struct {
 	keepalives   prometheus.Counter
 	lost         prometheus.Counter
 	rejections   *prometheus.CounterVec
+	leaseWatches prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -53,8 +54,11 @@ func newMetrics() *metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, permission).",
 		}, []string{"reason"}),
+		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: 1 shared, plus 1 per stream that had to start before the shared watch's buffer.",
+		}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections,
+	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -91,6 +91,7 @@ type Server struct {
 	health *health.Server
 	m      *metrics
 	owners ownerCache
+	hub    *leaseHub
 
 	stop     chan struct{} // closed by Shutdown; ends the streams
 	stopOnce sync.Once
@@ -116,6 +117,7 @@ func New(cfg Config) (*Server, error) {
 		m:      newMetrics(),
 		stop:   make(chan struct{}),
 	}
+	s.hub = newLeaseHub(cfg.Store, s.m)
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -413,4 +415,47 @@ func TestHealthAndShutdown(t *testing.T) {
 	_, err = w.Recv()
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
+}
+
+// gauge scrapes srv's metrics for the value of an unlabelled gauge.
+func gauge(t *testing.T, srv *server.Server, name string) float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, srv := startServer(t, st)
+	c := client.New(dial(t, alice, addr))
+	var leases []*client.Lease
+	for i := range 5 {
+		l, err := newSession(t, c).Acquire(ctx, "shared-"+strconv.Itoa(i))
+		require.NoError(t, err)
+		leases = append(leases, l)
+	}
+	require.Eventually(t, func() bool {
+		return gauge(t, srv, "fencer_server_lease_watches") == 1
+	}, 5*time.Second, 10*time.Millisecond, "five sessions' streams on one etcd watch")
+
+	_, err := st.Client().Delete(ctx, st.HolderKey("shared-2"))
+	require.NoError(t, err)
+	etcdtest.WaitClosed(t, leases[2].Done(), 5*time.Second, "the loss of shared-2")
+	require.ErrorIs(t, leases[2].Err(), etcdstore.ErrLeaseLost)
+	for i, l := range leases {
+		if i != 2 {
+			require.NoError(t, l.Err(), "only shared-2 was lost")
+			require.NoError(t, c.Check(ctx, l.Token()))
+		}
+	}
 }

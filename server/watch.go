@@ -12,17 +12,18 @@ import (
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
-// progressEvery is how often at most a watch reports progress when etcd
-// reports changes that do not concern the session.
+// progressEvery is how often at most a lease watch reports progress, when
+// etcd has reported changes since.
 const progressEvery = time.Second
 
-// WatchLease implements FencerService.WatchLease with one etcd watch on
-// the holder keys (with their previous values) and one on the session key.
-// A holder key whose previous value was attached to the session and that is
-// deleted, or rewritten under another etcd lease or create revision, is
-// reported LOST. When the session key is deleted the stream ends with
-// SESSION_NOT_FOUND; LOST events for the same revision may not have been
-// sent first.
+// WatchLease implements FencerService.WatchLease. The stream's losses come
+// from the server's lease hub (one etcd watch on the holder keys, with
+// their previous values, shared by every stream), and its session's end
+// from a watch on the session key. A holder key whose previous value was
+// attached to the session and that is deleted, or rewritten under another
+// etcd lease or create revision, is reported LOST. When the session key is
+// deleted the stream ends with SESSION_NOT_FOUND; LOST events for the same
+// revision may not have been sent first.
 func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.FencerService_WatchLeaseServer) error {
 	if err := validateWatchLease(req); err != nil {
 		return err
@@ -37,14 +38,14 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	if start == 0 {
 		start = rev + 1
 	}
+	feed := s.hub.subscribe(id, start)
+	defer s.hub.unsubscribe(feed)
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	leases := s.cli.Watch(wctx, s.store.HolderKey(""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
 	session := s.cli.Watch(wctx, s.sessionKey(id), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start}); err != nil {
 		return err
 	}
-	last := time.Now()
 	for {
 		select {
 		case <-s.stop:
@@ -58,32 +59,15 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			if len(wr.Events) > 0 {
 				return fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, wr.Header.Revision)
 			}
-		case wr, ok := <-leases:
-			if err := watchErr(wr, ok); err != nil {
+		case <-feed.gone:
+			return feed.err
+		case msg := <-feed.ch:
+			if err := stream.Send(msg); err != nil {
 				return err
 			}
-			sent := false
-			for _, ev := range wr.Events {
-				out := lostEvent(ev, id, s.store)
-				if out == nil {
-					continue
-				}
-				if err := stream.Send(out); err != nil {
-					return err
-				}
+			if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
 				s.m.lost.Inc()
-				sent = true
 			}
-			if sent || (!wr.IsProgressNotify() && time.Since(last) < progressEvery) {
-				if sent {
-					last = time.Now()
-				}
-				continue
-			}
-			if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: progressRevision(wr)}); err != nil {
-				return err
-			}
-			last = time.Now()
 		}
 	}
 }
