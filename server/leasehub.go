@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -14,138 +16,185 @@ import (
 
 const (
 	// hubBuffer is how many recent losses the shared watch keeps, so that
-	// a stream starting from an earlier revision can join it.
-	hubBuffer = 4096
-	// subBuffer is how many messages a stream may fall behind the watch
-	// before it is ended (its client watches again from where it was).
-	subBuffer = 1024
+	// a stream starting from an earlier revision can join it at once.
+	hubBuffer = 16384
+	// feedBuffer is how many messages a stream may fall behind the shared
+	// watch before it is ended (its client watches again from where it
+	// was).
+	feedBuffer = 256
 )
 
 // leaseHub feeds WatchLease streams from etcd watches on the holder keys.
+//
 // The streams share one watch, which etcd sends each holder-key change to
 // once, however many streams there are; the hub hands each loss to the
-// streams of the session whose etcd lease the key was on. A stream that
-// must start before the shared watch's buffer reaches back gets a watch of
-// its own. A watch runs only while a stream uses it.
+// streams of the session whose etcd lease the key was on. The shared watch
+// starts at the store's revision when the first stream comes, so it never
+// replays history. A stream that must start earlier than the shared watch
+// reaches back (its buffer of recent losses) first catches up on a watch
+// of its own, which hands the stream over to the shared watch once it has
+// caught up, and ends.
+//
+// Per stream, messages are in revision order and none is skipped: a
+// stream that falls behind the shared watch is ended, and no message is
+// queued for it after the one it missed, so its client resumes from the
+// last revision it saw.
 type leaseHub struct {
-	cli     *clientv3.Client
-	store   *etcdstore.Store
-	m       *metrics
-	buffer  int // hubBuffer, but for tests
-	sbuffer int // subBuffer, but for tests
+	cli    *clientv3.Client
+	store  *etcdstore.Store
+	m      *metrics
+	buffer int // hubBuffer, but for tests
+	feed   int // feedBuffer, but for tests
 
 	mu     sync.Mutex
-	shared *hubRun // nil while no stream uses the shared watch
+	shared *hubRun // nil until a stream comes, and after a failure
+	closed bool
 }
 
 func newLeaseHub(store *etcdstore.Store, m *metrics) *leaseHub {
-	return &leaseHub{cli: store.Client(), store: store, m: m, buffer: hubBuffer, sbuffer: subBuffer}
+	return &leaseHub{cli: store.Client(), store: store, m: m, buffer: hubBuffer, feed: feedBuffer}
 }
 
-// hubRun is one etcd watch on the holder keys and the streams it feeds.
-// Its fields are guarded by the hub's mu.
+// hubRun is the shared watch and the feeds it serves. Its fields are
+// guarded by the hub's mu.
 type hubRun struct {
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the watch's goroutine has returned
+	done   chan struct{} // closed when its goroutine has returned
 
-	since    int64             // the buffer holds every loss from here on
+	since    int64             // buf holds every loss from here on
 	next     int64             // every revision before next has been handed out
 	reported int64             // next at the last progress report
-	buf      []*clientv3.Event // losses, oldest first (shared watch only)
-	subs     map[clientv3.LeaseID]map[*hubSub]bool
-	shared   bool
+	buf      []*clientv3.Event // losses, oldest first
+	feeds    map[clientv3.LeaseID]map[*hubFeed]bool
 }
 
-// hubSub is one WatchLease stream's feed: LOST events and progress, in
+// hubFeed is one WatchLease stream's feed: LOST events and progress, in
 // revision order, until gone is closed with err.
-type hubSub struct {
-	run   *hubRun
-	id    clientv3.LeaseID
-	start int64
-	ch    chan *fencerv1.WatchLeaseResponse
-	gone  chan struct{}
-	err   error // why gone was closed; set before
+type hubFeed struct {
+	id   clientv3.LeaseID
+	ch   chan *fencerv1.WatchLeaseResponse
+	gone chan struct{}
+	err  error // why gone was closed; set before
+
+	// Guarded by the hub's mu:
+	start  int64   // the first revision the feed reports
+	shared *hubRun // the shared watch serving the feed; nil while it catches up
+
+	stopCatchUp context.CancelFunc // nil if the feed never had a watch of its own
+	caughtUp    chan struct{}      // closed when that watch's goroutine has returned
 }
 
-// subscribe feeds the losses of session id from revision start on.
-// Release the feed with unsubscribe.
-func (h *leaseHub) subscribe(id clientv3.LeaseID, start int64) *hubSub {
+// subscribe feeds the losses of session id from revision start on. now is
+// a revision the store has reached. Release the feed with unsubscribe.
+func (h *leaseHub) subscribe(id clientv3.LeaseID, start, now int64) *hubFeed {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	newSub := func() *hubSub {
-		return &hubSub{id: id, start: start, ch: make(chan *fencerv1.WatchLeaseResponse, h.sbuffer), gone: make(chan struct{})}
+	f := &hubFeed{id: id, start: start, ch: make(chan *fencerv1.WatchLeaseResponse, h.feed), gone: make(chan struct{})}
+	if h.closed {
+		h.end(f, ErrShuttingDown)
+		return f
 	}
 	if h.shared == nil {
-		h.shared = h.startRun(start, true)
+		h.shared = h.startShared(now + 1)
 	}
-	sub := newSub()
-	if r := h.shared; start >= r.since && h.replay(r, sub) {
-		sub.run = r
-	} else {
-		sub = newSub() // a watch of its own, from start
-		sub.run = h.startRun(start, false)
+	if !h.join(h.shared, f, start) {
+		h.catchUp(f)
 	}
-	if sub.run.subs[id] == nil {
-		sub.run.subs[id] = map[*hubSub]bool{}
-	}
-	sub.run.subs[id][sub] = true
-	return sub
+	return f
 }
 
-// replay hands sub the buffered losses of its session from its start on.
-// It reports false if they do not fit sub's feed.
-func (h *leaseHub) replay(r *hubRun, sub *hubSub) bool {
+// join moves f onto the shared watch r from revision from, handing it the
+// buffered losses from there. It reports false, changing nothing, if r's
+// buffer does not reach back to from or the losses do not fit f's feed.
+func (h *leaseHub) join(r *hubRun, f *hubFeed, from int64) bool {
+	if from < r.since {
+		return false
+	}
+	var replay []*clientv3.Event
 	for _, ev := range r.buf {
-		if ev.Kv.ModRevision < sub.start || clientv3.LeaseID(ev.PrevKv.Lease) != sub.id {
-			continue
-		}
-		select {
-		case sub.ch <- lostEvent(ev, sub.id, h.store):
-		default:
-			return false
+		if ev.Kv.ModRevision >= from && clientv3.LeaseID(ev.PrevKv.Lease) == f.id {
+			replay = append(replay, ev)
 		}
 	}
+	// Only f's own catch-up adds to f.ch, and it is the caller when f has
+	// one; the stream only takes from it.
+	if len(replay) > cap(f.ch)-len(f.ch) {
+		return false
+	}
+	for _, ev := range replay {
+		f.ch <- lostEvent(ev, f.id, h.store)
+	}
+	f.start, f.shared = from, r
+	if r.feeds[f.id] == nil {
+		r.feeds[f.id] = map[*hubFeed]bool{}
+	}
+	r.feeds[f.id][f] = true
 	return true
 }
 
-// unsubscribe ends sub's feed, and its watch once no stream uses it.
-func (h *leaseHub) unsubscribe(sub *hubSub) {
-	h.mu.Lock()
-	r := sub.run
-	delete(r.subs[sub.id], sub)
-	if len(r.subs[sub.id]) == 0 {
-		delete(r.subs, sub.id)
-	}
-	last := len(r.subs) == 0
-	if last {
-		r.cancel()
-		if h.shared == r {
-			h.shared = nil
+// leave takes f off its shared watch, if it is on one.
+func (h *leaseHub) leave(f *hubFeed) {
+	if r := f.shared; r != nil {
+		delete(r.feeds[f.id], f)
+		if len(r.feeds[f.id]) == 0 {
+			delete(r.feeds, f.id)
 		}
+		f.shared = nil
+	}
+}
+
+// unsubscribe ends f's feed.
+func (h *leaseHub) unsubscribe(f *hubFeed) {
+	h.mu.Lock()
+	h.leave(f)
+	h.mu.Unlock()
+	if f.stopCatchUp != nil {
+		f.stopCatchUp()
+		<-f.caughtUp
+	}
+}
+
+// close stops the shared watch and ends its feeds; later subscriptions end
+// at once with ErrShuttingDown.
+func (h *leaseHub) close() {
+	h.mu.Lock()
+	h.closed = true
+	r := h.shared
+	if r != nil {
+		h.failLocked(r, ErrShuttingDown)
 	}
 	h.mu.Unlock()
-	if last {
+	if r != nil {
+		r.cancel()
 		<-r.done
 	}
 }
 
-// startRun starts an etcd watch on the holder keys from revision start.
-func (h *leaseHub) startRun(start int64, shared bool) *hubRun {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
-	r := &hubRun{cancel: cancel, done: make(chan struct{}), since: start, next: start, reported: start,
-		subs: map[clientv3.LeaseID]map[*hubSub]bool{}, shared: shared}
-	wch := h.cli.Watch(ctx, h.store.HolderKey(""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify())
+// watch starts an etcd watch on the holder keys from revision start. Each
+// caller's watches go on a gRPC stream of their own (tag), so that a
+// progress request (on progressCtx) reaches only them.
+func (h *leaseHub) watch(ctx context.Context, start int64, tag string) (wch clientv3.WatchChan, progressCtx context.Context) {
+	ctx = metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "fencer-watch", tag)
+	return h.cli.Watch(ctx, h.store.HolderKey(""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify()), ctx
+}
+
+// startShared starts the shared watch from revision start.
+func (h *leaseHub) startShared(start int64) *hubRun {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &hubRun{cancel: cancel, done: make(chan struct{}), since: start, next: start, reported: start, feeds: map[clientv3.LeaseID]map[*hubFeed]bool{}}
 	h.m.leaseWatches.Inc()
-	go h.follow(ctx, r, wch)
+	go h.follow(ctx, r)
 	return r
 }
 
-// follow hands out what the watch of r reports until ctx ends or the
-// watch fails, which ends every feed of r. Every progressEvery it reports
-// progress to the feeds, if the watch moved.
-func (h *leaseHub) follow(ctx context.Context, r *hubRun, wch clientv3.WatchChan) {
+// follow hands out what the shared watch reports until ctx ends or the
+// watch fails, which ends every feed on it. Every progressEvery it
+// reports progress to the feeds, if the watch moved.
+func (h *leaseHub) follow(ctx context.Context, r *hubRun) {
 	defer close(r.done)
 	defer h.m.leaseWatches.Dec()
+	defer r.cancel()
+	wch, _ := h.watch(ctx, r.since, "shared")
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for {
@@ -157,7 +206,9 @@ func (h *leaseHub) follow(ctx context.Context, r *hubRun, wch clientv3.WatchChan
 				return
 			}
 			if err := watchErr(wr, ok); err != nil {
-				h.fail(r, err)
+				h.mu.Lock()
+				h.failLocked(r, err)
+				h.mu.Unlock()
 				return
 			}
 			h.apply(r, wr)
@@ -180,12 +231,16 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) {
 		if lostEvent(ev, id, h.store) == nil {
 			continue
 		}
-		if r.shared {
-			r.buf = append(r.buf, ev)
-		}
-		for sub := range r.subs[id] {
-			if ev.Kv.ModRevision >= sub.start {
-				h.send(sub, lostEvent(ev, id, h.store))
+		r.buf = append(r.buf, ev)
+		for f := range r.feeds[id] {
+			if ev.Kv.ModRevision < f.start {
+				continue
+			}
+			select {
+			case f.ch <- lostEvent(ev, id, h.store):
+			default:
+				h.leave(f) // nothing more is queued for f after what it missed
+				h.end(f, errFellBehind)
 			}
 		}
 	}
@@ -209,51 +264,125 @@ func (h *leaseHub) progress(r *hubRun) {
 		return
 	}
 	r.reported = r.next
-	seen := r.next - 1
-	for _, subs := range r.subs {
-		for sub := range subs {
-			if seen < sub.start {
-				continue
-			}
-			select {
-			case sub.ch <- &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen}:
-			default:
-			}
+	for _, feeds := range r.feeds {
+		for f := range feeds {
+			report(f, r.next-1)
 		}
 	}
 }
 
-// send hands msg to sub, or ends sub if it has fallen too far behind.
-func (h *leaseHub) send(sub *hubSub, msg *fencerv1.WatchLeaseResponse) {
+// report queues a progress report of revision seen for f, if f reports
+// that far and has room.
+func report(f *hubFeed, seen int64) {
+	if seen < f.start {
+		return
+	}
 	select {
-	case sub.ch <- msg:
+	case f.ch <- &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen}:
 	default:
-		h.end(sub, errFellBehind)
 	}
 }
 
-// fail ends every feed of r with err.
-func (h *leaseHub) fail(r *hubRun, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, subs := range r.subs {
-		for sub := range subs {
-			h.end(sub, err)
+// failLocked ends every feed of r with err, and makes the next stream
+// start a new shared watch.
+func (h *leaseHub) failLocked(r *hubRun, err error) {
+	for _, feeds := range r.feeds {
+		for f := range feeds {
+			h.leave(f)
+			h.end(f, err)
 		}
 	}
 	if h.shared == r {
-		h.shared = nil // the next stream starts a new watch
+		h.shared = nil
 	}
 }
 
-// end closes sub's feed with err, once. The stream then unsubscribes.
-func (h *leaseHub) end(sub *hubSub, err error) {
+// end closes f's feed with err, once. The stream then unsubscribes.
+func (h *leaseHub) end(f *hubFeed, err error) {
 	select {
-	case <-sub.gone:
+	case <-f.gone:
 	default:
-		sub.err = err
-		close(sub.gone)
+		f.err = err
+		close(f.gone)
 	}
+}
+
+// catchUp starts a watch of f's own from f.start. It hands f its losses,
+// waiting for the stream to take them, and hands f over to the shared
+// watch as soon as it has seen every revision the shared watch's buffer
+// does not hold. It asks etcd for progress every progressEvery, so that
+// it finds out it has caught up even when nothing changes.
+func (h *leaseHub) catchUp(f *hubFeed) {
+	ctx, cancel := context.WithCancel(context.Background())
+	f.stopCatchUp, f.caughtUp = cancel, make(chan struct{})
+	start := f.start
+	h.m.leaseWatches.Inc()
+	go func() {
+		defer close(f.caughtUp)
+		defer h.m.leaseWatches.Dec()
+		defer cancel()
+		wch, progressCtx := h.watch(ctx, start, fmt.Sprintf("catch-up-%d", catchUpSeq.Add(1)))
+		tick := time.NewTicker(progressEvery)
+		defer tick.Stop()
+		next := start
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = h.cli.RequestProgress(progressCtx)
+				continue
+			case wr, ok := <-wch:
+				if ctx.Err() != nil {
+					return
+				}
+				if err := watchErr(wr, ok); err != nil {
+					h.mu.Lock()
+					h.end(f, err)
+					h.mu.Unlock()
+					return
+				}
+				for _, ev := range wr.Events {
+					msg := lostEvent(ev, f.id, h.store)
+					if msg == nil || ev.Kv.ModRevision < start {
+						continue
+					}
+					select {
+					case f.ch <- msg:
+					case <-ctx.Done():
+						return
+					}
+				}
+				next = max(next, progressRevision(wr)+1)
+			}
+			if h.handOver(f, next) {
+				return
+			}
+		}
+	}()
+}
+
+// catchUpSeq tells the catch-up watches' gRPC streams apart.
+var catchUpSeq atomic.Int64
+
+// handOver moves f, whose own watch has handed out every revision before
+// next, onto the shared watch, starting one if none runs. It reports
+// whether it did.
+func (h *leaseHub) handOver(f *hubFeed, next int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-f.gone:
+		return false
+	default:
+	}
+	if h.closed {
+		return false
+	}
+	if h.shared == nil {
+		h.shared = h.startShared(next)
+	}
+	return h.join(h.shared, f, next)
 }
 
 // errFellBehind ends a lease watch that could not keep up; its client

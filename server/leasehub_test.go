@@ -23,7 +23,9 @@ type hubRig struct {
 
 func newHubRig(t *testing.T) *hubRig {
 	st := etcdtest.Store(t)
-	return &hubRig{t: t, st: st, hub: newLeaseHub(st, newMetrics())}
+	r := &hubRig{t: t, st: st, hub: newLeaseHub(st, newMetrics())}
+	t.Cleanup(r.hub.close)
+	return r
 }
 
 // session grants an etcd lease, as a remote session's.
@@ -33,13 +35,22 @@ func (r *hubRig) session() clientv3.LeaseID {
 	return g.ID
 }
 
-// lose acquires lease name on session id and deletes its holder key from
-// outside; it returns the revision of the delete.
-func (r *hubRig) lose(id clientv3.LeaseID, name string) int64 {
-	ctx := etcdtest.Context(r.t)
-	_, _, err := r.st.TryAcquireOn(ctx, id, "holder", name)
-	require.NoError(r.t, err)
-	resp, err := r.st.Client().Delete(ctx, r.st.HolderKey(name))
+// hold acquires leases names on session id.
+func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
+	for _, name := range names {
+		_, _, err := r.st.TryAcquireOn(etcdtest.Context(r.t), id, "holder", name)
+		require.NoError(r.t, err)
+	}
+}
+
+// lose deletes the holder keys of names, held by r.hold, in one Txn and
+// returns its revision.
+func (r *hubRig) lose(names ...string) int64 {
+	var ops []clientv3.Op
+	for _, name := range names {
+		ops = append(ops, clientv3.OpDelete(r.st.HolderKey(name)))
+	}
+	resp, err := r.st.Client().Txn(etcdtest.Context(r.t)).Then(ops...).Commit()
 	require.NoError(r.t, err)
 	return resp.Header.Revision
 }
@@ -51,6 +62,14 @@ func (r *hubRig) now() int64 {
 	return resp.Header.Revision
 }
 
+// subscribe subscribes as WatchLease does, and unsubscribes when the test
+// ends.
+func (r *hubRig) subscribe(id clientv3.LeaseID, start int64) *hubFeed {
+	f := r.hub.subscribe(id, start, r.now())
+	r.t.Cleanup(func() { r.hub.unsubscribe(f) })
+	return f
+}
+
 // seen waits until the shared watch has handed out revision rev.
 func (r *hubRig) seen(rev int64) {
 	require.Eventually(r.t, func() bool {
@@ -60,10 +79,26 @@ func (r *hubRig) seen(rev int64) {
 	}, 5*time.Second, time.Millisecond)
 }
 
+// onShared waits until f is served by the shared watch.
+func (r *hubRig) onShared(f *hubFeed) {
+	require.Eventually(r.t, func() bool {
+		r.hub.mu.Lock()
+		defer r.hub.mu.Unlock()
+		return f.shared != nil && f.shared == r.hub.shared
+	}, 10*time.Second, 5*time.Millisecond, "not handed over to the shared watch")
+}
+
+// joined reports whether f is on the shared watch now.
+func (r *hubRig) joined(f *hubFeed) bool {
+	r.hub.mu.Lock()
+	defer r.hub.mu.Unlock()
+	return f.shared != nil && f.shared == r.hub.shared
+}
+
 func (r *hubRig) watches() float64 { return testutil.ToFloat64(r.hub.m.leaseWatches) }
 
 // next returns the next message of feed, skipping progress reports.
-func next(t *testing.T, feed *hubSub) *fencerv1.WatchLeaseResponse {
+func next(t *testing.T, feed *hubFeed) *fencerv1.WatchLeaseResponse {
 	t.Helper()
 	for {
 		select {
@@ -79,15 +114,34 @@ func next(t *testing.T, feed *hubSub) *fencerv1.WatchLeaseResponse {
 	}
 }
 
+// quiet checks that feed gets nothing but progress for a while.
+func quiet(t *testing.T, feed *hubFeed, below int64) {
+	t.Helper()
+	deadline := time.After(1500 * time.Millisecond)
+	for {
+		select {
+		case msg := <-feed.ch:
+			require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_PROGRESS, msg.GetType(), "unexpected %v", msg)
+			require.Less(t, msg.GetRevision(), below)
+		case <-deadline:
+			return
+		}
+	}
+}
+
 func TestLeaseHubSharesOneWatchAndReplaysItsBuffer(t *testing.T) {
 	r := newHubRig(t)
 	a, b := r.session(), r.session()
+	r.hold(a, "a1")
+	r.hold(b, "b1")
 	from := r.now() + 1
-	feedA := r.hub.subscribe(a, from)
+	feedA := r.subscribe(a, from)
+	require.True(t, r.joined(feedA), "a stream from now joins the shared watch")
+	require.Nil(t, feedA.stopCatchUp)
 	require.Equal(t, 1.0, r.watches())
 
-	lostB := r.lose(b, "b1")
-	lostA := r.lose(a, "a1")
+	lostB := r.lose("b1")
+	lostA := r.lose("a1")
 	msg := next(t, feedA)
 	require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_LOST, msg.GetType())
 	require.Equal(t, lostA, msg.GetRevision(), "A hears of its own loss only")
@@ -95,36 +149,44 @@ func TestLeaseHubSharesOneWatchAndReplaysItsBuffer(t *testing.T) {
 	r.seen(lostA)
 
 	// B's stream starts after its loss was seen: the buffer replays it.
-	feedB := r.hub.subscribe(b, from)
-	require.Same(t, r.hub.shared, feedB.run)
+	feedB := r.subscribe(b, from)
+	require.True(t, r.joined(feedB))
+	require.Nil(t, feedB.stopCatchUp)
 	require.Equal(t, 1.0, r.watches(), "one etcd watch for both streams")
 	msg = next(t, feedB)
 	require.Equal(t, lostB, msg.GetRevision())
 	require.Contains(t, msg.GetToken(), ":b1")
+}
 
-	// A stream starting before the buffer reaches back gets its own watch.
-	early := r.hub.subscribe(b, from-1)
-	require.NotSame(t, r.hub.shared, early.run)
-	require.Equal(t, 2.0, r.watches())
-	require.Equal(t, lostB, next(t, early).GetRevision())
-
-	for _, f := range []*hubSub{feedA, feedB, early} {
-		r.hub.unsubscribe(f)
-	}
-	require.Zero(t, r.watches(), "no stream, no watch")
-	require.Nil(t, r.hub.shared)
+func TestLeaseHubCatchesUpAStreamFromBeforeItsBufferThenHandsItOver(t *testing.T) {
+	r := newHubRig(t)
+	a := r.session()
+	r.hold(a, "a1", "a2", "a3")
+	from := r.now() + 1
+	lost1 := r.lose("a1")
+	r.hub.subscribe(r.session(), r.now()+1, r.now()) // the shared watch starts after lost1
+	early := r.subscribe(a, from)
+	require.NotNil(t, early.stopCatchUp, "catching up on a watch of its own")
+	require.Equal(t, lost1, next(t, early).GetRevision())
+	r.onShared(early)
+	require.Eventually(t, func() bool { return r.watches() == 1 }, 5*time.Second, time.Millisecond, "the catch-up watch did not end")
+	lost2 := r.lose("a2")
+	require.Equal(t, lost2, next(t, early).GetRevision())
+	lost3 := r.lose("a3")
+	require.Equal(t, lost3, next(t, early).GetRevision())
+	quiet(t, early, lost3+100)
 }
 
 func TestLeaseHubBufferIsBounded(t *testing.T) {
 	r := newHubRig(t)
 	r.hub.buffer = 2
 	a, b := r.session(), r.session()
+	r.hold(b, "b1", "b2", "b3")
 	from := r.now() + 1
-	feedA := r.hub.subscribe(a, from)
-	defer r.hub.unsubscribe(feedA)
-	first := r.lose(b, "b1")
-	r.lose(b, "b2")
-	last := r.lose(b, "b3")
+	r.subscribe(a, from)
+	first := r.lose("b1")
+	r.lose("b2")
+	last := r.lose("b3")
 	r.seen(last)
 	r.hub.mu.Lock()
 	since, kept := r.hub.shared.since, len(r.hub.shared.buf)
@@ -132,20 +194,20 @@ func TestLeaseHubBufferIsBounded(t *testing.T) {
 	require.Equal(t, first+1, since, "the oldest loss left the buffer")
 	require.Equal(t, 2, kept)
 
-	feed := r.hub.subscribe(b, from)
-	defer r.hub.unsubscribe(feed)
-	require.NotSame(t, r.hub.shared, feed.run, "the buffer no longer reaches back to from")
+	feed := r.subscribe(b, from)
+	require.NotNil(t, feed.stopCatchUp, "the buffer no longer reaches back to from")
 	require.Equal(t, first, next(t, feed).GetRevision())
 }
 
-func TestLeaseHubEndsAFeedThatFallsBehind(t *testing.T) {
+func TestLeaseHubEndsAFeedThatFallsBehindAndQueuesNothingAfter(t *testing.T) {
 	r := newHubRig(t)
-	r.hub.sbuffer = 1
+	r.hub.feed = 1
 	a := r.session()
-	feed := r.hub.subscribe(a, r.now()+1)
-	defer r.hub.unsubscribe(feed)
-	r.lose(a, "a1")
-	r.lose(a, "a2") // the feed holds one message and is not read
+	r.hold(a, "a1", "a2", "a3")
+	feed := r.subscribe(a, r.now()+1)
+	lost1 := r.lose("a1")
+	lost2 := r.lose("a2") // the feed holds lost1 and is not read: lost2 is missed
+	r.seen(lost2)
 	select {
 	case <-feed.gone:
 		require.ErrorIs(t, feed.err, errStoreUnavailable)
@@ -153,4 +215,71 @@ func TestLeaseHubEndsAFeedThatFallsBehind(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a feed that fell behind was not ended")
 	}
+	require.Equal(t, lost1, (<-feed.ch).GetRevision())
+	lost3 := r.lose("a3")
+	r.seen(lost3)
+	time.Sleep(2 * progressEvery) // and a progress report
+	require.Empty(t, feed.ch, "nothing is queued after the missed loss")
+
+	// Its client watches again from lost1+1: a feed of 1 cannot take the
+	// two buffered losses, so it catches up on its own watch, which waits
+	// for the stream.
+	again := r.subscribe(a, lost1+1)
+	require.Equal(t, lost2, next(t, again).GetRevision())
+	require.Equal(t, lost3, next(t, again).GetRevision())
+	r.onShared(again)
+}
+
+func TestLeaseHubDeliversMoreLossesInOneRevisionThanAFeedHolds(t *testing.T) {
+	r := newHubRig(t)
+	r.hub.feed = 4
+	a := r.session()
+	names := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"}
+	r.hold(a, names...)
+	from := r.now() + 1
+	lost := r.lose(names...)
+	r.hub.subscribe(r.session(), r.now()+1, r.now())
+	feed := r.subscribe(a, from)
+	for range names {
+		require.Equal(t, lost, next(t, feed).GetRevision())
+	}
+	r.onShared(feed)
+}
+
+func TestLeaseHubStreamsDoNotInheritEachOthersStart(t *testing.T) {
+	r := newHubRig(t)
+	a, b, c := r.session(), r.session(), r.session()
+	r.hold(a, "x1", "x2")
+	old := r.now()
+	r.lose("x1")
+	_, err := r.st.Client().Compact(etcdtest.Context(t), r.now())
+	require.NoError(t, err)
+
+	compacted := r.subscribe(a, old) // its start is gone from etcd
+	future := r.subscribe(b, 1<<40)  // any client may send this
+	fresh := r.subscribe(c, r.now()+1)
+	select {
+	case <-compacted.gone:
+		require.ErrorIs(t, compacted.err, ErrWatchCompacted)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stream from a compacted revision was not ended")
+	}
+	require.True(t, r.joined(future), "a future start joins the shared watch")
+	require.True(t, r.joined(fresh))
+	r.hold(c, "c1")
+	lost := r.lose("c1")
+	require.Equal(t, lost, next(t, fresh).GetRevision(), "the fresh stream is unharmed")
+	quiet(t, future, 1<<40)
+}
+
+func TestLeaseHubCloseEndsFeeds(t *testing.T) {
+	r := newHubRig(t)
+	feed := r.subscribe(r.session(), r.now()+1)
+	r.hub.close()
+	<-feed.gone
+	require.ErrorIs(t, feed.err, ErrShuttingDown)
+	late := r.hub.subscribe(r.session(), r.now()+1, r.now())
+	<-late.gone
+	require.ErrorIs(t, late.err, ErrShuttingDown)
+	require.Zero(t, r.watches())
 }

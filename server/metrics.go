@@ -55,7 +55,7 @@ func newMetrics() *metrics {
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, permission).",
 		}, []string{"reason"}),
 		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: 1 shared, plus 1 per stream that had to start before the shared watch's buffer.",
+			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: the shared one, plus one per stream still catching up.",
 		}),
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches,

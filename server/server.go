@@ -161,10 +161,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
+		s.hub.close()
 		return nil
 	case <-ctx.Done():
 		s.grpc.Stop()
 		<-done
+		s.hub.close()
 		return ctx.Err()
 	}
 }

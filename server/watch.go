@@ -38,7 +38,7 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	if start == 0 {
 		start = rev + 1
 	}
-	feed := s.hub.subscribe(id, start)
+	feed := s.hub.subscribe(id, start, rev)
 	defer s.hub.unsubscribe(feed)
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
