@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
 
@@ -61,11 +63,13 @@ type hubRun struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when its goroutine has returned
 
-	since    int64             // buf holds every loss from here on
-	next     int64             // every revision before next has been handed out
-	reported int64             // next at the last progress report
-	buf      []*clientv3.Event // losses, oldest first
+	since    int64                                  // buf holds every loss from here on
+	next     int64                                  // every revision before next has been handed out
+	reported int64                                  // next at the last progress report
+	buf      []*clientv3.Event                      // losses, oldest first
+	byLease  map[clientv3.LeaseID][]*clientv3.Event // buf by the session that lost
 	feeds    map[clientv3.LeaseID]map[*hubFeed]bool
+	delay    time.Duration // before watching: a restart after a failure
 }
 
 // hubFeed is one WatchLease stream's feed: LOST events and progress, in
@@ -79,6 +83,7 @@ type hubFeed struct {
 	// Guarded by the hub's mu:
 	start  int64   // the first revision the feed reports
 	shared *hubRun // the shared watch serving the feed; nil while it catches up
+	left   bool    // unsubscribed: never to join the shared watch
 
 	stopCatchUp context.CancelFunc // nil if the feed never had a watch of its own
 	caughtUp    chan struct{}      // closed when that watch's goroutine has returned
@@ -111,8 +116,8 @@ func (h *leaseHub) join(r *hubRun, f *hubFeed, from int64) bool {
 		return false
 	}
 	var replay []*clientv3.Event
-	for _, ev := range r.buf {
-		if ev.Kv.ModRevision >= from && clientv3.LeaseID(ev.PrevKv.Lease) == f.id {
+	for _, ev := range r.byLease[f.id] {
+		if ev.Kv.ModRevision >= from {
 			replay = append(replay, ev)
 		}
 	}
@@ -146,6 +151,7 @@ func (h *leaseHub) leave(f *hubFeed) {
 // unsubscribe ends f's feed.
 func (h *leaseHub) unsubscribe(f *hubFeed) {
 	h.mu.Lock()
+	f.left = true
 	h.leave(f)
 	h.mu.Unlock()
 	if f.stopCatchUp != nil {
@@ -154,14 +160,15 @@ func (h *leaseHub) unsubscribe(f *hubFeed) {
 	}
 }
 
-// close stops the shared watch and ends its feeds; later subscriptions end
-// at once with ErrShuttingDown.
+// close stops the shared watch and ends the feeds on it; later
+// subscriptions end at once with ErrShuttingDown. Feeds still catching up
+// end when their streams unsubscribe.
 func (h *leaseHub) close() {
 	h.mu.Lock()
 	h.closed = true
 	r := h.shared
 	if r != nil {
-		h.failLocked(r, ErrShuttingDown)
+		h.failLocked(r, ErrShuttingDown, false)
 	}
 	h.mu.Unlock()
 	if r != nil {
@@ -180,21 +187,32 @@ func (h *leaseHub) watch(ctx context.Context, start int64, tag string) (wch clie
 
 // startShared starts the shared watch from revision start.
 func (h *leaseHub) startShared(start int64) *hubRun {
+	return h.runShared(&hubRun{since: start, next: start, reported: start, byLease: map[clientv3.LeaseID][]*clientv3.Event{}})
+}
+
+// runShared starts r's watch from r.next, after r.delay.
+func (h *leaseHub) runShared(r *hubRun) *hubRun {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &hubRun{cancel: cancel, done: make(chan struct{}), since: start, next: start, reported: start, feeds: map[clientv3.LeaseID]map[*hubFeed]bool{}}
+	r.cancel, r.done = cancel, make(chan struct{})
+	r.feeds = map[clientv3.LeaseID]map[*hubFeed]bool{}
 	h.m.leaseWatches.Inc()
 	go h.follow(ctx, r)
 	return r
 }
 
 // follow hands out what the shared watch reports until ctx ends or the
-// watch fails, which ends every feed on it. Every progressEvery it
-// reports progress to the feeds, if the watch moved.
+// watch fails. Every progressEvery it asks etcd how far the watch has
+// seen, and reports progress to the feeds if the watch moved.
 func (h *leaseHub) follow(ctx context.Context, r *hubRun) {
 	defer close(r.done)
 	defer h.m.leaseWatches.Dec()
 	defer r.cancel()
-	wch, _ := h.watch(ctx, r.since, "shared")
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(r.delay):
+	}
+	wch, progressCtx := h.watch(ctx, r.next, "shared")
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for {
@@ -207,24 +225,32 @@ func (h *leaseHub) follow(ctx context.Context, r *hubRun) {
 			}
 			if err := watchErr(wr, ok); err != nil {
 				h.mu.Lock()
-				h.failLocked(r, err)
+				h.failLocked(r, err, !errors.Is(err, ErrWatchCompacted))
 				h.mu.Unlock()
 				return
 			}
-			h.apply(r, wr)
+			if !h.apply(r, wr) {
+				return
+			}
 		case <-tick.C:
+			_ = h.cli.RequestProgress(progressCtx)
 			h.progress(r)
 		}
 	}
 }
 
 // apply hands the losses in wr to the feeds of their sessions and keeps
-// them in r's buffer.
-func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) {
+// them in r's buffer. It reports false if it had to end r.
+func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ev := range wr.Events {
 		if ev.PrevKv == nil {
+			if ev.Type == mvccpb.DELETE {
+				// Whose key it was is compacted away: every feed resyncs.
+				h.failLocked(r, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key), true)
+				return false
+			}
 			continue
 		}
 		id := clientv3.LeaseID(ev.PrevKv.Lease)
@@ -232,6 +258,7 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) {
 			continue
 		}
 		r.buf = append(r.buf, ev)
+		r.byLease[id] = append(r.byLease[id], ev)
 		for f := range r.feeds[id] {
 			if ev.Kv.ModRevision < f.start {
 				continue
@@ -248,11 +275,16 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) {
 	for len(r.buf) > h.buffer {
 		oldest := r.buf[0].Kv.ModRevision
 		for len(r.buf) > 0 && r.buf[0].Kv.ModRevision == oldest {
+			id := clientv3.LeaseID(r.buf[0].PrevKv.Lease)
+			if r.byLease[id] = r.byLease[id][1:]; len(r.byLease[id]) == 0 {
+				delete(r.byLease, id)
+			}
 			r.buf[0] = nil
 			r.buf = r.buf[1:]
 		}
 		r.since = oldest + 1
 	}
+	return true
 }
 
 // progress tells r's feeds how far the watch has seen, if it moved since
@@ -283,19 +315,30 @@ func report(f *hubFeed, seen int64) {
 	}
 }
 
-// failLocked ends every feed of r with err, and makes the next stream
-// start a new shared watch.
-func (h *leaseHub) failLocked(r *hubRun, err error) {
+// failLocked stops r and ends every feed of r with err. With restart, a new shared
+// watch takes over from where r got to, with r's buffer, so that the
+// feeds' streams can join it again at once; without, the next stream
+// starts one.
+func (h *leaseHub) failLocked(r *hubRun, err error, restart bool) {
+	r.cancel()
 	for _, feeds := range r.feeds {
 		for f := range feeds {
 			h.leave(f)
 			h.end(f, err)
 		}
 	}
-	if h.shared == r {
-		h.shared = nil
+	if h.shared != r {
+		return
+	}
+	h.shared = nil
+	if restart && !h.closed {
+		h.shared = h.runShared(&hubRun{since: r.since, next: r.next, reported: r.next, buf: r.buf, byLease: r.byLease, delay: restartDelay})
 	}
 }
+
+// restartDelay spaces out the restarts of a shared watch that keeps
+// failing, as it does while etcd has no leader.
+const restartDelay = 200 * time.Millisecond
 
 // end closes f's feed with err, once. The stream then unsubscribes.
 func (h *leaseHub) end(f *hubFeed, err error) {
@@ -343,6 +386,12 @@ func (h *leaseHub) catchUp(f *hubFeed) {
 					return
 				}
 				for _, ev := range wr.Events {
+					if ev.PrevKv == nil && ev.Type == mvccpb.DELETE {
+						h.mu.Lock()
+						h.end(f, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key))
+						h.mu.Unlock()
+						return
+					}
 					msg := lostEvent(ev, f.id, h.store)
 					if msg == nil || ev.Kv.ModRevision < start {
 						continue
@@ -354,9 +403,11 @@ func (h *leaseHub) catchUp(f *hubFeed) {
 					}
 				}
 				next = max(next, progressRevision(wr)+1)
-			}
-			if h.handOver(f, next) {
-				return
+				// A progress notification comes only once the watch has
+				// caught up: next is then the store's revision.
+				if h.handOver(f, next, len(wr.Events) == 0 && wr.IsProgressNotify()) {
+					return
+				}
 			}
 		}
 	}()
@@ -366,9 +417,10 @@ func (h *leaseHub) catchUp(f *hubFeed) {
 var catchUpSeq atomic.Int64
 
 // handOver moves f, whose own watch has handed out every revision before
-// next, onto the shared watch, starting one if none runs. It reports
-// whether it did.
-func (h *leaseHub) handOver(f *hubFeed, next int64) bool {
+// next, onto the shared watch. If none runs, it starts one from next, but
+// only when next is the store's revision (atHead), so that a shared watch
+// never replays history. It reports whether it moved f.
+func (h *leaseHub) handOver(f *hubFeed, next int64, atHead bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	select {
@@ -376,10 +428,13 @@ func (h *leaseHub) handOver(f *hubFeed, next int64) bool {
 		return false
 	default:
 	}
-	if h.closed {
+	if h.closed || f.left {
 		return false
 	}
 	if h.shared == nil {
+		if !atHead {
+			return false
+		}
 		h.shared = h.startShared(next)
 	}
 	return h.join(h.shared, f, next)

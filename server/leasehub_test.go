@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -282,4 +283,90 @@ func TestLeaseHubCloseEndsFeeds(t *testing.T) {
 	<-late.gone
 	require.ErrorIs(t, late.err, ErrShuttingDown)
 	require.Zero(t, r.watches())
+}
+
+// TestLeaseHubNeverJoinsAnUnsubscribedFeed holds the hub's lock while the
+// stream unsubscribes and its catch-up reaches handOver, so that both wait
+// and the unsubscribe goes first.
+func TestLeaseHubNeverJoinsAnUnsubscribedFeed(t *testing.T) {
+	r := newHubRig(t)
+	a := r.session()
+	r.hold(a, "a1")
+	from := r.now() + 1
+	r.lose("a1")
+	r.subscribe(r.session(), r.now()+1) // the shared watch starts after the loss
+	f := r.hub.subscribe(a, from, r.now())
+	require.NotNil(t, f.stopCatchUp)
+	r.hub.mu.Lock()
+	unsubscribed := make(chan struct{})
+	go func() {
+		r.hub.unsubscribe(f)
+		close(unsubscribed)
+	}()
+	time.Sleep(700 * time.Millisecond) // the catch-up has the loss and waits in handOver
+	r.hub.mu.Unlock()
+	<-unsubscribed
+	r.hub.mu.Lock()
+	defer r.hub.mu.Unlock()
+	require.False(t, r.hub.shared.feeds[a][f], "an unsubscribed feed joined the shared watch")
+}
+
+// TestLeaseHubStartsNoSharedWatchInThePast has a stream catch up over more
+// history than etcd sends in one response while no shared watch runs: the
+// shared watch it starts begins at the store's revision, not where the
+// first response ended.
+func TestLeaseHubStartsNoSharedWatchInThePast(t *testing.T) {
+	r := newHubRig(t)
+	a := r.session()
+	r.hold(a, "a1")
+	from := r.now() + 1
+	lost := r.lose("a1")
+	for i := range 2500 { // holder-key revisions that are no losses
+		_, err := r.st.Client().Put(etcdtest.Context(t), r.st.HolderKey(fmt.Sprintf("x%d", i)), "v")
+		require.NoError(t, err)
+	}
+	now := r.now()
+	other := r.subscribe(r.session(), now+1)
+	f := r.subscribe(a, from)
+	r.hub.mu.Lock()
+	old := r.hub.shared
+	r.hub.failLocked(old, errWatchBroken, false) // no shared watch runs now
+	r.hub.mu.Unlock()
+	<-old.done
+	<-other.gone
+	require.Equal(t, lost, next(t, f).GetRevision())
+	r.onShared(f)
+	r.hub.mu.Lock()
+	since := r.hub.shared.since
+	r.hub.mu.Unlock()
+	require.GreaterOrEqual(t, since, now, "the new shared watch would replay history")
+}
+
+// TestLeaseHubRestartsAFailedSharedWatchWithItsBuffer fails the shared
+// watch as follow does on a watch error: its feeds end, and their streams,
+// resuming from where they were, join the shared watch that took over at
+// once, without catching up on watches of their own.
+func TestLeaseHubRestartsAFailedSharedWatchWithItsBuffer(t *testing.T) {
+	r := newHubRig(t)
+	a := r.session()
+	r.hold(a, "a1", "a2")
+	from := r.now() + 1
+	feed := r.subscribe(a, from)
+	lost1 := r.lose("a1")
+	require.Equal(t, lost1, next(t, feed).GetRevision())
+
+	r.hub.mu.Lock()
+	failed := r.hub.shared
+	r.hub.failLocked(failed, errWatchBroken, true)
+	r.hub.mu.Unlock()
+	<-feed.gone
+	require.ErrorIs(t, feed.err, errWatchBroken)
+	<-failed.done
+
+	again := r.subscribe(a, from)
+	require.Nil(t, again.stopCatchUp, "joined the restarted shared watch at once")
+	require.Equal(t, lost1, next(t, again).GetRevision(), "replayed from the inherited buffer")
+	lost2 := r.lose("a2")
+	require.Equal(t, lost2, next(t, again).GetRevision())
+	require.Eventually(t, func() bool { return r.watches() == 1 }, 5*time.Second, time.Millisecond)
 }
