@@ -70,6 +70,7 @@ type hubRun struct {
 	byLease  map[clientv3.LeaseID][]*clientv3.Event // buf by the session that lost
 	feeds    map[clientv3.LeaseID]map[*hubFeed]bool
 	delay    time.Duration // before watching: a restart after a failure
+	stopped  bool          // failed or closed: hands out nothing more
 }
 
 // hubFeed is one WatchLease stream's feed: LOST events and progress, in
@@ -244,6 +245,9 @@ func (h *leaseHub) follow(ctx context.Context, r *hubRun) {
 func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if r.stopped {
+		return false // its buffer may be another run's now
+	}
 	for _, ev := range wr.Events {
 		if ev.PrevKv == nil {
 			if ev.Type == mvccpb.DELETE {
@@ -292,7 +296,7 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 func (h *leaseHub) progress(r *hubRun) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if r.next == r.reported {
+	if r.stopped || r.next == r.reported {
 		return
 	}
 	r.reported = r.next
@@ -321,6 +325,7 @@ func report(f *hubFeed, seen int64) {
 // starts one.
 func (h *leaseHub) failLocked(r *hubRun, err error, restart bool) {
 	r.cancel()
+	r.stopped = true
 	for _, feeds := range r.feeds {
 		for f := range feeds {
 			h.leave(f)
