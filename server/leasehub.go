@@ -217,25 +217,46 @@ func (h *leaseHub) follow(ctx context.Context, r *hubRun) {
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case wr, ok := <-wch:
-			if ctx.Err() != nil {
-				return
-			}
-			if err := watchErr(wr, ok); err != nil {
-				h.mu.Lock()
-				h.failLocked(r, err, !errors.Is(err, ErrWatchCompacted))
-				h.mu.Unlock()
-				return
-			}
-			if !h.apply(r, wr) {
-				return
-			}
-		case <-tick.C:
+		wr, ok, err := awaitResponse(ctx, wch, tick.C, func() {
 			_ = h.cli.RequestProgress(progressCtx)
 			h.progress(r)
+		})
+		if err != nil {
+			return
+		}
+		if err := watchErr(wr, ok); err != nil {
+			h.mu.Lock()
+			h.failLocked(r, err, !errors.Is(err, ErrWatchCompacted))
+			h.mu.Unlock()
+			return
+		}
+		if !h.apply(r, wr) {
+			return
+		}
+	}
+}
+
+// awaitResponse returns wch's next response, running onTick at every tick
+// while it waits, or ctx's error once ctx ends. A tick never runs onTick
+// while a response is waiting or after ctx ended: onTick asks etcd for
+// progress, and asking on a watch stream that has gone opens a new one
+// that nothing closes.
+func awaitResponse(ctx context.Context, wch clientv3.WatchChan, tick <-chan time.Time, onTick func()) (clientv3.WatchResponse, bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return clientv3.WatchResponse{}, false, ctx.Err()
+		case wr, ok := <-wch:
+			return wr, ok, ctx.Err()
+		case <-tick:
+			select {
+			case wr, ok := <-wch:
+				return wr, ok, ctx.Err()
+			default:
+			}
+			if ctx.Err() == nil {
+				onTick()
+			}
 		}
 	}
 }
@@ -251,8 +272,10 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 	for _, ev := range wr.Events {
 		if ev.PrevKv == nil {
 			if ev.Type == mvccpb.DELETE {
-				// Whose key it was is compacted away: every feed resyncs.
-				h.failLocked(r, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key), true)
+				// Whose key it was is compacted away: every feed resyncs,
+				// and the next stream starts a shared watch at the head (a
+				// successor from here would meet the same event again).
+				h.failLocked(r, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key), false)
 				return false
 			}
 			continue
@@ -374,45 +397,38 @@ func (h *leaseHub) catchUp(f *hubFeed) {
 		defer tick.Stop()
 		next := start
 		for {
-			select {
-			case <-ctx.Done():
+			wr, ok, err := awaitResponse(ctx, wch, tick.C, func() { _ = h.cli.RequestProgress(progressCtx) })
+			if err != nil {
 				return
-			case <-tick.C:
-				_ = h.cli.RequestProgress(progressCtx)
-				continue
-			case wr, ok := <-wch:
-				if ctx.Err() != nil {
-					return
-				}
-				if err := watchErr(wr, ok); err != nil {
+			}
+			if err := watchErr(wr, ok); err != nil {
+				h.mu.Lock()
+				h.end(f, err)
+				h.mu.Unlock()
+				return
+			}
+			for _, ev := range wr.Events {
+				if ev.PrevKv == nil && ev.Type == mvccpb.DELETE {
 					h.mu.Lock()
-					h.end(f, err)
+					h.end(f, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key))
 					h.mu.Unlock()
 					return
 				}
-				for _, ev := range wr.Events {
-					if ev.PrevKv == nil && ev.Type == mvccpb.DELETE {
-						h.mu.Lock()
-						h.end(f, fmt.Errorf("%w: the previous value of %s", ErrWatchCompacted, ev.Kv.Key))
-						h.mu.Unlock()
-						return
-					}
-					msg := lostEvent(ev, f.id, h.store)
-					if msg == nil || ev.Kv.ModRevision < start {
-						continue
-					}
-					select {
-					case f.ch <- msg:
-					case <-ctx.Done():
-						return
-					}
+				msg := lostEvent(ev, f.id, h.store)
+				if msg == nil || ev.Kv.ModRevision < start {
+					continue
 				}
-				next = max(next, progressRevision(wr)+1)
-				// A progress notification comes only once the watch has
-				// caught up: next is then the store's revision.
-				if h.handOver(f, next, len(wr.Events) == 0 && wr.IsProgressNotify()) {
+				select {
+				case f.ch <- msg:
+				case <-ctx.Done():
 					return
 				}
+			}
+			next = max(next, progressRevision(wr)+1)
+			// A progress notification comes only once the watch has caught
+			// up: next is then the store's revision.
+			if h.handOver(f, next, len(wr.Events) == 0 && wr.IsProgressNotify()) {
+				return
 			}
 		}
 	}()

@@ -370,3 +370,33 @@ func TestLeaseHubRestartsAFailedSharedWatchWithItsBuffer(t *testing.T) {
 	require.Equal(t, lost2, next(t, again).GetRevision())
 	require.Eventually(t, func() bool { return r.watches() == 1 }, 5*time.Second, time.Millisecond)
 }
+
+// TestLeaseHubRecoversFromACompactedPreviousValue makes the successor of a
+// failed shared watch meet a holder-key delete whose previous value etcd
+// has compacted: it ends, no successor follows it from the same revision,
+// and the next stream starts a shared watch at the head that works.
+func TestLeaseHubRecoversFromACompactedPreviousValue(t *testing.T) {
+	r := newHubRig(t)
+	a, b := r.session(), r.session()
+	r.hold(a, "a1")
+	r.hold(b, "b1")
+	other := r.subscribe(r.session(), r.now()+1)
+	r.hub.mu.Lock()
+	failed := r.hub.shared
+	from := failed.next
+	r.hub.failLocked(failed, errWatchBroken, true) // a successor from `from`, 200 ms later
+	r.hub.mu.Unlock()
+	<-other.gone
+	require.Equal(t, from, r.lose("a1"))
+	_, err := r.st.Client().Compact(etcdtest.Context(t), from)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r.hub.mu.Lock()
+		defer r.hub.mu.Unlock()
+		return r.hub.shared == nil
+	}, 5*time.Second, time.Millisecond, "the successor keeps going")
+
+	fresh := r.subscribe(b, r.now()+1)
+	lost := r.lose("b1")
+	require.Equal(t, lost, next(t, fresh).GetRevision())
+}
