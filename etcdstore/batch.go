@@ -67,7 +67,7 @@ func WithBatching(max int) Option {
 // with concurrent writes when the store batches and the Txn can be shared.
 func (s *Store) commit(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
 	c := &call{ctx: ctx, cmps: cmps, then: then, els: els}
-	if s.batch == nil || !c.keys() {
+	if s.batch == nil {
 		return c.alone(ctx, s.cli)
 	}
 	return s.batch.do(c)
@@ -132,6 +132,8 @@ func (c *call) alone(ctx context.Context, cli *clientv3.Client) (*clientv3.TxnRe
 }
 
 // do runs c: at once if no Txn is in flight, else in the next shared one.
+// Only a write that waits has its keys worked out; one that cannot share a
+// Txn goes alone even then.
 func (b *batcher) do(c *call) (*clientv3.TxnResponse, error) {
 	b.mu.Lock()
 	if !b.busy {
@@ -140,6 +142,10 @@ func (b *batcher) do(c *call) (*clientv3.TxnResponse, error) {
 		resp, err := c.alone(c.ctx, b.cli)
 		b.next()
 		return resp, err
+	}
+	if !c.keys() {
+		b.mu.Unlock()
+		return c.alone(c.ctx, b.cli)
 	}
 	c.done = make(chan struct{})
 	b.queue = append(b.queue, c)

@@ -281,7 +281,8 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 			continue
 		}
 		id := clientv3.LeaseID(ev.PrevKv.Lease)
-		if lostEvent(ev, id, h.store) == nil {
+		msg := lostEvent(ev, id, h.store) // read-only once built: shared by the session's feeds
+		if msg == nil {
 			continue
 		}
 		r.buf = append(r.buf, ev)
@@ -291,7 +292,7 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 				continue
 			}
 			select {
-			case f.ch <- lostEvent(ev, id, h.store):
+			case f.ch <- msg:
 			default:
 				h.leave(f) // nothing more is queued for f after what it missed
 				h.end(f, errFellBehind)
