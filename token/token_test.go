@@ -152,6 +152,14 @@ func TestCheckStamp(t *testing.T) {
 		{"foreign lease", stamp(token.Token{Lease: "ns/other", Revision: 1}), false, token.ErrForeignLease},
 		{"foreign lease with takeover", stamp(token.Token{Lease: "ns/other", Revision: 1 << 40}), true, nil},
 		{"malformed", map[string]string{token.AnnotationLease: "ns/fence", token.AnnotationToken: "1e9"}, true, token.ErrMalformed},
+		{"leading zero", map[string]string{token.AnnotationLease: "ns/fence", token.AnnotationToken: "099"}, true, token.ErrMalformed},
+		{"lease hop back to an old token", hop(token.Token{Lease: "ns/fence", Revision: 101}, token.Token{Lease: "ns/other", Revision: 1}), true, token.ErrStale},
+		{"lease hop back to the newest token", hop(token.Token{Lease: "ns/fence", Revision: 100}, token.Token{Lease: "ns/other", Revision: 1}), true, nil},
+		{"lease hop back without takeover", hop(token.Token{Lease: "ns/fence", Revision: 99}, token.Token{Lease: "ns/other", Revision: 1}), false, token.ErrForeignLease},
+		{"own mark above the stamp", map[string]string{token.AnnotationLease: "ns/fence", token.AnnotationToken: "5", token.MarkKey("ns/fence"): "101"}, false, token.ErrStale},
+		{"malformed mark", map[string]string{token.MarkKey("ns/x"): "01"}, true, token.ErrMalformed},
+		{"mark naming no lease", map[string]string{"nodot" + token.MarkSuffix: "1"}, true, token.ErrMalformed},
+		{"uppercase lease", map[string]string{token.AnnotationLease: "NS/fence", token.AnnotationToken: "1"}, true, token.ErrMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := token.CheckStamp(held, tc.existing, tc.takeover)
@@ -163,6 +171,83 @@ func TestCheckStamp(t *testing.T) {
 		})
 	}
 	require.ErrorIs(t, token.CheckStamp(token.Token{}, nil, false), token.ErrMalformed)
+}
+
+// hop returns the annotations of an object stamped with first and then,
+// as a takeover, with second.
+func hop(first, second token.Token) map[string]string {
+	return second.Stamp(first.Stamp(nil))
+}
+
+func TestStampKeepsMarks(t *testing.T) {
+	l100 := token.Token{Lease: "ns/l", Epoch: 4, Revision: 100}
+	m1 := token.Token{Lease: "ns/m", Epoch: 1, Revision: 1}
+	ann := m1.Stamp(l100.Stamp(map[string]string{"keep": "me"}))
+	require.Equal(t, map[string]string{
+		"keep":                    "me",
+		token.AnnotationLease:     "ns/m",
+		token.AnnotationToken:     "1",
+		token.AnnotationEpoch:     "1",
+		"ns.l" + token.MarkSuffix: "100",
+	}, ann)
+	// Back to l with a greater token: l's mark follows it; m's is kept.
+	l200 := token.Token{Lease: "ns/l", Epoch: 5, Revision: 200}
+	require.NoError(t, token.CheckStamp(l200, ann, true))
+	ann = l200.Stamp(ann)
+	require.Equal(t, "200", ann["ns.l"+token.MarkSuffix])
+	require.Equal(t, "1", ann["ns.m"+token.MarkSuffix])
+	require.NoError(t, token.CheckStamp(m1, ann, true), "m's mark is 1, not above m1")
+	require.ErrorIs(t, token.CheckStamp(l100, ann, true), token.ErrStale)
+}
+
+func TestRestampIgnoresCallerProtocolKeys(t *testing.T) {
+	stored := token.Token{Lease: "ns/l", Revision: 100}.Stamp(map[string]string{"old": "x"})
+	stored[token.MarkKey("ns/m")] = "7"
+	caller := map[string]string{
+		"new":                  "y",
+		token.AnnotationLease:  "ns/l",
+		token.AnnotationToken:  "1",
+		token.MarkKey("ns/m"):  "1",
+		token.MarkKey("ns/zz"): "3",
+	}
+	held := token.Token{Lease: "ns/l", Epoch: 2, Revision: 150}
+	got := held.Restamp(caller, stored)
+	require.Equal(t, map[string]string{
+		"new":                 "y",
+		token.AnnotationLease: "ns/l",
+		token.AnnotationToken: "150",
+		token.AnnotationEpoch: "2",
+		token.MarkKey("ns/m"): "7",
+	}, got)
+	require.Equal(t, "1", caller[token.AnnotationToken], "caller's map is not modified")
+}
+
+func TestValidateKubeLease(t *testing.T) {
+	long := strings.Repeat("a", token.MaxKubeLeaseLen-2)
+	for lease, ok := range map[string]bool{
+		"ns/name":                      true,
+		"ns/a.b-c":                     true,
+		"a/" + long:                    true,
+		"ab/" + long:                   false,
+		strings.Repeat("n", 63) + "/x": true,
+		strings.Repeat("n", 64) + "/x": false,
+		"ns/a..b":                      false,
+		"ns/-a":                        false,
+		"ns/A":                         false,
+		"ns":                           false,
+		"ns/a/b":                       false,
+		"n.s/a":                        false,
+		"":                             false,
+		"/a":                           false,
+		"ns/":                          false,
+		"ns/a b":                       false,
+	} {
+		err := token.ValidateKubeLease(lease)
+		require.Equal(t, ok, err == nil, "%q: %v", lease, err)
+		if ok {
+			require.LessOrEqual(t, len(token.MarkKey(lease))-len("/token"), 253)
+		}
+	}
 }
 
 func TestErrorsAreDistinct(t *testing.T) {
