@@ -3,8 +3,10 @@ package kubeadapter
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -42,10 +44,11 @@ import (
 // (for typed objects) strategic merge patch, and subresources other than
 // status.
 type Client struct {
-	inner  client.Client
-	reader client.Reader
-	holder Holder
-	opts   options
+	inner     client.Client
+	reader    client.Reader
+	apiReader client.Reader
+	holder    Holder
+	opts      options
 }
 
 var (
@@ -67,9 +70,12 @@ func NewClient(inner client.Client, holder Holder, opts ...Option) (*Client, err
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{inner: inner, reader: o.reader, holder: holder, opts: o}
+	c := &Client{inner: inner, reader: o.reader, apiReader: o.apiReader, holder: holder, opts: o}
 	if c.reader == nil {
 		c.reader = inner
+	}
+	if c.apiReader == nil {
+		c.apiReader = inner
 	}
 	return c, nil
 }
@@ -103,8 +109,9 @@ func (c *Client) IsObjectNamespaced(obj runtime.Object) (bool, error) {
 // Create refuses an obj whose own annotations carry a stamp the holder may
 // not overwrite, stamps the token and creates obj. Creation is conditional
 // by nature (it fails if the object exists), but a stale holder can still
-// create an object that does not exist. On error obj's annotations are
-// restored.
+// create an object that does not exist: install the live-Lease admission
+// mode (docs/protocol.md) to refuse that too. On error obj's annotations
+// are restored.
 func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
 	ann := obj.GetAnnotations()
 	tok, err := heldToken(c.holder)
@@ -112,7 +119,7 @@ func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.C
 		err = token.CheckStamp(tok, ann, c.opts.takeover)
 	}
 	if err == nil {
-		stamp(obj, ann, tok)
+		obj.SetAnnotations(tok.Stamp(maps.Clone(ann)))
 		err = c.inner.Create(ctx, obj, opts...)
 	}
 	if err != nil {
@@ -122,42 +129,34 @@ func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.C
 	return nil
 }
 
-// Update writes obj as a whole, like client.Update, conditionally:
+// Update writes obj as a whole, like client.Update, conditionally on the
+// version whose stamp it checked, which fencer reads itself: from the
+// reader (WithReader) when that holds the version to be written, through
+// the API reader (WithAPIReader) otherwise. It never trusts the stamp or
+// the resourceVersion of obj:
 //
-//   - When obj carries a resourceVersion, that is the precondition, as in
-//     client.Update. The stamp checked is obj's own, as read at that
-//     resourceVersion (WithLiveRead reads the object instead). A conflict
-//     is not retried, since the caller asked for that version; it is
-//     returned, or a *token.StaleError when a fresh read shows a greater
-//     token.
-//   - When obj carries no resourceVersion (an unconditional update), the
-//     object is read, its stamp checked, and obj written with the read
-//     resourceVersion; a conflict is retried with a fresh read.
+//   - When obj carries a resourceVersion, that version must be the one
+//     read and checked. If the object has moved past it, Update writes
+//     nothing and returns a *token.StaleError when the current version
+//     carries a greater token, otherwise a Conflict error; it does not
+//     retry, since the caller asked for that version.
+//   - When obj carries no resourceVersion, the version read is written
+//     over, and a conflict is retried with a fresh live read.
 //
-// On error obj's annotations and resourceVersion are restored.
+// The fencer annotations written are those of the version checked,
+// stamped with the holder's token (token.Restamp): obj's own fencer
+// annotations are ignored, so a caller-built object can neither lower nor
+// drop a stamp. obj's other annotations are written as given. On error
+// obj's annotations and resourceVersion are restored.
 func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
 	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, err := heldToken(c.holder)
+		tok, cur, err := c.readChecked(ctx, obj, callerRV, first)
 		if err != nil {
 			return false, err
 		}
-		readAnn, rv := ann, callerRV
-		if !first || callerRV == "" || c.opts.liveRead {
-			cur, err := c.read(ctx, obj)
-			if err != nil {
-				return false, err
-			}
-			readAnn = cur.GetAnnotations()
-			if rv == "" {
-				rv = cur.GetResourceVersion()
-			}
-		}
-		if err := token.CheckStamp(tok, readAnn, c.opts.takeover); err != nil {
-			return false, err
-		}
-		stamp(obj, ann, tok)
-		obj.SetResourceVersion(rv)
+		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
+		obj.SetResourceVersion(cur.GetResourceVersion())
 		err = c.inner.Update(ctx, obj, opts...)
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, c.conflictOrStale(ctx, obj, tok, err)
@@ -172,17 +171,22 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 	return nil
 }
 
-// Patch applies patch to a fresh read of the object, not on the server:
-// it reads the object, checks its stamp, applies the patch locally,
-// stamps the result and writes it with Update, conditional on the read
-// resourceVersion. A conflict is retried with a fresh read, which is what
-// the API server does for a patch, unless the patch itself sets
-// metadata.resourceVersion (client.MergeFromWithOptimisticLock), which
-// then is the precondition. Supported types: JSON patch, JSON merge patch
-// and, for typed (not unstructured) objects, strategic merge patch; others
-// return ErrUnsupported. Patch options map to the equivalent update
-// options (DryRun, FieldManager, FieldValidation); Force is ignored. On
-// success obj holds the written object.
+// Patch applies patch locally to the version fencer read and checked
+// (see Update for how it reads), stamps the result (token.Restamp: the
+// patch cannot change fencer's annotations) and writes it with Update,
+// conditional on that version. A conflict is retried with a fresh read,
+// which is what the API server does for a patch, unless the patch itself
+// sets metadata.resourceVersion (client.MergeFromWithOptimisticLock): then
+// that version must be the one checked, or Patch writes nothing and
+// returns a Conflict error or a *token.StaleError, as Update does for a
+// pinned resourceVersion. Supported types: JSON patch, JSON merge patch
+// and, for typed (not unstructured) objects, strategic merge patch;
+// others return ErrUnsupported. Patch options map to the equivalent
+// update options (DryRun, FieldManager, FieldValidation); Force is
+// ignored. On success obj holds the written object.
+//
+// Patch decodes the object into obj's Go type, so fields the type does
+// not know are not kept.
 func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 	data, err := patch.Data(obj)
 	if err != nil {
@@ -191,26 +195,16 @@ func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 	po := (&client.PatchOptions{}).ApplyOptions(opts)
 	uo := &client.UpdateOptions{DryRun: po.DryRun, FieldManager: po.FieldManager, FieldValidation: po.FieldValidation}
 	var next client.Object
-	err = retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		tok, err := heldToken(c.holder)
-		if err != nil {
+	p := &patchedRead{c: c, obj: obj, pt: patch.Type(), data: data}
+	err = retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
+		var cur client.Object
+		var tok token.Token
+		if tok, cur, next, err = p.read(ctx, first); err != nil {
 			return false, err
 		}
-		cur, err := c.read(ctx, obj)
-		if err != nil {
-			return false, err
-		}
-		if err := token.CheckStamp(tok, cur.GetAnnotations(), c.opts.takeover); err != nil {
-			return false, err
-		}
-		var pinned bool
-		next, pinned, err = applyPatch(cur, patch.Type(), data)
-		if err != nil {
-			return false, err
-		}
-		stamp(next, next.GetAnnotations(), tok)
+		restamp(next, cur.GetAnnotations(), tok)
 		err = c.inner.Update(ctx, next, uo)
-		if pinned && apierrors.IsConflict(err) {
+		if p.pinned != "" && apierrors.IsConflict(err) {
 			return false, c.conflictOrStale(ctx, obj, tok, err)
 		}
 		return true, err
@@ -221,38 +215,65 @@ func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 	return copyInto(obj, next)
 }
 
-// Delete reads the object (or uses obj when it carries a resourceVersion
-// and a UID, unless WithLiveRead), checks its stamp and deletes it with
-// UID and resourceVersion preconditions, so that it fails if the object
-// changed, or was replaced, after the check. A conflict is retried with a
-// fresh read, unless the caller passed preconditions of its own, which
-// then take precedence. A stale holder can still delete an object that no
+// patchedRead is one fenced patch's reads: the version checked and the
+// patch applied to it.
+type patchedRead struct {
+	c    *Client
+	obj  client.Object
+	pt   types.PatchType
+	data []byte
+	// pinned is the resourceVersion the patch sets, once seen.
+	pinned string
+}
+
+// read reads and checks the object and applies the patch to it. When the
+// patch pins a resourceVersion, the version checked must be that one: it
+// is read through the API reader if the first read returned another, and
+// if the object has moved past it, read fails with a Conflict error or a
+// *token.StaleError.
+func (p *patchedRead) read(ctx context.Context, first bool) (tok token.Token, cur, next client.Object, err error) {
+	if tok, cur, err = p.c.readChecked(ctx, p.obj, p.pinned, first); err != nil {
+		return tok, nil, nil, err
+	}
+	if next, err = applyPatch(cur, p.pt, p.data); err != nil {
+		return tok, nil, nil, err
+	}
+	rv := next.GetResourceVersion()
+	if p.pinned != "" || rv == cur.GetResourceVersion() {
+		return tok, cur, next, nil
+	}
+	p.pinned = rv
+	return p.read(ctx, false)
+}
+
+// Delete reads the object (see Update for how), checks its stamp and
+// deletes it with the UID and resourceVersion of the version checked as
+// preconditions, so that it fails if the object changed, or was replaced,
+// after the check. obj's own UID and resourceVersion are not trusted. A
+// conflict is retried with a fresh read, unless the caller passed
+// preconditions of its own: then the version checked must match them, or
+// Delete deletes nothing and returns a Conflict error or a
+// *token.StaleError. A stale holder can still delete an object that no
 // newer holder has written.
 func (c *Client) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	callerPre := (&client.DeleteOptions{}).ApplyOptions(opts).Preconditions
-	pinned := callerPre != nil && (callerPre.UID != nil || callerPre.ResourceVersion != nil)
+	var wantUID types.UID
+	var wantRV string
+	if callerPre != nil && callerPre.UID != nil {
+		wantUID = *callerPre.UID
+	}
+	if callerPre != nil && callerPre.ResourceVersion != nil {
+		wantRV = *callerPre.ResourceVersion
+	}
+	pinned := wantUID != "" || wantRV != ""
 	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, err := heldToken(c.holder)
+		tok, cur, err := c.readChecked(ctx, obj, wantRV, first)
 		if err != nil {
 			return false, err
 		}
-		var cur client.Object = obj
-		if !first || c.opts.liveRead || obj.GetResourceVersion() == "" || obj.GetUID() == "" {
-			if cur, err = c.read(ctx, obj); err != nil {
-				return false, err
-			}
-		}
-		if err := token.CheckStamp(tok, cur.GetAnnotations(), c.opts.takeover); err != nil {
-			return false, err
-		}
 		uid, rv := cur.GetUID(), cur.GetResourceVersion()
-		if pinned {
-			if callerPre.UID != nil {
-				uid = *callerPre.UID
-			}
-			if callerPre.ResourceVersion != nil {
-				rv = *callerPre.ResourceVersion
-			}
+		if wantUID != "" && wantUID != uid {
+			return false, pinnedConflict(obj, fmt.Sprintf("the precondition names UID %s, the object has UID %s", wantUID, uid))
 		}
 		err = c.inner.Delete(ctx, obj, append(slices.Clone(opts), client.Preconditions{UID: &uid, ResourceVersion: &rv})...)
 		if pinned && apierrors.IsConflict(err) {
@@ -291,24 +312,69 @@ func (c *Client) SubResource(subResource string) client.SubResourceClient {
 	return &subResourceClient{c: c, name: subResource}
 }
 
+// readChecked returns the holder's token and the object obj names, read
+// and checked: its stamp is one the holder may overwrite. The first
+// attempt reads through the reader, later ones (and every one with
+// WithLiveRead) through the API reader. When want is set, the object must
+// be at that resourceVersion: a first read at another version is repeated
+// through the API reader, and if that is not at want either, readChecked
+// fails with a Conflict error (or the check's refusal, when the current
+// version carries a stamp the holder may not overwrite).
+func (c *Client) readChecked(ctx context.Context, obj client.Object, want string, first bool) (token.Token, client.Object, error) {
+	tok, err := heldToken(c.holder)
+	if err != nil {
+		return tok, nil, err
+	}
+	live := !first || c.opts.liveRead
+	cur, err := c.read(ctx, obj, live)
+	if err == nil && want != "" && cur.GetResourceVersion() != want && !live {
+		cur, err = c.read(ctx, obj, true)
+	}
+	if err != nil {
+		return tok, nil, err
+	}
+	if cur.GetResourceVersion() == "" {
+		return tok, nil, fmt.Errorf("%w: the object read has no resourceVersion to write conditionally on", ErrUnsupported)
+	}
+	if err := token.CheckStamp(tok, cur.GetAnnotations(), c.opts.takeover); err != nil {
+		return tok, nil, err
+	}
+	if want != "" && cur.GetResourceVersion() != want {
+		return tok, nil, pinnedConflict(obj, fmt.Sprintf("resourceVersion %s was asked for, the object is at %s", want, cur.GetResourceVersion()))
+	}
+	return tok, cur, nil
+}
+
 // read reads the object obj names, into a new object of obj's type,
-// through the protocol reader.
-func (c *Client) read(ctx context.Context, obj client.Object) (client.Object, error) {
+// through the API reader when live, else through the reader.
+func (c *Client) read(ctx context.Context, obj client.Object, live bool) (client.Object, error) {
 	cur, err := emptyLike(obj)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.reader.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
+	r := c.reader
+	if live {
+		r = c.apiReader
+	}
+	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		return nil, err
 	}
 	return cur, nil
+}
+
+// pinnedConflict is the Conflict error of a write that fencer did not send
+// because the object is not at the version the caller asked for.
+func pinnedConflict(obj client.Object, why string) error {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	gr := schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(kindOf(obj))}
+	return apierrors.NewConflict(gr, obj.GetName(), fmt.Errorf("the object has been modified: %s", why))
 }
 
 // conflictOrStale classifies a conflict on a write the caller pinned to
 // its own resourceVersion; see the package-level function.
 func (c *Client) conflictOrStale(ctx context.Context, obj client.Object, tok token.Token, conflict error) error {
 	return conflictOrStale(conflict, func() error {
-		cur, err := c.read(ctx, obj)
+		cur, err := c.read(ctx, obj, true)
 		if err != nil {
 			return nil
 		}

@@ -3,6 +3,7 @@ package kubeadapter
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -18,8 +19,9 @@ import (
 // while h holds the lease, so mutate must be safe to run again on a newer
 // object. It returns update's result.
 //
-// mutate must not clear the resourceVersion; UpdateFenced restores the
-// read one before writing. WithLiveRead and WithReader have no effect
+// UpdateFenced restores the read resourceVersion and the read fencer
+// annotations (token.Restamp) after mutate, so mutate can change neither
+// the version written over nor the stamp. WithLiveRead and WithReader have no effect
 // here. Like Client.Update, UpdateFenced only fences against writes that
 // stamped a greater token on this object.
 //
@@ -40,11 +42,11 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		if err != nil {
 			return false, err
 		}
-		rv := cur.GetResourceVersion()
+		rv, stored := cur.GetResourceVersion(), maps.Clone(cur.GetAnnotations())
 		if err := mutate(cur); err != nil {
 			return false, err
 		}
-		stamp(cur, cur.GetAnnotations(), tok)
+		restamp(cur, stored, tok)
 		cur.SetResourceVersion(rv)
 		out, err = update(ctx, cur)
 		return true, err

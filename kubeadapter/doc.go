@@ -37,13 +37,17 @@
 //
 // Client wraps a controller-runtime client; UpdateFenced and DeleteFenced
 // serve client-go's typed and dynamic clients. They implement the object
-// protocol of docs/protocol.md: check the object's fencer annotations with
-// token.CheckStamp, stamp the token, and write conditionally on the
-// resourceVersion that was checked. The API server's optimistic
-// concurrency is what rejects a superseded holder's write; the check
-// before it only turns the rejection into a typed error (token.ErrStale)
-// and saves a doomed write. The admission policy in deploy/admission
-// enforces the same rule on writers that do not use this package.
+// protocol of docs/protocol.md: read the object themselves (from a cache
+// when it holds the version to be written, live otherwise), check the
+// stamp of exactly that copy with token.CheckStamp, stamp the token over
+// that copy's fencer annotations (token.Restamp), and write conditionally
+// on that copy's resourceVersion. Annotations and resourceVersions that
+// the caller supplies are never trusted: a version the caller pinned must
+// be the one checked, or nothing is written. The API server's optimistic
+// concurrency is what rejects a write when a newer holder wrote in
+// between; the check is what rejects a write over a newer stamp, or over
+// a lease mark left by a takeover. The admission policy in deploy/admission
+// enforces the same order on writers that do not use this package.
 //
 // # What is not guaranteed
 //
@@ -55,9 +59,10 @@
 //     at all while the process is paused or, until the renew deadline, cut
 //     off from the API server. They stop work early; they are not what
 //     makes a write safe.
-//   - Status writes cannot carry a stamp; they are conditional on a version
-//     stamped with the writer's own token. Deletes are conditional on the
-//     UID and resourceVersion that were checked. Creates cannot be fenced
-//     against an object that does not exist yet.
+//   - Status writes are conditional on a version stamped with the
+//     writer's own token. Deletes are conditional on the UID and
+//     resourceVersion that were checked. Creates cannot be fenced per
+//     object against an object that does not exist yet (the opt-in
+//     live-Lease admission mode refuses them; docs/protocol.md).
 //   - DeleteAllOf, server-side apply and other subresources are refused.
 package kubeadapter

@@ -80,7 +80,12 @@ type kube struct {
 
 func newKube(tb testing.TB) *kube {
 	tb.Helper()
-	env := kubeEnv(tb)
+	return newKubeOn(tb, kubeEnv(tb))
+}
+
+// newKubeOn is newKube on env rather than the shared API server.
+func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
+	tb.Helper()
 	cs, err := kubernetes.NewForConfig(env.Admin())
 	require.NoError(tb, err)
 	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})

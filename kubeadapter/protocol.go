@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,27 +37,38 @@ type options struct {
 	takeover    bool
 	liveRead    bool
 	reader      client.Reader
+	apiReader   client.Reader
 	maxAttempts int
 }
 
 // WithTakeover lets fenced writes stamp objects that carry another
 // lease's stamp. Without it such writes fail with *token.ForeignLeaseError.
-// A greater token of the same lease and a malformed stamp are refused
-// even with takeover.
+// A takeover keeps the replaced lease's token as its high-water mark, so
+// it never reorders that lease: a token of the held lease below the
+// object's mark for it, and a malformed stamp, are refused even with
+// takeover.
 func WithTakeover() Option { return func(o *options) { o.takeover = true } }
 
-// WithLiveRead makes Client.Update and Client.Delete always read the object
-// before checking its stamp, even when the caller's object carries a
-// resourceVersion. Without it they check the caller's object, trusting
-// that its annotations are those it was read with. It has no effect on
-// UpdateFenced and DeleteFenced, which always read.
+// WithLiveRead makes Client read every object it checks through the API
+// reader (WithAPIReader), never through the first reader (WithReader).
+// It has no effect on UpdateFenced and DeleteFenced, which read with the
+// caller's function.
 func WithLiveRead() Option { return func(o *options) { o.liveRead = true } }
 
-// WithReader makes Client read objects for the protocol through r, such
-// as a manager's API reader, instead of through the inner client, which
-// may be a cache. A stale read cannot break fencing, since every write is
-// conditional on the read's resourceVersion; it only costs conflicts.
+// WithReader sets the reader of the first read of each Client write, such
+// as a manager's cache (mgr.GetClient()). The default is the inner
+// client. A lagging reader cannot break fencing: every write is
+// conditional on the resourceVersion of the very copy whose stamp was
+// checked, so a stale copy costs a conflict and a live re-read, never a
+// write.
 func WithReader(r client.Reader) Option { return func(o *options) { o.reader = r } }
+
+// WithAPIReader sets the reader Client uses when the first read did not
+// return the version a write needs: after a conflict, when the caller
+// pinned a resourceVersion that the first reader did not return, and for
+// every read with WithLiveRead. Pass a live reader, such as a manager's
+// mgr.GetAPIReader(). The default is the inner client.
+func WithAPIReader(r client.Reader) Option { return func(o *options) { o.apiReader = r } }
 
 // WithMaxAttempts sets how many write attempts a fenced write makes when
 // its writes keep conflicting. n must be at least 1.
@@ -87,10 +97,12 @@ func heldToken(h Holder) (token.Token, error) {
 	return h.Token(), nil
 }
 
-// stamp sets tok's annotations on obj, over a copy of annotations, so that
-// a map shared with the caller or a cache is never written to.
-func stamp(obj metav1.Object, annotations map[string]string, tok token.Token) {
-	obj.SetAnnotations(tok.Stamp(maps.Clone(annotations)))
+// restamp sets on obj the annotations a fenced write sends over a version
+// whose annotations are stored: obj's own, except the protocol keys,
+// which are taken from stored and stamped with tok (token.Restamp). Neither
+// map is written to, so maps shared with the caller or a cache are safe.
+func restamp(obj metav1.Object, stored map[string]string, tok token.Token) {
+	obj.SetAnnotations(tok.Restamp(obj.GetAnnotations(), stored))
 }
 
 // stampedWith reports whether annotations carry exactly tok's lease and

@@ -187,15 +187,11 @@ func TestDelete(t *testing.T) {
 // are conditional on a version stamped with the writer's token: a newer
 // holder's status write stamps the object first, and then an older
 // holder's status writes fail.
-func TestStatusWrites(t *testing.T) {
-	t.Parallel()
-	k := newKube(t)
-	ctx := t.Context()
-	toks := k.tokens(t, 2)
-	cOld, cCur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
+// deployment returns a minimal valid Deployment to create.
+func deployment(namespace, name string) *appsv1.Deployment {
 	labels := map[string]string{"app": "x"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "d"},
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: appsv1.DeploymentSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{
@@ -204,6 +200,15 @@ func TestStatusWrites(t *testing.T) {
 			},
 		},
 	}
+}
+
+func TestStatusWrites(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	toks := k.tokens(t, 2)
+	cOld, cCur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
+	dep := deployment(k.ns, "d")
 	require.NoError(t, cOld.Create(ctx, dep))
 	get := func() *appsv1.Deployment {
 		var d appsv1.Deployment

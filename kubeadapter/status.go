@@ -42,12 +42,17 @@ func (s *subResourceClient) Apply(_ context.Context, _ runtime.ApplyConfiguratio
 	return fmt.Errorf("kubeadapter: apply %s: %w: server-side apply cannot be fenced", s.name, ErrUnsupported)
 }
 
-// Update writes obj's status. The object is always read first, its stamp
-// checked and, if needed, stamped (see the type's doc). The precondition
-// is obj's resourceVersion when set (moved past the holder's own stamping
-// write, if one was made), otherwise the read one, and then a conflict is
-// retried with a fresh read. A body other than obj
-// (client.WithSubResourceBody) is refused.
+// Update writes obj's status. The object is always read first (see
+// Client.Update for how), its stamp checked and, if needed, stamped (see
+// the type's doc). When obj carries a resourceVersion, the version read
+// must be that one, or Update writes nothing and returns a Conflict error
+// or a *token.StaleError; the status write is then conditional on it (or
+// on the holder's own stamping write after it). Otherwise the version read
+// is the precondition, and a conflict is retried with a fresh read. The
+// fencer annotations sent are those of the version written over (some
+// kinds' status writes store the body's annotations). A body other than
+// obj (client.WithSubResourceBody) is refused. On error obj's annotations
+// and resourceVersion are restored.
 func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	if s.name != "status" {
 		return s.c.fail("update "+s.name, obj, fmt.Errorf("%w: only the status subresource is fenced", ErrUnsupported))
@@ -55,15 +60,16 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 	if (&client.SubResourceUpdateOptions{}).ApplyOptions(opts).SubResourceBody != nil {
 		return s.c.fail("update status", obj, fmt.Errorf("%w: a status update with a separate body", ErrUnsupported))
 	}
-	callerRV := obj.GetResourceVersion()
-	err := retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		tok, cur, _, err := s.readStamped(ctx, obj, callerRV)
+	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
+	err := retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
+		tok, cur, err := s.readStamped(ctx, obj, callerRV, first)
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, s.c.conflictOrStale(ctx, obj, tok, err)
 		}
 		if err != nil {
 			return true, err
 		}
+		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
 		obj.SetResourceVersion(cur.GetResourceVersion())
 		err = s.c.inner.Status().Update(ctx, obj, opts...)
 		if callerRV != "" && apierrors.IsConflict(err) {
@@ -72,17 +78,21 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 		return true, err
 	})
 	if err != nil {
+		obj.SetAnnotations(ann)
 		obj.SetResourceVersion(callerRV)
 		return s.c.fail("update status", obj, err)
 	}
 	return nil
 }
 
-// Patch applies patch to the status of a fresh, stamped read of the
-// object (see the type's doc), locally as Client.Patch does, and writes it
-// with a status Update conditional on the read resourceVersion. A
-// conflict is retried with a fresh read unless the patch sets
-// metadata.resourceVersion. On success obj holds the written object.
+// Patch applies patch to the status of the version fencer read, checked
+// and, if needed, stamped (see the type's doc), locally as Client.Patch
+// does, and writes it with a status Update conditional on that version.
+// The patch cannot change fencer's annotations. A conflict is retried with
+// a fresh read unless the patch sets metadata.resourceVersion: then the
+// version read must be that one, or Patch writes nothing and returns a
+// Conflict error or a *token.StaleError. On success obj holds the written
+// object.
 func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	if s.name != "status" {
 		return s.c.fail("patch "+s.name, obj, fmt.Errorf("%w: only the status subresource is fenced", ErrUnsupported))
@@ -99,22 +109,23 @@ func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch 
 		DryRun: po.DryRun, FieldManager: po.FieldManager, FieldValidation: po.FieldValidation,
 	}}
 	var next client.Object
-	err = retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		tok, cur, readRV, err := s.readStamped(ctx, obj, "")
+	p := &patchedRead{c: s.c, obj: obj, pt: patch.Type(), data: data}
+	err = retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
+		tok, read, _, err := p.read(ctx, first)
+		if err != nil {
+			return false, err
+		}
+		cur, err := s.stamp(ctx, tok, read)
 		if err != nil {
 			return true, err
 		}
-		var pinned bool
-		if next, pinned, err = applyPatch(cur, patch.Type(), data); err != nil {
+		if next, err = applyPatch(cur, p.pt, p.data); err != nil {
 			return false, err
 		}
-		if pinned && next.GetResourceVersion() == readRV {
-			// The patch pinned the version it was computed from; the only
-			// write since is the holder's own stamp.
-			next.SetResourceVersion(cur.GetResourceVersion())
-		}
+		restamp(next, cur.GetAnnotations(), tok)
+		next.SetResourceVersion(cur.GetResourceVersion())
 		err = s.c.inner.Status().Update(ctx, next, uo)
-		if pinned && apierrors.IsConflict(err) {
+		if p.pinned != "" && apierrors.IsConflict(err) {
 			return false, s.c.conflictOrStale(ctx, obj, tok, err)
 		}
 		return true, err
@@ -125,34 +136,29 @@ func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch 
 	return copyInto(obj, next)
 }
 
-// readStamped reads the object, checks its stamp and, unless it already
-// carries exactly the holder's token, stamps the main resource with an
-// Update conditional on rv (or, when rv is empty, on the read
-// resourceVersion). It returns the token and the object as stored after
-// the check or the stamping write; its resourceVersion is the status
-// write's precondition. When rv is set and the object was already stamped,
-// the returned object's resourceVersion is rv. readRV is the
-// resourceVersion the object was read at.
-func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, rv string) (tok token.Token, cur client.Object, readRV string, err error) {
-	if tok, err = heldToken(s.c.holder); err != nil {
-		return tok, nil, "", err
+// readStamped reads and checks the object (Client.readChecked, which
+// requires version want when set) and stamps it if needed (stamp). It
+// returns the token and the object as stored after the check or the
+// stamping write; its resourceVersion is the status write's precondition.
+func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, want string, first bool) (token.Token, client.Object, error) {
+	tok, cur, err := s.c.readChecked(ctx, obj, want, first)
+	if err != nil {
+		return tok, nil, err
 	}
-	if cur, err = s.c.read(ctx, obj); err != nil {
-		return tok, nil, "", err
-	}
-	if err := token.CheckStamp(tok, cur.GetAnnotations(), s.c.opts.takeover); err != nil {
-		return tok, nil, "", err
-	}
-	readRV = cur.GetResourceVersion()
-	if rv != "" {
-		cur.SetResourceVersion(rv)
-	}
+	cur, err = s.stamp(ctx, tok, cur)
+	return tok, cur, err
+}
+
+// stamp returns cur, checked, when it carries exactly tok's stamp, and
+// otherwise stamps the main resource with an Update of cur conditional on
+// cur's resourceVersion and returns the stored result.
+func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error) {
 	if stampedWith(cur.GetAnnotations(), tok) {
-		return tok, cur, readRV, nil
+		return cur, nil
 	}
-	stamp(cur, cur.GetAnnotations(), tok)
+	restamp(cur, cur.GetAnnotations(), tok)
 	if err := s.c.inner.Update(ctx, cur); err != nil {
-		return tok, nil, readRV, fmt.Errorf("stamp before status write: %w", err)
+		return nil, fmt.Errorf("stamp before status write: %w", err)
 	}
-	return tok, cur, readRV, nil
+	return cur, nil
 }

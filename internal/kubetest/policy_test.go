@@ -10,12 +10,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/token"
 )
 
 const (
 	leaseKey = "fencer.dev/lease"
 	tokenKey = "fencer.dev/token"
+	epochKey = "fencer.dev/epoch"
 	fence    = kubetest.Namespace + "/fence"
+	other    = kubetest.Namespace + "/other"
 )
 
 // TestAdmissionPolicy installs deploy/admission/policy.yaml and checks what
@@ -55,23 +58,38 @@ func TestAdmissionPolicy(t *testing.T) {
 		{name: "remove all annotations", object: "guarded", annotations: nil,
 			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed"},
 		{name: "malformed token", object: "guarded", annotations: fenced(fence, "12abc"),
-			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
+		{name: "leading zero", object: "guarded", annotations: fenced(fence, "0100"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
 		{name: "negative token", object: "guarded", annotations: fenced(fence, "-1"),
-			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
 		{name: "token overflowing int64", object: "guarded", annotations: fenced(fence, "99999999999999999999"),
-			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
 		{name: "empty token", object: "guarded", annotations: fenced(fence, ""),
-			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
-		{name: "takeover by another lease", object: "guarded", annotations: fenced(kubetest.Namespace+"/other", "1")},
-		{name: "stale after takeover", object: "guarded", annotations: fenced(kubetest.Namespace+"/other", "0"),
-			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
+		{name: "malformed epoch", object: "guarded", annotations: withKey(fenced(fence, "100"), epochKey, "07"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
+		{name: "takeover dropping the old lease's token", object: "guarded", annotations: fenced(other, "1"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must keep its token 100 as annotation " + token.MarkKey(fence)},
+		{name: "takeover lowering the old lease's token", object: "guarded", annotations: withKey(fenced(other, "1"), token.MarkKey(fence), "99"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must keep its token 100"},
+		{name: "takeover keeping the old lease's token", object: "guarded", annotations: withKey(fenced(other, "1"), token.MarkKey(fence), "100")},
+		{name: "same token after takeover", object: "guarded", annotations: withKey(fenced(other, "1"), token.MarkKey(fence), "100")},
+		{name: "hop back with an old token", object: "guarded", annotations: withKey(withKey(fenced(fence, "1"), token.MarkKey(fence), "100"), token.MarkKey(other), "1"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token 1 for lease " + fence},
+		{name: "hop back dropping the mark", object: "guarded", annotations: withKey(fenced(fence, "1"), token.MarkKey(other), "1"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed or lowered"},
+		{name: "hop back with the newest token", object: "guarded", annotations: withKey(withKey(fenced(fence, "100"), token.MarkKey(fence), "100"), token.MarkKey(other), "1")},
+		{name: "mark of the lease taken over is kept", object: "guarded", annotations: withKey(fenced(fence, "101"), token.MarkKey(fence), "101"),
+			wantReason: metav1.StatusReasonForbidden, wantMessage: "must not be removed or lowered"},
 		{name: "unfenced object", object: "unguarded", annotations: map[string]string{"team": "a"}},
-		{name: "unfenced object gains a malformed token", object: "unguarded", annotations: fenced(fence, "x")},
-		{name: "malformed stored token kept", object: "unguarded", annotations: fenced(fence, "x"),
-			wantReason: metav1.StatusReasonInvalid, wantMessage: "must be a decimal integer"},
-		{name: "malformed stored token replaced", object: "unguarded", annotations: fenced(fence, "1")},
-		{name: "stale after repair", object: "unguarded", annotations: fenced(fence, "0"),
-			wantReason: metav1.StatusReasonForbidden, wantMessage: "stale fencing token"},
+		{name: "unfenced object gains a malformed token", object: "unguarded", annotations: fenced(fence, "x"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
+		{name: "unfenced object gains a malformed mark", object: "unguarded", annotations: map[string]string{token.MarkKey(fence): "x"},
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer mark"},
+		{name: "unfenced object gains a stamp", object: "unguarded", annotations: fenced(fence, "1")},
+		{name: "stale after stamping", object: "unguarded", annotations: fenced(fence, "0"),
+			wantReason: metav1.StatusReasonInvalid, wantMessage: "malformed fencer stamp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cm, err := cms.Get(ctx, tc.object, metav1.GetOptions{})
@@ -99,6 +117,12 @@ func installPolicy(t *testing.T, env *kubetest.Env) {
 	start := time.Now()
 	require.NoError(t, env.InstallPolicy(ctx))
 	t.Logf("policy enforced after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// withKey returns ann with key set to value.
+func withKey(ann map[string]string, key, value string) map[string]string {
+	ann[key] = value
+	return ann
 }
 
 func fenced(lease, token string) map[string]string {

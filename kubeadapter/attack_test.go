@@ -1,0 +1,264 @@
+package kubeadapter_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// laggingReader is a cache that has not seen the latest writes: it
+// returns the copy it holds, whatever the API server has.
+type laggingReader struct{ obj client.Object }
+
+func (r laggingReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	v, ok := r.obj.DeepCopyObject().(client.Object)
+	if !ok {
+		panic("not a client.Object")
+	}
+	return copyObject(obj, v)
+}
+
+func (laggingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	panic("not used")
+}
+
+// copyObject copies src into dst, both *corev1.ConfigMap or both
+// *appsv1.Deployment.
+func copyObject(dst, src client.Object) error {
+	switch d := dst.(type) {
+	case *corev1.ConfigMap:
+		*d = *src.(*corev1.ConfigMap)
+	case *appsv1.Deployment:
+		*d = *src.(*appsv1.Deployment)
+	default:
+		panic("unexpected type")
+	}
+	return nil
+}
+
+// superseded is the scene of every attack: holder A (token a) wrote the
+// object, then holder B (token b > a) wrote it. aView is the object as A
+// read it; current is the object as B left it.
+type superseded struct {
+	k              *kube
+	a, b           token.Token
+	aView, current *corev1.ConfigMap
+}
+
+func newSuperseded(t *testing.T, k *kube, name string) superseded {
+	t.Helper()
+	toks := k.tokens(t, 2)
+	s := superseded{k: k, a: toks[0], b: toks[1]}
+	ctx := t.Context()
+	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
+	require.NoError(t, k.client(t, staticHolder{s.a}).Create(ctx, obj))
+	s.aView = obj.DeepCopy()
+	obj.Data["by"] = "b"
+	require.NoError(t, k.client(t, staticHolder{s.b}).Update(ctx, obj))
+	s.current = obj.DeepCopy()
+	return s
+}
+
+// requireIntact checks that the object still carries B's stamp and data.
+func (s superseded) requireIntact(t *testing.T) {
+	t.Helper()
+	cur := s.k.configMap(t, s.current.Name)
+	requireStamped(t, cur.Annotations, s.b)
+	require.Equal(t, "b", cur.Data["by"])
+}
+
+// handBuilt is the object a careless superseded holder writes: built from
+// scratch with its own stamp, and the current resourceVersion copied in.
+func (s superseded) handBuilt() *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: s.current.Namespace, Name: s.current.Name,
+			ResourceVersion: s.current.ResourceVersion, UID: s.current.UID,
+			Annotations: s.a.Stamp(nil),
+		},
+		Data: map[string]string{"by": "a-late"},
+	}
+}
+
+// TestSupersededHolderAttacks tries, on the real API server without the
+// admission policy, every way a careless superseded holder writes through
+// the fenced client: a caller-built object with the current
+// resourceVersion copied in, a lagging cache, pinned preconditions, a
+// patch pinned to a hand-built base, a status write, and a takeover after
+// a newer holder. Each must fail with token.ErrStale and leave the newer
+// holder's object intact. The first case also sends the same write
+// through a plain client, where it lands: the attack is real.
+func TestSupersededHolderAttacks(t *testing.T) {
+	env := kubetest.StartForTest(t)
+	k := newKubeOn(t, env)
+	ctx := t.Context()
+
+	t.Run("plain client lands the hand-built write", func(t *testing.T) {
+		s := newSuperseded(t, k, "plain")
+		require.NoError(t, k.crc.Update(ctx, s.handBuilt()))
+		requireStamped(t, k.configMap(t, "plain").Annotations, s.a)
+	})
+
+	for _, tc := range []struct {
+		name  string
+		write func(t *testing.T, s superseded) error
+	}{
+		{"update of a hand-built object with the current resourceVersion", func(t *testing.T, s superseded) error {
+			return k.client(t, staticHolder{s.a}).Update(ctx, s.handBuilt())
+		}},
+		{"update of a hand-built object without annotations", func(t *testing.T, s superseded) error {
+			obj := s.handBuilt()
+			obj.Annotations = nil
+			return k.client(t, staticHolder{s.a}).Update(ctx, obj)
+		}},
+		{"update with a lagging cache and the current resourceVersion", func(t *testing.T, s superseded) error {
+			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Update(ctx, s.handBuilt())
+		}},
+		{"update with a lagging cache, live read and the current resourceVersion", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}), kubeadapter.WithLiveRead())
+			return c.Update(ctx, s.handBuilt())
+		}},
+		{"unconditional update with a lagging cache", func(t *testing.T, s superseded) error {
+			obj := s.handBuilt()
+			obj.ResourceVersion = ""
+			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Update(ctx, obj)
+		}},
+		{"retried update of the object read before the supersede", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a})
+			obj := s.aView.DeepCopy()
+			obj.Data["by"] = "a-late"
+			if err := c.Update(ctx, obj); !apierrors.IsConflict(err) && !isStale(err) {
+				t.Fatalf("first attempt: %v", err)
+			}
+			return c.Update(ctx, obj)
+		}},
+		{"delete with the current UID and resourceVersion as preconditions", func(t *testing.T, s superseded) error {
+			return k.client(t, staticHolder{s.a}).Delete(ctx, s.handBuilt(),
+				client.Preconditions{UID: &s.current.UID, ResourceVersion: &s.current.ResourceVersion})
+		}},
+		{"delete of a hand-built object with a lagging cache", func(t *testing.T, s superseded) error {
+			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Delete(ctx, s.handBuilt())
+		}},
+		{"patch pinned to a hand-built base", func(t *testing.T, s superseded) error {
+			base := s.handBuilt()
+			obj := base.DeepCopy()
+			obj.Data["by"] = "a-late"
+			return k.client(t, staticHolder{s.a}).Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		}},
+		{"patch pinned with a lagging cache", func(t *testing.T, s superseded) error {
+			base := s.handBuilt()
+			obj := base.DeepCopy()
+			obj.Data["by"] = "a-late"
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		}},
+		{"json patch lowering the stamp", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a})
+			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
+				[]byte(`[{"op":"replace","path":"/metadata/annotations/fencer.dev~1token","value":"1"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSuperseded(t, k, sanitize(tc.name))
+			err := tc.write(t, s)
+			require.ErrorIs(t, err, token.ErrStale)
+			s.requireIntact(t)
+		})
+	}
+
+	t.Run("status update of a hand-built object", func(t *testing.T) {
+		toks := k.tokens(t, 2)
+		a, b := toks[0], toks[1]
+		d := deployment(k.ns, "status-attack")
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, d))
+		aView := d.DeepCopy()
+		d.Status.ObservedGeneration = 7
+		require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, d))
+		late := aView.DeepCopy()
+		late.ResourceVersion = d.ResourceVersion
+		late.Status.ObservedGeneration = 1
+		for _, c := range []*kubeadapter.Client{
+			k.client(t, staticHolder{a}),
+			k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{aView})),
+		} {
+			require.ErrorIs(t, c.Status().Update(ctx, late.DeepCopy()), token.ErrStale)
+			base := late.DeepCopy()
+			patched := base.DeepCopy()
+			patched.Status.ObservedGeneration = 2
+			require.ErrorIs(t, c.Status().Patch(ctx, patched, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})), token.ErrStale)
+		}
+		var got appsv1.Deployment
+		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(d), &got))
+		requireStamped(t, got.Annotations, b)
+		require.EqualValues(t, 7, got.Status.ObservedGeneration)
+	})
+
+	t.Run("takeover after a newer holder", func(t *testing.T) {
+		s := newSuperseded(t, k, "takeover")
+		cfg := k.fast("other")
+		cfg.Name = "other"
+		other, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+		require.NoError(t, err)
+		hm := acquire(t, other)
+		defer hm.Release(context.Background())
+		obj := s.current.DeepCopy()
+		obj.Data["by"] = "m"
+		require.NoError(t, k.client(t, hm, kubeadapter.WithTakeover()).Update(ctx, obj))
+		stored := k.configMap(t, "takeover")
+		requireStamped(t, stored.Annotations, hm.Token())
+		require.Equal(t, strconv.FormatInt(s.b.Revision, 10), stored.Annotations[token.MarkKey(s.b.Lease)], "the takeover keeps b as the lease's mark")
+
+		// A, whose token is older than b, takes the object back: refused.
+		back := stored.DeepCopy()
+		back.Data["by"] = "a-late"
+		require.ErrorIs(t, k.client(t, staticHolder{s.a}, kubeadapter.WithTakeover()).Update(ctx, back), token.ErrStale)
+		require.Equal(t, "m", k.configMap(t, "takeover").Data["by"])
+		// B, the newest holder of the lease, may.
+		require.NoError(t, k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()).Update(ctx, back))
+		requireStamped(t, k.configMap(t, "takeover").Annotations, s.b)
+	})
+
+	t.Run("a current holder's object cannot lower its stamp", func(t *testing.T) {
+		s := newSuperseded(t, k, "lower")
+		c := k.client(t, staticHolder{s.b})
+		obj := s.current.DeepCopy()
+		obj.Annotations = s.a.Stamp(map[string]string{"team": "x"})
+		require.NoError(t, c.Update(ctx, obj))
+		stored := k.configMap(t, "lower")
+		requireStamped(t, stored.Annotations, s.b)
+		require.Equal(t, "x", stored.Annotations["team"], "the caller's other annotations are written")
+		require.NoError(t, c.Patch(ctx, stored, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":null}}}`))))
+		requireStamped(t, k.configMap(t, "lower").Annotations, s.b)
+	})
+}
+
+func isStale(err error) bool { return errors.Is(err, token.ErrStale) }
+
+// sanitize turns a test case name into a DNS label of at most 40
+// characters.
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 40 {
+		b = b[:40]
+	}
+	return strings.Trim(string(b), "-")
+}
