@@ -1,6 +1,7 @@
 package token_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/fencer-dev/fencer/token"
@@ -51,4 +52,65 @@ func FuzzFromAnnotations(f *testing.F) {
 			t.Fatalf("re-read %v, %v; want %v", back, err, tok)
 		}
 	})
+}
+
+// FuzzRestamp checks the order the object protocol promises, whatever the
+// stored annotations and the caller's object: when CheckStamp lets held
+// write over stored, the annotations Restamp sends are well formed
+// (CheckStored), carry held's stamp, and keep every lease's effective
+// token at least as great as it was; and a holder of a lower token of any
+// lease the result carries is refused.
+func FuzzRestamp(f *testing.F) {
+	f.Add("ns/l", "100", "ns/m", "7", "ns/l", int64(150), "ns/m", "1", true)
+	f.Add("ns/l", "100", "", "", "ns/m", int64(1), "ns/l", "1", true)
+	f.Add("ns/l", "01", "ns/l", "x", "ns/l", int64(5), "ns/l", "9", false)
+	f.Fuzz(func(t *testing.T, lease, rev, markLease, mark, heldLease string, heldRev int64, callerLease, callerRev string, takeover bool) {
+		stored := map[string]string{token.AnnotationLease: lease, token.AnnotationToken: rev}
+		if markLease != "" {
+			stored[token.MarkKey(markLease)] = mark
+		}
+		caller := map[string]string{token.AnnotationLease: callerLease, token.AnnotationToken: callerRev, "other": "kept"}
+		held := token.Token{Lease: heldLease, Epoch: 1, Revision: heldRev}
+		if token.CheckStamp(held, stored, takeover) != nil {
+			return
+		}
+		out := held.Restamp(caller, stored)
+		if err := token.CheckStored(out); err != nil {
+			t.Fatalf("Restamp(%v over %v) = %v, not storable: %v", held, stored, out, err)
+		}
+		if got, ok, err := token.FromAnnotations(out); err != nil || !ok || got != held {
+			t.Fatalf("Restamp wrote stamp %v, %v, %v; want %v", got, ok, err, held)
+		}
+		if out["other"] != "kept" {
+			t.Fatalf("Restamp dropped the caller's annotation: %v", out)
+		}
+		for _, l := range []string{lease, markLease} {
+			before := effective(stored, l)
+			if after := effective(out, l); after < before {
+				t.Fatalf("lease %q went from %d to %d: stored %v, out %v", l, before, after, stored, out)
+			}
+			if before > 1 && token.ValidateKubeLease(l) == nil {
+				lower := token.Token{Lease: l, Revision: before - 1}
+				if err := token.CheckStamp(lower, out, true); !errors.Is(err, token.ErrStale) {
+					t.Fatalf("token %d of %q below its effective %d was let through: %v", before-1, l, before, err)
+				}
+			}
+		}
+	})
+}
+
+// effective returns lease's effective token in annotations: the greater
+// of its mark and, when it is the current lease, its token; 0 when none.
+func effective(annotations map[string]string, lease string) int64 {
+	if token.ValidateKubeLease(lease) != nil {
+		return 0
+	}
+	var eff int64
+	if v, err := token.ParseRevision(annotations[token.MarkKey(lease)]); err == nil {
+		eff = v
+	}
+	if cur, ok, err := token.FromAnnotations(annotations); err == nil && ok && cur.Lease == lease && cur.Revision > eff {
+		eff = cur.Revision
+	}
+	return eff
 }
