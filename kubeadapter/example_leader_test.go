@@ -42,7 +42,7 @@ func ExampleLeader() {
 		log.Fatal(err)
 	}
 	leader, err := kubeadapter.NewLeader(e, kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
-		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithReader(mgr.GetAPIReader()))
+		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
 		}

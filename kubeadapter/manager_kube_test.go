@@ -39,7 +39,7 @@ type term struct {
 // terms.
 func copyController(mgr manager.Manager, terms chan<- term) kubeadapter.HeldRunnable {
 	return kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
-		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithReader(mgr.GetAPIReader()))
+		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
 		}
