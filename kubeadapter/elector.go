@@ -26,6 +26,11 @@ import (
 // leaseTransitions on every acquisition, including one by the identity the
 // record already names, and its identity carries a per-Elector nonce.
 //
+// Every acquiring write, create or update, also sets the label FenceLabel
+// to FenceLabelValue on the Lease, so that the live-Lease admission policy
+// takes it as a parameter. Renewals and releases leave labels as they
+// are.
+//
 // The token of an acquisition is (leaseTransitions, resourceVersion of the
 // acquiring write); see TokenOf. Tokens of later acquisitions are greater
 // because every write to the Lease, including one that recreates it after
@@ -96,7 +101,8 @@ func (e *Elector) Lease() string { return e.cfg.lease() }
 // does not exist, is free, names this Elector, or has not changed for the
 // record's leaseDurationSeconds as measured on this Elector's clock since
 // it was first seen in its current form, writes it with the read
-// resourceVersion as precondition (or creates it).
+// resourceVersion as precondition (or creates it). The write labels the
+// Lease FenceLabel=FenceLabelValue.
 //
 // It returns a *token.HeldError (token.ErrHeldByAnother) when another
 // holder's lease is still running, ErrAlreadyHeld when an acquisition of
@@ -127,7 +133,7 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 	case apierrors.IsNotFound(err):
 		start := e.clock.Now()
 		got, err = leases.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name},
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name, Labels: fenceLabels(nil)},
 			Spec:       acquiredSpec(nil, e.identity, e.cfg.LeaseDuration, start),
 		}, metav1.CreateOptions{})
 		if err != nil {
@@ -143,6 +149,7 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 		return nil, err
 	}
 	next := cur.DeepCopy()
+	next.Labels = fenceLabels(cur.Labels)
 	start := e.clock.Now()
 	next.Spec = acquiredSpec(&cur.Spec, e.identity, e.cfg.LeaseDuration, start)
 	got, err = leases.Update(ctx, next, metav1.UpdateOptions{})

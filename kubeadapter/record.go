@@ -1,6 +1,7 @@
 package kubeadapter
 
 import (
+	"maps"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -13,6 +14,30 @@ import (
 
 // This file holds the pure part of the elector: what a Lease record means
 // and what an acquisition writes. It performs no I/O and reads no clock.
+
+// The label that marks a Lease as a fence.
+const (
+	// FenceLabel is the key of the label that an Elector sets, with value
+	// FenceLabelValue, on the Lease in the write that creates or acquires
+	// it, whatever labels the Lease had before. The live-Lease admission
+	// policy (deploy/admission/live-lease.yaml) takes the Leases that carry
+	// this label as its parameters; a Lease without it is never consulted.
+	FenceLabel = "fencer.dev/fence"
+	// FenceLabelValue is the value of FenceLabel on a fence Lease.
+	FenceLabelValue = "true"
+)
+
+// fenceLabels returns a copy of labels with FenceLabel set to
+// FenceLabelValue, so that a map shared with the caller or a cache is
+// never written to.
+func fenceLabels(labels map[string]string) map[string]string {
+	out := maps.Clone(labels)
+	if out == nil {
+		out = make(map[string]string, 1)
+	}
+	out[FenceLabel] = FenceLabelValue
+	return out
+}
 
 // TokenOf returns the token that lease carries: Lease "namespace/name",
 // Epoch leaseTransitions and Revision the object's resourceVersion, parsed
