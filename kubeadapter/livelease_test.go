@@ -1,0 +1,119 @@
+package kubeadapter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter"
+)
+
+// TestElectorLabelsLease checks that the Lease an Elector acquires carries
+// the fence label, whether the Elector creates it or acquires an existing
+// Lease without the label, whose other labels are kept.
+func TestElectorLabelsLease(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	leases := k.cs.CoordinationV1().Leases(k.ns)
+
+	acquire(t, k.elector(t, "creator"))
+	created, err := leases.Get(ctx, "fence", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, kubeadapter.FenceLabelValue, created.Labels[kubeadapter.FenceLabel])
+
+	_, err = leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Name: "unlabelled", Labels: map[string]string{"team": "a"},
+	}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	cfg := k.fast("acquirer")
+	cfg.Name = "unlabelled"
+	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+	require.NoError(t, err)
+	acquire(t, e)
+	got, err := leases.Get(ctx, "unlabelled", metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"team": "a", kubeadapter.FenceLabel: kubeadapter.FenceLabelValue}, got.Labels)
+}
+
+// liveKube starts an API server of tb's own, for tests and benchmarks that
+// install the live-Lease policy: the policy binds every namespace, so on
+// the shared API server it would change what the other tests see. The
+// policy is not installed yet.
+func liveKube(tb testing.TB) *kube {
+	tb.Helper()
+	return newKubeOn(tb, kubetest.StartForTest(tb))
+}
+
+// installLiveLease installs deploy/admission/live-lease.yaml on k's API
+// server and waits until it is enforced.
+func installLiveLease(tb testing.TB, k *kube) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(tb, k.env.InstallLiveLeasePolicy(ctx))
+}
+
+// TestLiveLeaseTakeover is the case the live-Lease policy exists for:
+// holder A stamps object O, B takes the Lease over and never touches O,
+// and A, which has not noticed, writes O again. The per-object check lets
+// A through, since O carries A's own token; without the policy the write
+// lands, and with it the API server refuses it, and A's creates too.
+func TestLiveLeaseTakeover(t *testing.T) {
+	k := liveKube(t)
+	ctx := t.Context()
+	ea, stallA := k.stallableElector(t, "replica-a")
+	ha := acquire(t, ea)
+	a := k.client(t, staticHolder{ha.Token()}) // A, not noticing its loss
+	require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
+
+	stallA.stalled.Store(true)
+	hb := acquire(t, k.elector(t, "replica-b"))
+	requireGreater(t, hb.Token(), ha.Token())
+	require.Greater(t, hb.Token().Epoch, ha.Token().Epoch)
+
+	write := func(by string) error {
+		o := k.configMap(t, "o")
+		o.Data["by"] = by
+		return a.Update(ctx, o)
+	}
+	create := func(name string) error {
+		return a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}})
+	}
+	// Without the policy the harness bites: A's late writes land.
+	require.NoError(t, write("a-late"))
+	require.NoError(t, create("a-new"))
+	require.Equal(t, "a-late", k.configMap(t, "o").Data["by"])
+
+	installLiveLease(t, k)
+	before := k.configMap(t, "o").ResourceVersion
+	err := write("a-later")
+	require.True(t, apierrors.IsForbidden(err), "stale update through the fenced client: %v", err)
+	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	err = create("a-resurrected")
+	require.True(t, apierrors.IsForbidden(err), "stale create through the fenced client: %v", err)
+	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	raw := k.configMap(t, "o")
+	raw.Data["by"] = "a-raw"
+	_, err = k.cs.CoreV1().ConfigMaps(k.ns).Update(ctx, raw, metav1.UpdateOptions{})
+	require.True(t, apierrors.IsForbidden(err), "raw stale update: %v", err)
+	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.Equal(t, before, k.configMap(t, "o").ResourceVersion)
+
+	// B, the current holder, writes O and creates objects.
+	b := k.client(t, hb)
+	o := k.configMap(t, "o")
+	o.Data["by"] = "b"
+	require.NoError(t, b.Update(ctx, o))
+	require.NoError(t, b.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "b-new"}}))
+	require.Equal(t, "b", k.configMap(t, "o").Data["by"])
+
+	stallA.stalled.Store(false)
+}
