@@ -18,8 +18,12 @@ run ./etcdstore 'BenchmarkGuardedPut$' 3000x
 run ./etcdstore 'BenchmarkAcquireRelease$' 2000x
 run ./etcdstore 'BenchmarkAcquireReleaseCost$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
-# Kubernetes: fenced Update vs plain client.Update on the real kube-apiserver.
+# Kubernetes, on the real kube-apiserver: fenced Update (first read from a
+# cache, or live) vs a plain conditional client.Update; the admission
+# policies' cost per update (policy.yaml, and with live-lease.yaml added) vs
+# updates that no policy matches.
 run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
+run ./kubeadapter 'BenchmarkPolicyCost$' 3000x
 # Service: guarded Put through gRPC vs a direct guarded etcd Txn (1 and 64
 # clients); server RSS with 10,000 held leases (one full run per iteration).
 run ./server 'BenchmarkServiceGuardedPut' 3000x
