@@ -207,6 +207,27 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		require.EqualValues(t, 7, got.Status.ObservedGeneration)
 	})
 
+	t.Run("create of a Binding over a newer holder's Pod", func(t *testing.T) {
+		toks := k.tokens(t, 2)
+		a, b := toks[0], toks[1]
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bound"},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+		}
+		require.NoError(t, k.client(t, staticHolder{b}).Create(ctx, pod))
+		// A Binding's annotations are copied onto its Pod: a create that
+		// writes another object, which the fenced client cannot check.
+		binding := &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bound"},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
+		}
+		require.ErrorIs(t, k.client(t, staticHolder{a}).Create(ctx, binding), kubeadapter.ErrUnsupported)
+		var got corev1.Pod
+		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &got))
+		requireStamped(t, got.Annotations, b)
+		require.Empty(t, got.Spec.NodeName)
+	})
+
 	t.Run("takeover after a newer holder", func(t *testing.T) {
 		s := newSuperseded(t, k, "takeover")
 		cfg := k.fast("other")

@@ -40,9 +40,11 @@ import (
 // deletes carry the weaker guarantees described on their methods.
 //
 // Client refuses, with ErrUnsupported, what it cannot fence: DeleteAllOf,
-// server-side apply, patch types other than JSON patch, merge patch and
-// (for typed objects) strategic merge patch, and subresources other than
-// status.
+// a create of a core/v1 Binding (it writes the Pod), server-side apply,
+// patch types other than JSON patch, merge patch and (for typed objects)
+// strategic merge patch, and subresources other than status. Writes of
+// metadata-only objects (metav1.PartialObjectMetadata) fail, since the
+// whole object is written.
 type Client struct {
 	inner     client.Client
 	reader    client.Reader
@@ -106,13 +108,20 @@ func (c *Client) IsObjectNamespaced(obj runtime.Object) (bool, error) {
 	return c.inner.IsObjectNamespaced(obj)
 }
 
+// bindingKind is the kind whose create writes another object, its Pod.
+var bindingKind = schema.GroupKind{Kind: "Binding"}
+
 // Create refuses an obj whose own annotations carry a stamp the holder may
-// not overwrite, stamps the token and creates obj. Creation is conditional
+// not overwrite, stamps the token and creates obj. A core/v1 Binding, whose
+// create writes its Pod, is refused with ErrUnsupported. Creation is conditional
 // by nature (it fails if the object exists), but a stale holder can still
 // create an object that does not exist: install the live-Lease admission
 // mode (docs/protocol.md) to refuse that too. On error obj's annotations
 // are restored.
 func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if gvk, err := c.inner.GroupVersionKindFor(obj); err == nil && gvk.GroupKind() == bindingKind {
+		return c.fail("create", obj, fmt.Errorf("%w: a Binding's create writes its Pod, whose stamp cannot be checked first; bind through the pods/binding subresource", ErrUnsupported))
+	}
 	ann := obj.GetAnnotations()
 	tok, err := heldToken(c.holder)
 	if err == nil {

@@ -140,6 +140,15 @@ func rawAttacks() []rawAttack {
 					Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
 				}, metav1.CreateOptions{})
 			}},
+		{name: "bindings create", kind: "pod", key: tokenKey, after: "1",
+			write: func(ctx context.Context, cs *kubernetes.Clientset, name string) error {
+				// The legacy top-level resource: a CREATE with no
+				// subresource that copies its annotations onto the Pod.
+				return cs.CoreV1().RESTClient().Post().Namespace(kubetest.Namespace).Resource("bindings").Body(&corev1.Binding{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: fenced(fence, "1")},
+					Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
+				}).Do(ctx).Error()
+			}},
 	}
 }
 
