@@ -35,3 +35,11 @@ go test -run '^$' -bench 'BenchmarkServiceRSS10kLeases' -benchtime 1x -count 1 .
 # and holder change, fencer beside stock client-go (15/10/2 s) in the same run.
 echo "== go test -run '^\$' -bench BenchmarkSelfFence -benchtime 1x ./kubeadapter"
 go test -run '^$' -bench 'BenchmarkSelfFence$' -benchtime 1x -count 1 ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)|selffence_bench' || true
+# Live-Lease admission on the real kube-apiserver: lag from an acquisition to
+# the first refused stale write (p50/p99); cost per update with 1, 100 and
+# 10,000 labelled Leases in the namespace beside updates the policy does not
+# match; one binding per Lease instead of the selector binding.
+run ./kubeadapter 'BenchmarkLiveLeaseLag$' 500x
+run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=(1|100)$' 300x
+run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=10000$' 20x
+run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
