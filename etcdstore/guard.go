@@ -3,43 +3,77 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/token"
 )
 
-// Guard returns the etcd condition that holds exactly while tok is its
-// lease's current token: the holder key exists and was created at
-// tok.Revision. Put it in a Txn's If, the way etcd's Mutex.IsOwner is used,
-// and the Txn commits only for the current holder. It returns a
-// *token.MalformedError for a token this store could not have issued.
+// Guard returns the etcd conditions that hold exactly while tok is its
+// lease's current token: the holder key <prefix>leases/<lease> exists and
+// was created at tok.Revision, and the acquisition counter
+// <prefix>epochs/<lease> holds tok.Epoch. Put them in a Txn's If, the way
+// etcd's Mutex.IsOwner is used, and the Txn commits only for the current
+// holder's exact token. It returns a *token.MalformedError for a token
+// this store could not have issued.
+//
+// The pair pins one acquisition. Only the acquiring Txn writes the epoch
+// key, in the same Txn that creates the holder key, and it can run only
+// while the holder key is absent; so while the holder key created at
+// revision R exists, the epoch key holds the epoch of the acquisition at
+// R. A token that differs from the current one in its lease, epoch or
+// revision fails one of the two compares.
 //
 // Guard does not tell a failed guard from the caller's own compares
-// failing; Txn does.
-func (s *Store) Guard(tok token.Token) (clientv3.Cmp, error) {
+// failing; Txn does. Nor does it check who owns the keys the caller's Txn
+// writes: Put, Delete and Txn do that for data keys.
+func (s *Store) Guard(tok token.Token) ([]clientv3.Cmp, error) {
 	if err := validToken(tok); err != nil {
-		return clientv3.Cmp{}, err
+		return nil, err
 	}
 	return s.guard(tok), nil
 }
 
-func (s *Store) guard(tok token.Token) clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)
+// guard is Guard for a valid token.
+func (s *Store) guard(tok token.Token) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
+		clientv3.Compare(clientv3.Value(s.epochKey(tok.Lease)), "=", formatEpoch(tok.Epoch)),
+	}
 }
 
-// staleOps are the Else branch of a guarded Txn: they read what superseded
-// the token.
+// formatEpoch is the text of an epoch in the epoch key, as the acquiring
+// Txn writes it.
+func formatEpoch(epoch uint64) string { return strconv.FormatUint(epoch, 10) }
+
+// staleOps are the Else branch of a guarded Txn: they read the holder key
+// and the epoch key, to tell what superseded the token.
 func (s *Store) staleOps(tok token.Token) []clientv3.Op {
-	return []clientv3.Op{clientv3.OpGet(s.holderKey(tok.Lease))}
+	return []clientv3.Op{clientv3.OpGet(s.holderKey(tok.Lease)), clientv3.OpGet(s.epochKey(tok.Lease))}
 }
 
-// staleError builds the error for a failed guard from the staleOps result
-// at index i of resp.
+// current reports whether the staleOps results at index i and i+1 of resp
+// show tok as its lease's current token, that is, whether tok's guard
+// held at the Txn's revision.
+func current(tok token.Token, resp *clientv3.TxnResponse, i int) bool {
+	holder := resp.Responses[i].GetResponseRange().GetKvs()
+	epoch := resp.Responses[i+1].GetResponseRange().GetKvs()
+	return len(holder) == 1 && holder[0].CreateRevision == tok.Revision &&
+		len(epoch) == 1 && string(epoch[0].Value) == formatEpoch(tok.Epoch)
+}
+
+// staleError builds the error for a failed guard from the staleOps results
+// at index i of resp. Newer is the lease's current token when that is a
+// later acquisition than tok; a token that was never issued (a forged
+// epoch, a revision no acquisition of the lease had) gets no Newer unless
+// a later acquisition exists.
 func staleError(tok token.Token, resp *clientv3.TxnResponse, i int) error {
 	e := &token.StaleError{Token: tok}
-	if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
-		e.Newer, _ = holderOf(tok.Lease, kvs[0])
+	if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		if cur, _ := holderOf(tok.Lease, kvs[0]); cur.Revision > tok.Revision {
+			e.Newer = cur
+		}
 	}
 	return e
 }
@@ -52,7 +86,7 @@ func (s *Store) Check(ctx context.Context, tok token.Token) error {
 	if err := validToken(tok); err != nil {
 		return err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).Else(s.staleOps(tok)...).Commit()
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).Else(s.staleOps(tok)...).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdstore: check %s: %w", tok, err)
 	}
@@ -75,7 +109,7 @@ func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []by
 	if err := ValidateValue(value); err != nil {
 		return 0, err
 	}
-	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)},
+	resp, err := s.commit(ctx, s.guard(tok),
 		[]clientv3.Op{clientv3.OpPut(s.DataKey(key), string(value))}, s.staleOps(tok))
 	if err != nil {
 		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
@@ -96,7 +130,7 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string) (bool, 
 	if err := ValidateKey(key); err != nil {
 		return false, err
 	}
-	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)},
+	resp, err := s.commit(ctx, s.guard(tok),
 		[]clientv3.Op{clientv3.OpDelete(s.DataKey(key))}, s.staleOps(tok))
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
@@ -145,7 +179,7 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 	if err := validToken(tok); err != nil {
 		return nil, err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)).
+	resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).
 		Then(clientv3.OpTxn(cmps, then, els)).
 		Else(s.staleOps(tok)...).Commit()
 	if err != nil {
@@ -165,7 +199,7 @@ func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
 	if err := validToken(tok); err != nil {
 		return false, err
 	}
-	resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok)}, []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}, nil)
+	resp, err := s.commit(ctx, s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}, nil)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: release %s: %w", tok, err)
 	}
@@ -208,7 +242,7 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) e
 				return &token.StaleError{Token: tok, Newer: recorded}
 			}
 		}
-		resp, err := s.commit(ctx, []clientv3.Cmp{s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)},
+		resp, err := s.commit(ctx, append(s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)),
 			[]clientv3.Op{clientv3.OpPut(key, tok.String())}, s.staleOps(tok))
 		if err != nil {
 			return fmt.Errorf("etcdstore: advance %q: %w", resource, err)
@@ -216,7 +250,7 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) e
 		if resp.Succeeded {
 			return nil
 		}
-		if !holds(resp, 0, tok.Revision) {
+		if !current(tok, resp, 0) {
 			return staleError(tok, resp, 0)
 		}
 		// The fence moved between the read and the Txn; read it again.
@@ -241,11 +275,4 @@ func (s *Store) Fence(ctx context.Context, resource string) (tok token.Token, ok
 		return token.Token{}, false, fmt.Errorf("etcdstore: fence %q: %w", resource, err)
 	}
 	return tok, true, nil
-}
-
-// holds reports whether the range response at index i shows a holder key
-// created at rev.
-func holds(resp *clientv3.TxnResponse, i int, rev int64) bool {
-	kvs := resp.Responses[i].GetResponseRange().Kvs
-	return len(kvs) == 1 && kvs[0].CreateRevision == rev
 }

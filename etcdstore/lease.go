@@ -42,9 +42,9 @@ func (l *Lease) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// Guard returns the etcd condition that holds while this acquisition is
+// Guard returns the etcd conditions that hold while this acquisition is
 // current; see Store.Guard.
-func (l *Lease) Guard() clientv3.Cmp { return l.sess.store.guard(l.tok) }
+func (l *Lease) Guard() []clientv3.Cmp { return l.sess.store.guard(l.tok) }
 
 // Release ends the Lease with ErrReleased, then deletes the holder key if
 // and only if it is still this acquisition's, so a retried or late Release
