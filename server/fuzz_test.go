@@ -123,3 +123,29 @@ func FuzzValidateRequests(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseAuthorization checks that any input either parses into an
+// Authorization whose decisions are consistent (write implies read, an
+// unlisted principal may do nothing) or fails with an error, never a
+// panic.
+func FuzzParseAuthorization(f *testing.F) {
+	f.Add([]byte("principals:\n  alice:\n    leases: [\"orders*\"]\n    write: [\"orders/*\"]\n"))
+	f.Add([]byte(`{"principals":{"bob":{"read":["*"]}}}`))
+	f.Add([]byte("principals:\n  alice:\n    leases: [\"a*b\"]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, err := ParseAuthorization(data)
+		if err != nil {
+			return
+		}
+		for _, name := range []string{"", "orders", "orders/1", "x"} {
+			if a.Allowed("alice", "write", name) && !a.Allowed("alice", "read", name) {
+				t.Fatalf("write without read for %q", name)
+			}
+			for _, kind := range []string{"lease", "read", "write", "resource"} {
+				if a.Allowed("no such principal/", kind, name) {
+					t.Fatalf("an unlisted principal may %s %q", kind, name)
+				}
+			}
+		}
+	})
+}

@@ -42,6 +42,11 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
+	// Authorization, when set, grants each principal the lease names,
+	// data keys and resources it may use; calls outside them fail with
+	// PERMISSION_DENIED. Nil lets every authenticated principal use every
+	// name (tokens and sessions stay bound to their principal either way).
+	Authorization *Authorization
 }
 
 // Validate reports whether c can make a Server: Store and Authenticator
@@ -86,6 +91,7 @@ type Server struct {
 	store  *etcdstore.Store
 	cli    *clientv3.Client
 	auth   Authenticator
+	authz  *Authorization
 	log    *slog.Logger
 	grpc   *grpc.Server
 	health *health.Server
@@ -112,6 +118,7 @@ func New(cfg Config) (*Server, error) {
 		store:  cfg.Store,
 		cli:    cfg.Store.Client(),
 		auth:   cfg.Authenticator,
+		authz:  cfg.Authorization,
 		log:    log,
 		health: health.NewServer(),
 		m:      newMetrics(),
@@ -177,9 +184,17 @@ func (s *Server) MetricsHandler() http.Handler { return s.m.handler() }
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	p, err := s.auth.Authenticate(ctx)
+	if err == nil {
+		err = s.authz.authorizeCall(ctx, p, req)
+	}
 	var resp any
 	if err == nil {
-		resp, err = handler(withPrincipal(ctx, p), req)
+		ctx = withPrincipal(ctx, p)
+		resp, err = handler(ctx, req)
+		err = s.hideOthers(ctx, p, req, err)
+	}
+	if l, ok := resp.(*fencerv1.ListLeasesResponse); ok && err == nil && s.authz != nil {
+		s.authz.filterLeases(p, l)
 	}
 	err = toStatus(err)
 	s.m.observe(info.FullMethod, err, time.Since(start))

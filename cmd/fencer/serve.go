@@ -32,7 +32,7 @@ const (
 
 type serveFlags struct {
 	listen, metricsListen, dataDir, etcdEndpoints, prefix string
-	tlsCert, tlsKey, tlsClientCA, tokenFile               string
+	tlsCert, tlsKey, tlsClientCA, tokenFile, authzFile    string
 	insecure                                              bool
 	grace                                                 time.Duration
 	batch                                                 int
@@ -51,6 +51,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.tlsKey, "tls-key", "", "server private key (PEM)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) for client certificates; enables mutual TLS")
 	fs.StringVar(&f.tokenFile, "token-file", "", `bearer token file: "<token> <principal>" per line`)
+	fs.StringVar(&f.authzFile, "authz-file", "", "authorization file (YAML): the lease names, data keys and resources each principal may use (see docs/service.md); unset lets every principal use every name")
 	fs.BoolVar(&f.insecure, "insecure", false, "allow plaintext or unauthenticated service on a non-loopback address")
 	fs.DurationVar(&f.grace, "shutdown-grace", 10*time.Second, "how long shutdown waits for calls in flight")
 	fs.IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "most concurrent writes that share one etcd Txn, each still guarded on its own (0 sends every write alone)")
@@ -78,6 +79,12 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var authz *server.Authorization
+	if f.authzFile != "" {
+		if authz, err = server.LoadAuthorization(f.authzFile); err != nil {
+			return err
+		}
+	}
 	endpoints := splitList(f.etcdEndpoints)
 	if len(endpoints) == 0 {
 		if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
@@ -100,7 +107,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srv, err := server.New(server.Config{Store: store, Authenticator: auth, TLS: tlsCfg, Logger: log})
+	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -243,3 +243,29 @@ func TestClientSendsBearerTokensInPlaintextOnlyToLoopback(t *testing.T) {
 		})
 	}
 }
+
+// TestServeAuthorizationFile serves with mutual TLS and an authorization
+// file granting alice the lease "jobs" only: alice acquires it, bob is
+// refused; a file that does not parse stops serve before it listens.
+func TestServeAuthorizationFile(t *testing.T) {
+	p := newPKI(t)
+	endpoint := startEtcd(t)
+	authz := filepath.Join(t.TempDir(), "authz.yaml")
+	require.NoError(t, os.WriteFile(authz, []byte("principals:\n  alice:\n    leases: [\"jobs\"]\n"), 0o600))
+	addr := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/authz/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, authzFile: authz})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	as := func(cert, key string) []string {
+		return []string{"--server", addr, "--tls-ca", p.caFile, "--tls-cert", cert, "--tls-key", key, "--timeout", "5s"}
+	}
+	var out, errb bytes.Buffer
+	require.Equal(t, 0, runAcquire(ctx, append(as(p.aliceCert, p.aliceKey), "jobs", "--", "true"), &out, &errb), errb.String())
+	errb.Reset()
+	require.NotEqual(t, 0, runAcquire(ctx, append(as(p.bobCert, p.bobKey), "jobs", "--", "true"), &out, &errb))
+	require.Contains(t, errb.String(), "permission denied")
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("principals:\n  alice:\n    leases: [\"a*b\"]\n"), 0o600))
+	err := serve(ctx, serveFlags{etcdEndpoints: endpoint, listen: freeAddr(t), authzFile: bad}, &bytes.Buffer{})
+	require.ErrorContains(t, err, bad)
+}
