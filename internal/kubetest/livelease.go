@@ -1,14 +1,8 @@
 package kubetest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -43,14 +36,6 @@ const liveProbe = "live-lease-probe"
 // any kind but a ValidatingAdmissionPolicy or its binding, or if the policy
 // is not enforced before ctx ends. It does not install PolicyPath.
 func (e *Env) InstallLiveLeasePolicy(ctx context.Context) (err error) {
-	root, err := repoRoot()
-	if err != nil {
-		return err
-	}
-	data, err := os.ReadFile(filepath.Join(root, LiveLeasePath))
-	if err != nil {
-		return fmt.Errorf("kubetest: read live-Lease policy: %w", err)
-	}
 	admin, err := kubernetes.NewForConfig(e.Admin())
 	if err != nil {
 		return fmt.Errorf("kubetest: admin client: %w", err)
@@ -64,21 +49,8 @@ func (e *Env) InstallLiveLeasePolicy(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("kubetest: read live-Lease policy: %w", err)
-		}
-		if len(bytes.TrimSpace(doc)) == 0 {
-			continue
-		}
-		if err := createPolicyObject(ctx, admin, doc); err != nil {
-			return err
-		}
+	if err := installFile(ctx, admin, LiveLeasePath); err != nil {
+		return err
 	}
 	return waitLiveEnforced(ctx, admin, probe)
 }

@@ -32,26 +32,36 @@ const PolicyPath = "deploy/admission/policy.yaml"
 // returns an error if the file holds any other kind, or if the policy is
 // not enforced before ctx ends.
 func (e *Env) InstallPolicy(ctx context.Context) error {
+	admin, err := kubernetes.NewForConfig(e.Admin())
+	if err != nil {
+		return fmt.Errorf("kubetest: admin client: %w", err)
+	}
+	if err := installFile(ctx, admin, PolicyPath); err != nil {
+		return err
+	}
+	return waitEnforced(ctx, admin)
+}
+
+// installFile creates, as admin, the ValidatingAdmissionPolicy and binding
+// objects of the repository file path. It returns an error for any other
+// kind.
+func installFile(ctx context.Context, admin *kubernetes.Clientset, path string) error {
 	root, err := repoRoot()
 	if err != nil {
 		return err
 	}
-	data, err := os.ReadFile(filepath.Join(root, PolicyPath))
+	data, err := os.ReadFile(filepath.Join(root, path))
 	if err != nil {
-		return fmt.Errorf("kubetest: read policy: %w", err)
-	}
-	admin, err := kubernetes.NewForConfig(e.Admin())
-	if err != nil {
-		return fmt.Errorf("kubetest: admin client: %w", err)
+		return fmt.Errorf("kubetest: read %s: %w", path, err)
 	}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
 		doc, err := r.Read()
 		if errors.Is(err, io.EOF) {
-			break
+			return nil
 		}
 		if err != nil {
-			return fmt.Errorf("kubetest: read policy: %w", err)
+			return fmt.Errorf("kubetest: read %s: %w", path, err)
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
@@ -60,7 +70,6 @@ func (e *Env) InstallPolicy(ctx context.Context) error {
 			return err
 		}
 	}
-	return waitEnforced(ctx, admin)
 }
 
 func createPolicyObject(ctx context.Context, admin *kubernetes.Clientset, doc []byte) error {
