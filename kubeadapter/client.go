@@ -19,11 +19,14 @@ import (
 )
 
 // Client is a controller-runtime client.Client whose writes follow fencer's
-// object protocol (docs/protocol.md): every write checks the object's
-// fencer annotations with token.CheckStamp, stamps the holder's token and
-// is conditional on the resourceVersion that was checked, so the API server
-// rejects it if any write, in particular one with a greater token, landed
-// in between. On a conflict a write is re-read and retried, at most
+// object protocol (docs/protocol.md): every write reads the object itself
+// (WithReader, WithAPIReader), checks that copy's fencer annotations with
+// token.CheckStamp, stamps the holder's token over that copy's protocol
+// annotations (token.Restamp) and is conditional on that copy's
+// resourceVersion, so the API server rejects it if any write, in
+// particular one with a greater token, landed in between. The caller's
+// object supplies the content written, never the stamp checked or the
+// version written over. On a conflict a write is re-read and retried, at most
 // WithMaxAttempts times and only while the Holder still holds the lease,
 // unless the caller pinned a resourceVersion of its own.
 //
@@ -32,7 +35,9 @@ import (
 //
 // What it guarantees, per object: once a write stamped with a token of the
 // lease has landed on an object, no write through a Client holding a
-// smaller token of that lease lands on it afterwards. What it does not
+// smaller token of that lease lands on it afterwards, also after other
+// leases took the object over (WithTakeover keeps the replaced lease's
+// mark). What it does not
 // guarantee: that a stale holder cannot write an object that no newer
 // holder has written yet (that write is then ordered before the newer
 // holder's), and anything about objects written by other means (install
