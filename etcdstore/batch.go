@@ -101,18 +101,33 @@ type call struct {
 
 // keys fills in the keys c reads and writes and its size. It reports
 // false for a Txn that cannot be shared: one that writes nothing (etcd
-// serves it without consensus), or that uses key ranges or nested Txns,
-// whose overlap with other writes is not worth working out.
+// serves it without consensus), or that uses key ranges, whose overlap
+// with other writes is not worth working out. The compares and ops of
+// nested Txns count as c's own, in both of their branches: an owner key
+// that a guarded write compares is read, and one it may claim is written.
 func (c *call) keys() bool {
-	for _, cmp := range c.cmps {
+	return c.add(c.cmps, slices.Concat(c.then, c.els)) && len(c.writes) > 0
+}
+
+// add adds the keys that cmps and ops read and write to c's, and their
+// size; false if any is a key range.
+func (c *call) add(cmps []clientv3.Cmp, ops []clientv3.Op) bool {
+	for _, cmp := range cmps {
 		if len(cmp.GetCompare().GetRangeEnd()) > 0 {
 			return false
 		}
 		c.reads = append(c.reads, string(cmp.KeyBytes()))
 		c.size += len(cmp.KeyBytes()) + len(cmp.ValueBytes())
 	}
-	for _, op := range slices.Concat(c.then, c.els) {
-		if op.IsTxn() || len(op.RangeBytes()) > 0 {
+	for _, op := range ops {
+		if op.IsTxn() {
+			cmps, then, els := op.Txn()
+			if !c.add(cmps, slices.Concat(then, els)) {
+				return false
+			}
+			continue
+		}
+		if len(op.RangeBytes()) > 0 {
 			return false
 		}
 		key := string(op.KeyBytes())
@@ -123,7 +138,7 @@ func (c *call) keys() bool {
 			c.writes = append(c.writes, key)
 		}
 	}
-	return len(c.writes) > 0
+	return true
 }
 
 // alone runs c as a Txn of its own.

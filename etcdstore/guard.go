@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -96,10 +97,13 @@ func (s *Store) Check(ctx context.Context, tok token.Token) error {
 	return nil
 }
 
-// Put writes value at the data key key if and only if tok is current, in
-// one etcd Txn. It returns the revision of the write, or a
-// *token.StaleError and writes nothing when tok has been superseded.
-func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []byte) (int64, error) {
+// Put writes value at the data key key if and only if tok is current and
+// tok's lease owns key or nobody does, in one etcd Txn; a Put that finds
+// no owner makes tok's lease the owner (see TakeOver for the exception).
+// It returns the revision of the write. It writes nothing and returns a
+// *token.StaleError when tok is not its lease's current token, and a
+// *token.ForeignLeaseError when another lease owns key.
+func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
 	if err := validToken(tok); err != nil {
 		return 0, err
 	}
@@ -109,36 +113,48 @@ func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []by
 	if err := ValidateValue(value); err != nil {
 		return 0, err
 	}
+	o := writeOpts(opts)
 	resp, err := s.commit(ctx, s.guard(tok),
-		[]clientv3.Op{clientv3.OpPut(s.DataKey(key), string(value))}, s.staleOps(tok))
+		s.ownedOps(tok.Lease, key, o.takeOver, clientv3.OpPut(s.DataKey(key), string(value))), s.staleOps(tok))
 	if err != nil {
 		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
 	}
 	if !resp.Succeeded {
 		return 0, staleError(tok, resp, 0)
 	}
+	if _, err := ownedResult(tok.Lease, o.takeOver, resp.Responses); err != nil {
+		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
+	}
 	return resp.Header.Revision, nil
 }
 
-// Delete deletes the data key key if and only if tok is current. It
-// reports whether the key existed, or a *token.StaleError when tok has been
-// superseded.
-func (s *Store) Delete(ctx context.Context, tok token.Token, key string) (bool, error) {
+// Delete deletes the data key key if and only if tok is current and tok's
+// lease owns key or nobody does, and reports whether the key existed. The
+// owner record stays, so the key remains the lease's (a Delete that finds
+// no owner makes tok's lease the owner). It returns a *token.StaleError
+// when tok is not current and a *token.ForeignLeaseError when another
+// lease owns key, and then deletes nothing.
+func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ...WriteOption) (bool, error) {
 	if err := validToken(tok); err != nil {
 		return false, err
 	}
 	if err := ValidateKey(key); err != nil {
 		return false, err
 	}
+	o := writeOpts(opts)
 	resp, err := s.commit(ctx, s.guard(tok),
-		[]clientv3.Op{clientv3.OpDelete(s.DataKey(key))}, s.staleOps(tok))
+		s.ownedOps(tok.Lease, key, o.takeOver, clientv3.OpDelete(s.DataKey(key))), s.staleOps(tok))
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
 	}
 	if !resp.Succeeded {
 		return false, staleError(tok, resp, 0)
 	}
-	return resp.Responses[0].GetResponseDeleteRange().Deleted > 0, nil
+	rs, err := ownedResult(tok.Lease, o.takeOver, resp.Responses)
+	if err != nil {
+		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
+	}
+	return rs[0].GetResponseDeleteRange().GetDeleted() > 0, nil
 }
 
 // Value is a data value with the revisions etcd recorded for it.
@@ -165,31 +181,98 @@ func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
 	return Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}, true, nil
 }
 
-// Txn runs the caller's transaction if and only if tok is current. The
-// caller's compares, then-ops and else-ops act on raw etcd keys and run as
-// a nested Txn inside the guarded one, so:
+// Txn runs the caller's transaction if and only if tok is current and
+// tok's lease owns, or may claim, every data key the transaction may
+// write. The caller's compares, then-ops and else-ops act on raw etcd keys
+// and run as a nested Txn inside the guarded one, so:
 //
-//   - a superseded token yields a *token.StaleError and runs neither branch;
+//   - a token that is not its lease's current token yields a
+//     *token.StaleError and runs neither branch;
+//   - a data key (under DataKey's prefix) that either branch puts or
+//     deletes, also inside nested Txns, and that another lease owns yields
+//     a *token.ForeignLeaseError and runs neither branch, unless TakeOver
+//     is given;
 //   - otherwise the result is the caller's own Txn response, whose
-//     Succeeded reports the caller's compares.
+//     Succeeded reports the caller's compares, and the lease owns every
+//     data key the branch that ran may write (claimed if nobody owned it).
 //
-// etcd forbids a nested Txn from writing the same key twice; the same rules
-// as a plain etcd Txn apply to the ops.
-func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+// The owners are compared in the same etcd Txn as the write. A Txn that
+// must claim keys nobody owned takes a second round trip: the first finds
+// them unowned, the second claims them on condition that they still are.
+// A delete of a key range that includes data keys is refused with an
+// *ArgumentError, since the owners of a range cannot be checked. etcd
+// forbids a nested Txn from writing the same key twice; the same rules as
+// a plain etcd Txn apply to the ops. Txns are never batched.
+func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
 	if err := validToken(tok); err != nil {
 		return nil, err
 	}
-	resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).
-		Then(clientv3.OpTxn(cmps, then, els)).
-		Else(s.staleOps(tok)...).Commit()
+	o := writeOpts(opts)
+	thenKeys, err := s.dataKeysWritten(then)
 	if err != nil {
-		return nil, fmt.Errorf("etcdstore: txn: %w", err)
+		return nil, err
 	}
-	if !resp.Succeeded {
-		return nil, staleError(tok, resp, 0)
+	elsKeys, err := s.dataKeysWritten(els)
+	if err != nil {
+		return nil, err
 	}
-	inner := resp.Responses[0].GetResponseTxn()
-	return (*clientv3.TxnResponse)(inner), nil
+	keys := slices.Compact(slices.Sorted(slices.Values(slices.Concat(thenKeys, elsKeys))))
+	// claim holds the keys the next attempt claims: every key with
+	// TakeOver, else those found unowned. The others must be the lease's.
+	claim := map[string]bool{}
+	if o.takeOver {
+		for _, k := range keys {
+			claim[k] = true
+		}
+	}
+	for {
+		op := clientv3.OpTxn(cmps,
+			slices.Concat(then, s.claims(tok.Lease, thenKeys, claim)),
+			slices.Concat(els, s.claims(tok.Lease, elsKeys, claim)))
+		checked := !o.takeOver && len(keys) > 0
+		if checked {
+			owned := make([]clientv3.Cmp, len(keys))
+			reads := make([]clientv3.Op, len(keys))
+			for i, k := range keys {
+				owned[i] = clientv3.Compare(clientv3.Value(s.ownerKey(k)), "=", tok.Lease)
+				if claim[k] {
+					owned[i] = clientv3.Compare(clientv3.CreateRevision(s.ownerKey(k)), "=", 0)
+				}
+				reads[i] = clientv3.OpGet(s.ownerKey(k))
+			}
+			op = clientv3.OpTxn(owned, []clientv3.Op{op}, reads)
+		}
+		resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).Then(op).Else(s.staleOps(tok)...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("etcdstore: txn: %w", err)
+		}
+		if !resp.Succeeded {
+			return nil, staleError(tok, resp, 0)
+		}
+		inner := resp.Responses[0].GetResponseTxn()
+		if checked {
+			if !inner.GetSucceeded() {
+				// An owner was not as expected: expect what was read.
+				for i, k := range keys {
+					owner := ownerOf(inner.GetResponses()[i])
+					if owner != "" && owner != tok.Lease {
+						return nil, fmt.Errorf("etcdstore: txn: data key %q: %w", k, &token.ForeignLeaseError{Want: tok.Lease, Got: owner})
+					}
+					claim[k] = owner == ""
+				}
+				continue
+			}
+			inner = inner.GetResponses()[0].GetResponseTxn()
+		}
+		// Hide the claims from the caller: they follow its own ops.
+		n := len(then)
+		if !inner.GetSucceeded() {
+			n = len(els)
+		}
+		inner.Responses = inner.Responses[:n]
+		inner.Header = resp.Header // a nested Txn's own header is empty
+		return (*clientv3.TxnResponse)(inner), nil
+	}
 }
 
 // Release deletes tok's holder key if and only if tok is still current, so
@@ -214,13 +297,20 @@ func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
 // recorded token, when it is newer, as Newer) or, if the resource was
 // advanced by another lease, a *token.ForeignLeaseError. Nothing is written
 // on error.
-func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) error {
+//
+// A resource belongs to the lease whose token is recorded: the first lease
+// to advance it, or the last to take it over. With TakeOver, Advance
+// records tok over another lease's token; it is still refused unless tok
+// is current, and a token of the same lease still never moves the record
+// back.
+func (s *Store) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
 	if err := ValidateName("resource", resource); err != nil {
 		return err
 	}
 	if err := validToken(tok); err != nil {
 		return err
 	}
+	o := writeOpts(opts)
 	key := s.fenceKey(resource)
 	for {
 		cur, err := s.cli.Get(ctx, key)
@@ -235,11 +325,20 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token) e
 				return fmt.Errorf("etcdstore: advance %q: recorded fence: %w", resource, err)
 			}
 			c, err := tok.Compare(recorded)
-			if err != nil {
-				return err
+			var refused error
+			switch {
+			case err != nil && !o.takeOver:
+				refused = fmt.Errorf("etcdstore: advance %q: %w", resource, err)
+			case err == nil && c < 0:
+				refused = &token.StaleError{Token: tok, Newer: recorded}
 			}
-			if c < 0 {
-				return &token.StaleError{Token: tok, Newer: recorded}
+			if refused != nil {
+				// A token that is not current is stale whoever owns
+				// the resource, as in every guarded write.
+				if err := s.Check(ctx, tok); err != nil {
+					return err
+				}
+				return refused
 			}
 		}
 		resp, err := s.commit(ctx, append(s.guard(tok), clientv3.Compare(clientv3.ModRevision(key), "=", modRev)),
