@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -19,7 +20,10 @@ import (
 // over both servers. Killing the etcd leader mid-run loses no
 // acknowledged write, and the superseded holder's writes are all rejected.
 func TestTwoServersOverThreeMembers(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	// Starting three members, an election and a leader change take longer
+	// than etcdtest.Context allows on a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	members := make([]embedetcd.Member, 3)
 	for i := range members {
 		members[i] = embedetcd.Member{Name: fmt.Sprintf("m%d", i), Dir: t.TempDir()}
