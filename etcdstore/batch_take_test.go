@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/token"
 )
 
 // queued is a call that reads and writes the given keys and is size bytes.
@@ -89,4 +91,32 @@ func TestWithBatchingClampsItsSize(t *testing.T) {
 		}
 		require.Equal(t, tc.want, s.batch.max, "WithBatching(%d)", tc.in)
 	}
+}
+
+func TestKeysOfAGuardedWriteIncludeItsOwnerKey(t *testing.T) {
+	s := &Store{prefix: "/p/"}
+	for _, takeOver := range []bool{false, true} {
+		c := &call{ctx: context.Background(), cmps: s.guard(token.Token{Lease: "orders", Epoch: 1, Revision: 2}),
+			then: s.ownedOps("orders", "k", takeOver, clientv3.OpPut(s.DataKey("k"), "v"))}
+		require.True(t, c.keys(), "takeOver %v", takeOver)
+		require.Subset(t, c.reads, []string{"/p/leases/orders", "/p/epochs/orders"})
+		require.Contains(t, c.writes, "/p/data/k")
+		require.Contains(t, c.writes, "/p/owners/k", "a write that may claim its key writes the owner key")
+		if !takeOver {
+			require.Contains(t, c.reads, "/p/owners/k")
+		}
+	}
+	// Another lease's write of the same key overlaps on the owner key too.
+	a := &call{ctx: context.Background(), then: s.ownedOps("a", "k", false, clientv3.OpDelete(s.DataKey("k")))}
+	b := &call{ctx: context.Background(), then: []clientv3.Op{clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpPut(s.ownerKey("k"), "b")}, nil)}}
+	require.True(t, a.keys())
+	require.True(t, b.keys())
+	a.done, b.done = make(chan struct{}), make(chan struct{})
+	q := &batcher{max: 10, queue: []*call{a, b}, busy: true}
+	require.Equal(t, []*call{a}, q.take())
+	require.Equal(t, []*call{b}, q.take())
+
+	// A nested range makes a write unshareable.
+	r := &call{ctx: context.Background(), then: []clientv3.Op{clientv3.OpTxn(nil, nil, []clientv3.Op{clientv3.OpDelete("/p/data/", clientv3.WithPrefix())})}}
+	require.False(t, r.keys())
 }
