@@ -704,7 +704,11 @@ type AdvanceRequest struct {
 	// name.
 	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
 	// token is the caller's current token, in its text form.
-	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	Token string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	// take_over records the token even if another lease's token is
+	// recorded, making the resource this lease's. It is fenced like any
+	// Advance: it fails with STALE_TOKEN unless the token is current.
+	TakeOver      bool `protobuf:"varint,3,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -753,6 +757,13 @@ func (x *AdvanceRequest) GetToken() string {
 	return ""
 }
 
+func (x *AdvanceRequest) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
+}
+
 // AdvanceResponse reports a recorded token.
 type AdvanceResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -799,7 +810,12 @@ type PutRequest struct {
 	// characters. "/" is allowed.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// value is the data to store, at most 1 MiB.
-	Value         []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// take_over writes the key even if another lease owns it, and makes the
+	// token's lease its owner, so that the previous owner's writes fail with
+	// FOREIGN_LEASE. It is fenced like any write: it fails with STALE_TOKEN
+	// unless the token is current.
+	TakeOver      bool `protobuf:"varint,4,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -853,6 +869,13 @@ func (x *PutRequest) GetValue() []byte {
 		return x.Value
 	}
 	return nil
+}
+
+func (x *PutRequest) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
 }
 
 // PutResponse reports a committed write.
@@ -1027,7 +1050,10 @@ type DeleteRequest struct {
 	// token is the caller's current token, in its text form.
 	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// key is the data key, with the rules of PutRequest.key.
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// take_over deletes the key even if another lease owns it, and makes
+	// the token's lease its owner, as PutRequest.take_over.
+	TakeOver      bool `protobuf:"varint,3,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1074,6 +1100,13 @@ func (x *DeleteRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *DeleteRequest) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
 }
 
 // DeleteResponse reports a committed delete.
@@ -1133,7 +1166,11 @@ type TxnRequest struct {
 	// success is run when every compare holds. At most 64 operations.
 	Success []*Op `protobuf:"bytes,3,rep,name=success,proto3" json:"success,omitempty"`
 	// failure is run when a compare fails. At most 64 operations.
-	Failure       []*Op `protobuf:"bytes,4,rep,name=failure,proto3" json:"failure,omitempty"`
+	Failure []*Op `protobuf:"bytes,4,rep,name=failure,proto3" json:"failure,omitempty"`
+	// take_over writes the keys of the branch that runs even if other leases
+	// own them, and makes the token's lease their owner, as
+	// PutRequest.take_over.
+	TakeOver      bool `protobuf:"varint,5,opt,name=take_over,json=takeOver,proto3" json:"take_over,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1194,6 +1231,13 @@ func (x *TxnRequest) GetFailure() []*Op {
 		return x.Failure
 	}
 	return nil
+}
+
+func (x *TxnRequest) GetTakeOver() bool {
+	if x != nil {
+		return x.TakeOver
+	}
+	return false
 }
 
 // TxnResponse reports a committed transaction.
@@ -2052,16 +2096,18 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"$\n" +
 	"\fCheckRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"\x0f\n" +
-	"\rCheckResponse\"B\n" +
+	"\rCheckResponse\"_\n" +
 	"\x0eAdvanceRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\tR\x05token\"\x11\n" +
-	"\x0fAdvanceResponse\"J\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\x12\x1b\n" +
+	"\ttake_over\x18\x03 \x01(\bR\btakeOver\"\x11\n" +
+	"\x0fAdvanceResponse\"g\n" +
 	"\n" +
 	"PutRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\fR\x05value\")\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12\x1b\n" +
+	"\ttake_over\x18\x04 \x01(\bR\btakeOver\")\n" +
 	"\vPutResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\"\x1e\n" +
 	"\n" +
@@ -2071,18 +2117,20 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12'\n" +
 	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\x12!\n" +
-	"\fmod_revision\x18\x04 \x01(\x03R\vmodRevision\"7\n" +
+	"\fmod_revision\x18\x04 \x01(\x03R\vmodRevision\"T\n" +
 	"\rDeleteRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"*\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1b\n" +
+	"\ttake_over\x18\x03 \x01(\bR\btakeOver\"*\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted\"\xa4\x01\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"\xc1\x01\n" +
 	"\n" +
 	"TxnRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12.\n" +
 	"\bcompares\x18\x02 \x03(\v2\x12.fencer.v1.CompareR\bcompares\x12'\n" +
 	"\asuccess\x18\x03 \x03(\v2\r.fencer.v1.OpR\asuccess\x12'\n" +
-	"\afailure\x18\x04 \x03(\v2\r.fencer.v1.OpR\afailure\"Z\n" +
+	"\afailure\x18\x04 \x03(\v2\r.fencer.v1.OpR\afailure\x12\x1b\n" +
+	"\ttake_over\x18\x05 \x01(\bR\btakeOver\"Z\n" +
 	"\vTxnResponse\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\bR\tsucceeded\x12-\n" +
 	"\aresults\x18\x02 \x03(\v2\x13.fencer.v1.OpResultR\aresults\"\x9b\x03\n" +

@@ -79,19 +79,28 @@ type FencerServiceClient interface {
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
 	// Advance records the token as the highest token that has passed for an
 	// external resource, if the token is current and not lower than the
-	// recorded one. It fails with STALE_TOKEN or FOREIGN_LEASE otherwise.
+	// recorded one. A resource belongs to the lease whose token is recorded;
+	// another lease's token fails with FOREIGN_LEASE unless take_over is
+	// set. It fails with STALE_TOKEN when the token is not current.
 	Advance(ctx context.Context, in *AdvanceRequest, opts ...grpc.CallOption) (*AdvanceResponse, error)
 	// Put writes a data key in one etcd transaction that commits only if the
-	// token is current. It fails with STALE_TOKEN, writing nothing, otherwise.
+	// token is its lease's current token and the key belongs to that lease
+	// or to none (the first guarded write of a key makes its lease the
+	// owner). It fails, writing nothing, with STALE_TOKEN when the token is
+	// not current and with FOREIGN_LEASE when another lease owns the key,
+	// unless take_over is set.
 	Put(ctx context.Context, in *PutRequest, opts ...grpc.CallOption) (*PutResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// Delete deletes a data key in one etcd transaction that commits only if
-	// the token is current.
+	// the token is current and the key belongs to the token's lease or to
+	// none, like Put. The key stays the lease's after the delete.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	// Txn runs a compare-then-else transaction on data keys inside one etcd
-	// transaction that commits only if the token is current. A stale token
-	// runs neither branch and fails with STALE_TOKEN.
+	// transaction that commits only if the token is current and every key
+	// that either branch puts or deletes belongs to the token's lease or to
+	// none. A stale token runs neither branch and fails with STALE_TOKEN; a
+	// key of another lease fails with FOREIGN_LEASE unless take_over is set.
 	Txn(ctx context.Context, in *TxnRequest, opts ...grpc.CallOption) (*TxnResponse, error)
 	// WatchLease streams the loss of leases held through one session, so that
 	// a remote holder can stop acting promptly (self-fencing). Self-fencing is
@@ -268,19 +277,28 @@ type FencerServiceServer interface {
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
 	// Advance records the token as the highest token that has passed for an
 	// external resource, if the token is current and not lower than the
-	// recorded one. It fails with STALE_TOKEN or FOREIGN_LEASE otherwise.
+	// recorded one. A resource belongs to the lease whose token is recorded;
+	// another lease's token fails with FOREIGN_LEASE unless take_over is
+	// set. It fails with STALE_TOKEN when the token is not current.
 	Advance(context.Context, *AdvanceRequest) (*AdvanceResponse, error)
 	// Put writes a data key in one etcd transaction that commits only if the
-	// token is current. It fails with STALE_TOKEN, writing nothing, otherwise.
+	// token is its lease's current token and the key belongs to that lease
+	// or to none (the first guarded write of a key makes its lease the
+	// owner). It fails, writing nothing, with STALE_TOKEN when the token is
+	// not current and with FOREIGN_LEASE when another lease owns the key,
+	// unless take_over is set.
 	Put(context.Context, *PutRequest) (*PutResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// Delete deletes a data key in one etcd transaction that commits only if
-	// the token is current.
+	// the token is current and the key belongs to the token's lease or to
+	// none, like Put. The key stays the lease's after the delete.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	// Txn runs a compare-then-else transaction on data keys inside one etcd
-	// transaction that commits only if the token is current. A stale token
-	// runs neither branch and fails with STALE_TOKEN.
+	// transaction that commits only if the token is current and every key
+	// that either branch puts or deletes belongs to the token's lease or to
+	// none. A stale token runs neither branch and fails with STALE_TOKEN; a
+	// key of another lease fails with FOREIGN_LEASE unless take_over is set.
 	Txn(context.Context, *TxnRequest) (*TxnResponse, error)
 	// WatchLease streams the loss of leases held through one session, so that
 	// a remote holder can stop acting promptly (self-fencing). Self-fencing is

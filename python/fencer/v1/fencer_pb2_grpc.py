@@ -122,7 +122,9 @@ class FencerServiceServicer(object):
     def Advance(self, request, context):
         """Advance records the token as the highest token that has passed for an
         external resource, if the token is current and not lower than the
-        recorded one. It fails with STALE_TOKEN or FOREIGN_LEASE otherwise.
+        recorded one. A resource belongs to the lease whose token is recorded;
+        another lease's token fails with FOREIGN_LEASE unless take_over is
+        set. It fails with STALE_TOKEN when the token is not current.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -130,7 +132,11 @@ class FencerServiceServicer(object):
 
     def Put(self, request, context):
         """Put writes a data key in one etcd transaction that commits only if the
-        token is current. It fails with STALE_TOKEN, writing nothing, otherwise.
+        token is its lease's current token and the key belongs to that lease
+        or to none (the first guarded write of a key makes its lease the
+        owner). It fails, writing nothing, with STALE_TOKEN when the token is
+        not current and with FOREIGN_LEASE when another lease owns the key,
+        unless take_over is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,7 +151,8 @@ class FencerServiceServicer(object):
 
     def Delete(self, request, context):
         """Delete deletes a data key in one etcd transaction that commits only if
-        the token is current.
+        the token is current and the key belongs to the token's lease or to
+        none, like Put. The key stays the lease's after the delete.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,8 +160,10 @@ class FencerServiceServicer(object):
 
     def Txn(self, request, context):
         """Txn runs a compare-then-else transaction on data keys inside one etcd
-        transaction that commits only if the token is current. A stale token
-        runs neither branch and fails with STALE_TOKEN.
+        transaction that commits only if the token is current and every key
+        that either branch puts or deletes belongs to the token's lease or to
+        none. A stale token runs neither branch and fails with STALE_TOKEN; a
+        key of another lease fails with FOREIGN_LEASE unless take_over is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
