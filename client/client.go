@@ -55,6 +55,28 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.secure }
 
+// WriteOption modifies one guarded write: Put, Delete, Txn or Advance.
+type WriteOption func(*writeOptions)
+
+type writeOptions struct {
+	takeOver bool
+}
+
+func writeOpts(opts []WriteOption) writeOptions {
+	var o writeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// TakeOver makes a write take over the data keys it writes, or the
+// resource it advances, from whichever lease owns them, instead of failing
+// with a *token.ForeignLeaseError: the request's take_over field. The
+// takeover is fenced like any write, committing only while tok is current;
+// see etcdstore.TakeOver.
+func TakeOver() WriteOption { return func(o *writeOptions) { o.takeOver = true } }
+
 // Check returns nil if tok is its lease's current token, and a
 // *token.StaleError otherwise. The answer may be out of date when it
 // returns; only guarded writes are fenced.
@@ -64,18 +86,23 @@ func (c *Client) Check(ctx context.Context, tok token.Token) error {
 }
 
 // Advance records tok as the highest token that has passed for resource;
-// see etcdstore.Store.Advance.
-func (c *Client) Advance(ctx context.Context, resource string, tok token.Token) error {
-	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String()})
+// see etcdstore.Store.Advance. A resource another lease advanced yields a
+// *token.ForeignLeaseError unless TakeOver is given.
+func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
+	o := writeOpts(opts)
+	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String(), TakeOver: o.takeOver})
 	return fromStatus(err)
 }
 
-// Put writes value at key if and only if tok is current, and returns the
-// revision of the write. A superseded token yields a *token.StaleError and
-// nothing is written. A transport error leaves it unknown whether the
-// write committed.
-func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []byte) (int64, error) {
-	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value})
+// Put writes value at key if and only if tok is current and key belongs to
+// tok's lease or to none, and returns the revision of the write. A token
+// that is not current yields a *token.StaleError, a key of another lease a
+// *token.ForeignLeaseError (unless TakeOver is given), and nothing is
+// written. A transport error leaves it unknown whether the write
+// committed.
+func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
+	o := writeOpts(opts)
+	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value, TakeOver: o.takeOver})
 	if err != nil {
 		return 0, fromStatus(err)
 	}
@@ -95,21 +122,27 @@ func (c *Client) Get(ctx context.Context, key string) (v etcdstore.Value, found 
 	return etcdstore.Value{Data: resp.GetValue(), CreateRevision: resp.GetCreateRevision(), ModRevision: resp.GetModRevision()}, true, nil
 }
 
-// Delete deletes key if and only if tok is current, and reports whether it
-// existed.
-func (c *Client) Delete(ctx context.Context, tok token.Token, key string) (bool, error) {
-	resp, err := c.rpc.Delete(ctx, &fencerv1.DeleteRequest{Token: tok.String(), Key: key})
+// Delete deletes key if and only if tok is current and key belongs to
+// tok's lease or to none (or TakeOver is given), and reports whether it
+// existed. The errors are Put's.
+func (c *Client) Delete(ctx context.Context, tok token.Token, key string, opts ...WriteOption) (bool, error) {
+	o := writeOpts(opts)
+	resp, err := c.rpc.Delete(ctx, &fencerv1.DeleteRequest{Token: tok.String(), Key: key, TakeOver: o.takeOver})
 	if err != nil {
 		return false, fromStatus(err)
 	}
 	return resp.GetDeleted(), nil
 }
 
-// Txn runs a transaction on data keys if and only if tok is current. A
-// superseded token yields a *token.StaleError and runs neither branch;
-// otherwise the response's Succeeded reports the caller's compares.
-func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.Compare, success, failure []*fencerv1.Op) (*fencerv1.TxnResponse, error) {
-	resp, err := c.rpc.Txn(ctx, &fencerv1.TxnRequest{Token: tok.String(), Compares: compares, Success: success, Failure: failure})
+// Txn runs a transaction on data keys if and only if tok is current and
+// every key either branch writes belongs to tok's lease or to none (or
+// TakeOver is given). A token that is not current yields a
+// *token.StaleError, a key of another lease a *token.ForeignLeaseError, and
+// neither branch runs; otherwise the response's Succeeded reports the
+// caller's compares.
+func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.Compare, success, failure []*fencerv1.Op, opts ...WriteOption) (*fencerv1.TxnResponse, error) {
+	o := writeOpts(opts)
+	resp, err := c.rpc.Txn(ctx, &fencerv1.TxnRequest{Token: tok.String(), Compares: compares, Success: success, Failure: failure, TakeOver: o.takeOver})
 	return resp, fromStatus(err)
 }
 

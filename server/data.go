@@ -7,6 +7,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -23,7 +24,8 @@ func (s *Server) Check(ctx context.Context, req *fencerv1.CheckRequest) (*fencer
 	return &fencerv1.CheckResponse{}, nil
 }
 
-// Advance implements FencerService.Advance.
+// Advance implements FencerService.Advance: etcdstore's Advance, taking
+// the resource over from another lease only when the request says so.
 func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fencerv1.AdvanceResponse, error) {
 	tok, err := validateAdvance(req)
 	if err != nil {
@@ -32,14 +34,15 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(err)
 	}
-	if err := s.store.Advance(ctx, req.GetResource(), tok); err != nil {
+	if err := s.store.Advance(ctx, req.GetResource(), tok, takeOver(req.GetTakeOver())...); err != nil {
 		return nil, s.rejected(err)
 	}
 	return &fencerv1.AdvanceResponse{}, nil
 }
 
 // Put implements FencerService.Put: etcdstore's guarded Put, for the
-// principal the token was issued to.
+// principal the token was issued to, refused for a key of another lease
+// unless the request takes it over.
 func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
 	tok, err := validatePut(req)
 	if err != nil {
@@ -48,7 +51,7 @@ func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.P
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(err)
 	}
-	rev, err := s.store.Put(ctx, tok, req.GetKey(), req.GetValue())
+	rev, err := s.store.Put(ctx, tok, req.GetKey(), req.GetValue(), takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(err)
 	}
@@ -67,7 +70,8 @@ func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.G
 	return &fencerv1.GetResponse{Found: true, Value: v.Data, CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}, nil
 }
 
-// Delete implements FencerService.Delete.
+// Delete implements FencerService.Delete: etcdstore's guarded Delete, with
+// the same ownership rule as Put.
 func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fencerv1.DeleteResponse, error) {
 	tok, err := validateDelete(req)
 	if err != nil {
@@ -76,7 +80,7 @@ func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fenc
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(err)
 	}
-	deleted, err := s.store.Delete(ctx, tok, req.GetKey())
+	deleted, err := s.store.Delete(ctx, tok, req.GetKey(), takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(err)
 	}
@@ -84,7 +88,8 @@ func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fenc
 }
 
 // Txn implements FencerService.Txn: the request's compares and operations,
-// on data keys, run as etcdstore's guarded Txn.
+// on data keys, run as etcdstore's guarded Txn, which also checks that the
+// token's lease owns (or may claim) every key either branch writes.
 func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.TxnResponse, error) {
 	tok, err := validateTxn(req)
 	if err != nil {
@@ -97,7 +102,7 @@ func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.T
 	for i, c := range req.GetCompares() {
 		cmps[i] = s.compare(c)
 	}
-	resp, err := s.store.Txn(ctx, tok, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()))
+	resp, err := s.store.Txn(ctx, tok, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()), takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(err)
 	}
@@ -106,6 +111,14 @@ func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.T
 		out.Results[i] = opResult(r)
 	}
 	return out, nil
+}
+
+// takeOver returns the write options of a request's take_over field.
+func takeOver(set bool) []etcdstore.WriteOption {
+	if set {
+		return []etcdstore.WriteOption{etcdstore.TakeOver()}
+	}
+	return nil
 }
 
 // compare turns a validated Compare into an etcd Cmp on a data key.
@@ -193,9 +206,12 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 // rejected counts token rejections for the metrics and returns err.
 func (s *Server) rejected(err error) error {
 	var stale *token.StaleError
+	var foreign *token.ForeignLeaseError
 	switch {
 	case errors.As(err, &stale):
 		s.m.rejections.WithLabelValues("stale").Inc()
+	case errors.As(err, &foreign):
+		s.m.rejections.WithLabelValues("foreign_lease").Inc()
 	case errors.Is(err, ErrPermissionDenied):
 		s.m.rejections.WithLabelValues("permission").Inc()
 	}

@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -84,4 +87,110 @@ func TestServiceRefusesForgedTokens(t *testing.T) {
 	require.False(t, found, "a forged token advanced a fence")
 	require.NoError(t, c.Check(ctx, real), "a forged token released the real holder")
 	require.NoError(t, l.Err())
+}
+
+// TestServiceKeysBelongToLeases: bob, with a current token of his own
+// lease, can neither overwrite nor delete alice's key nor advance her
+// resource, and is told FOREIGN_LEASE; an explicit take_over with his
+// current token works, after which alice is the one refused; stale tokens
+// are refused either way.
+func TestServiceKeysBelongToLeases(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, _ := startServer(t, st)
+	ac, bc := client.New(dial(t, alice, addr)), client.New(dial(t, bob, addr))
+	rawBob := fencerv1.NewFencerServiceClient(dial(t, bob, addr))
+	la, err := newSession(t, ac).Acquire(ctx, "orders")
+	require.NoError(t, err)
+	bs := newSession(t, bc)
+	lbOld, err := bs.Acquire(ctx, "billing")
+	require.NoError(t, err)
+	require.NoError(t, lbOld.Release(ctx))
+	lb, err := bs.Acquire(ctx, "billing")
+	require.NoError(t, err)
+	_, err = ac.Put(ctx, la.Token(), "orders/total", []byte("100"))
+	require.NoError(t, err)
+	require.NoError(t, ac.Advance(ctx, "orders-db", la.Token()))
+
+	putOp := func(key, value string) []*fencerv1.Op {
+		return []*fencerv1.Op{{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: key, Value: []byte(value)}}}}
+	}
+	writes := func(c *client.Client, tok token.Token, opts ...client.WriteOption) map[string]func() error {
+		return map[string]func() error{
+			"Put": func() error { _, err := c.Put(ctx, tok, "orders/total", []byte("x"), opts...); return err },
+			"Delete": func() error {
+				_, err := c.Delete(ctx, tok, "orders/total", opts...)
+				return err
+			},
+			"Txn": func() error {
+				_, err := c.Txn(ctx, tok, nil, putOp("fresh", "x"), putOp("orders/total", "x"), opts...)
+				return err
+			},
+			"Advance": func() error { return c.Advance(ctx, "orders-db", tok, opts...) },
+		}
+	}
+	for name, w := range writes(bc, lb.Token()) {
+		err := w()
+		var fe *token.ForeignLeaseError
+		require.ErrorAs(t, err, &fe, name)
+		require.Equal(t, &token.ForeignLeaseError{Want: "billing", Got: "orders"}, fe, name)
+	}
+	// On the wire: FAILED_PRECONDITION with reason FOREIGN_LEASE.
+	_, err = rawBob.Put(ctx, &fencerv1.PutRequest{Token: lb.Token().String(), Key: "orders/total", Value: []byte("x")})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err))
+	info := errorInfo(t, err)
+	require.Equal(t, fencerv1.ReasonForeignLease, info.GetReason())
+	require.Equal(t, map[string]string{"want": "billing", "got": "orders"}, info.GetMetadata())
+
+	// Stale and forged takeovers are refused and change nothing.
+	forged := lb.Token()
+	forged.Epoch += 3
+	for _, tok := range []token.Token{lbOld.Token(), forged} {
+		for name, w := range writes(bc, tok, client.TakeOver()) {
+			require.ErrorIs(t, w(), token.ErrStale, "%s with %s", name, tok)
+		}
+	}
+	v, _, err := ac.Get(ctx, "orders/total")
+	require.NoError(t, err)
+	require.Equal(t, "100", string(v.Data))
+	_, err = ac.Put(ctx, la.Token(), "orders/total", []byte("150"))
+	require.NoError(t, err, "bob's refused writes left alice's key hers")
+	require.NoError(t, ac.Advance(ctx, "orders-db", la.Token()))
+
+	// Bob's explicit takeover with his current token.
+	_, err = rawBob.Put(ctx, &fencerv1.PutRequest{Token: lb.Token().String(), Key: "orders/total", Value: []byte("0"), TakeOver: true})
+	require.NoError(t, err)
+	require.NoError(t, bc.Advance(ctx, "orders-db", lb.Token(), client.TakeOver()))
+	for name, w := range writes(ac, la.Token()) {
+		var fe *token.ForeignLeaseError
+		require.ErrorAs(t, w(), &fe, name)
+		require.Equal(t, &token.ForeignLeaseError{Want: "orders", Got: "billing"}, fe, name)
+	}
+	v, _, err = ac.Get(ctx, "orders/total")
+	require.NoError(t, err)
+	require.Equal(t, "0", string(v.Data))
+
+	// A stale alice token is refused with or without take_over.
+	old := la.Token()
+	require.NoError(t, la.Release(ctx))
+	for _, opts := range [][]client.WriteOption{nil, {client.TakeOver()}} {
+		for name, w := range writes(ac, old, opts...) {
+			require.ErrorIs(t, w(), token.ErrStale, name)
+		}
+	}
+	owner, _, err := st.Owner(ctx, "orders/total")
+	require.NoError(t, err)
+	require.Equal(t, "billing", owner)
+}
+
+// errorInfo returns the fencer.dev ErrorInfo of a status error.
+func errorInfo(t *testing.T, err error) *errdetails.ErrorInfo {
+	t.Helper()
+	for _, d := range status.Convert(err).Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fencerv1.ErrorDomain {
+			return ei
+		}
+	}
+	t.Fatalf("no ErrorInfo in %v", err)
+	return nil
 }

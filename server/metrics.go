@@ -52,7 +52,7 @@ func newMetrics() *metrics {
 			Name: "fencer_server_lease_lost_events_total", Help: "LOST events sent to lease watchers.",
 		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, permission).",
+			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, foreign_lease, permission).",
 		}, []string{"reason"}),
 		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: the shared one, plus one per stream still catching up.",

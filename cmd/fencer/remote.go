@@ -83,10 +83,13 @@ func parseTokenFlag(s string) (token.Token, error) {
 	return token.Parse(s)
 }
 
-// runPut writes a data key with a guarded Put.
+// runPut writes a data key with a guarded Put. --take-over takes the key
+// over from another lease (fenced like any write); without it, a key of
+// another lease is refused with token: foreign lease.
 func runPut(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	r := newRemoteCmd("put")
 	tokStr := tokenFlag(r.fs)
+	takeOver := r.fs.Bool("take-over", false, "write the key even if another lease owns it, making this token's lease its owner")
 	return r.run(ctx, args, 2, `KEY VALUE   (VALUE "-" reads standard input)`, stderr, func(ctx context.Context, c *client.Client, args []string) (int, error) {
 		tok, err := parseTokenFlag(*tokStr)
 		if err != nil {
@@ -98,7 +101,11 @@ func runPut(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 0, err
 			}
 		}
-		rev, err := c.Put(ctx, tok, args[0], value)
+		var opts []client.WriteOption
+		if *takeOver {
+			opts = append(opts, client.TakeOver())
+		}
+		rev, err := c.Put(ctx, tok, args[0], value, opts...)
 		if err != nil {
 			return 0, err
 		}
