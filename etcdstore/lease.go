@@ -75,23 +75,37 @@ func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 
 // tryAcquire returns the revision at which a held lease was seen, so that
 // Acquire can wait for its deletion from there.
+//
+// The session's watch may see the new holder key deleted or replaced
+// before the Lease is registered with it: the acquiring Txn has committed,
+// the watch has delivered the change, and nothing was held under that name
+// yet. So the name is marked pending before the Txn, the watch keeps the
+// latest state it saw of a pending name's key, and registering the Lease
+// applies that state to it (see Session.observe).
 func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, error) {
 	if err := s.ctx.Err(); err != nil {
 		return nil, 0, s.Err()
 	}
 	s.mu.Lock()
 	mine := s.held[name]
+	if mine == nil {
+		s.pend(name)
+	}
 	s.mu.Unlock()
 	if mine != nil {
 		return nil, 0, fmt.Errorf("%w: %s", ErrAlreadyHeld, mine.tok)
 	}
 	tok, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name)
 	if err != nil {
+		s.register(name, nil)
 		return nil, heldAt, err
+	}
+	if h := s.hooks.acquired; h != nil {
+		h(tok)
 	}
 	l := &Lease{sess: s, tok: tok}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	if err := s.remember(l); err != nil {
+	if err := s.register(name, l); err != nil {
 		return nil, 0, err
 	}
 	return l, 0, nil
@@ -247,20 +261,48 @@ func (s *Store) WaitFree(ctx context.Context, name string, rev int64) error {
 	}
 }
 
-// remember registers l with the session's watch. If the session has
-// already ended, l ends too and the session's error is returned; l's key
-// is attached to the session's etcd lease and goes with it.
-func (s *Session) remember(l *Lease) error {
+// pend marks an acquisition of name as in flight, so that the watch keeps
+// what it sees of name's holder key until register. s.mu must be held.
+func (s *Session) pend(name string) {
+	p := s.pending[name]
+	if p == nil {
+		p = &pendingName{}
+		s.pending[name] = p
+	}
+	p.n++
+}
+
+// register ends an in-flight acquisition of name: l is the Lease it
+// acquired, or nil if it acquired nothing. l is registered with the
+// session's watch and then checked against the latest state of its holder
+// key that the watch saw while the acquisition was in flight, so a change
+// the watch delivered before l was registered still ends l. If the session
+// has already ended, l ends too and the session's error is returned; l's
+// key is attached to the session's etcd lease and goes with it.
+func (s *Session) register(name string, l *Lease) error {
 	s.mu.Lock()
+	p := s.pending[name]
+	seen := p.seen
+	if p.n--; p.n == 0 {
+		delete(s.pending, name)
+	}
+	if l == nil {
+		s.mu.Unlock()
+		return nil
+	}
 	err := s.Err()
 	if err == nil {
-		s.held[l.tok.Lease] = l
+		s.held[name] = l
 	}
 	s.mu.Unlock()
 	if err != nil {
 		l.end(err)
+		return err
 	}
-	return err
+	if seen != nil {
+		s.apply(l, *seen)
+	}
+	return nil
 }
 
 func (s *Session) forget(l *Lease) {

@@ -10,9 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/utils/clock"
+
+	"github.com/fencer-dev/fencer/token"
 )
 
 // DefaultTTL is a Session's etcd lease TTL unless WithTTL says otherwise.
@@ -25,6 +28,19 @@ type sessionConfig struct {
 	ttl    time.Duration
 	holder string
 	clock  clock.Clock
+	retry  func() backoff.BackOff // paces watch recovery; newWatchBackOff unless a test says otherwise
+	hooks  sessionHooks
+}
+
+// sessionHooks let the package's tests stop a session at the exact points
+// where a change to a holder key could slip between acquisition and the
+// watch. Each is nil outside tests.
+type sessionHooks struct {
+	acquired func(token.Token)   // after the acquiring Txn, before the Lease is registered
+	watching func(cancel func()) // a watch has started; cancel breaks it
+	resync   func()              // the watch broke; before the holder keys are read again
+	reread   func(rev int64)     // the holder keys were read at rev; before they are applied
+	observed func(rev int64)     // every change up to rev has been applied
 }
 
 // WithTTL sets the session's etcd lease TTL, a whole number of seconds of
@@ -61,16 +77,27 @@ type Session struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	held   map[string]*Lease
-	closed bool
+	retry func() backoff.BackOff
+	hooks sessionHooks
+
+	mu      sync.Mutex
+	held    map[string]*Lease
+	pending map[string]*pendingName // names being acquired; see tryAcquire
+	closed  bool
+}
+
+// pendingName is what the watch saw of a holder key while n acquisitions
+// of its name were in flight: the latest state, or nil.
+type pendingName struct {
+	n    int
+	seen *observation
 }
 
 // NewSession grants an etcd lease and starts the keepalive and watch
 // goroutines. ctx bounds only the setup; the session runs until Close or
 // loss. Close must be called to release the goroutines.
 func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session, error) {
-	cfg := sessionConfig{ttl: DefaultTTL, clock: clock.RealClock{}}
+	cfg := sessionConfig{ttl: DefaultTTL, clock: clock.RealClock{}, retry: newWatchBackOff}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -96,7 +123,8 @@ func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session
 	sctx, cancel := context.WithCancelCause(context.Background())
 	sess := &Session{
 		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
-		ctx: sctx, cancel: cancel, held: map[string]*Lease{},
+		retry: cfg.retry, hooks: cfg.hooks,
+		ctx: sctx, cancel: cancel, held: map[string]*Lease{}, pending: map[string]*pendingName{},
 	}
 	deadline := sent.Add(time.Duration(grant.TTL) * time.Second)
 	sess.wg.Add(2)
