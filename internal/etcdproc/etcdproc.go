@@ -82,8 +82,8 @@ func Start(tb testing.TB, n int) *Cluster {
 	exe, err := os.Executable()
 	require.NoError(tb, err)
 	c := &Cluster{exe: exe}
-	tb.Cleanup(c.stop)
 	dir := tb.TempDir()
+	tb.Cleanup(c.stop) // before the directory is removed
 	// Every member exists before the first proxy, whose sourceOf reads them.
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(dir, fmt.Sprintf("m%d", i+1))}
