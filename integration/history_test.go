@@ -61,8 +61,9 @@ var fencedRegister = porcupine.Model{
 	},
 }
 
-// history records operations on the fenced register, timed on one
-// monotonic clock.
+// history records operations on a register, timed on one monotonic clock,
+// for a porcupine model: the fenced register (regInput, regOutput) or the
+// leased register (leaseInput, leaseOutput).
 type history struct {
 	start time.Time
 
@@ -76,29 +77,64 @@ func newHistory() *history { return &history{start: time.Now()} }
 // now is the time since the history started, in nanoseconds.
 func (h *history) now() int64 { return time.Since(h.start).Nanoseconds() }
 
+// add records a fenced-register operation called at call and returning now.
 func (h *history) add(client int, in regInput, call int64, out regOutput) {
+	h.record(client, in, call, out, out.unknown)
+}
+
+// record records an operation called at call and returning now; an
+// operation of unknown outcome may take effect at any time after its call.
+func (h *history) record(client int, in any, call int64, out any, unknown bool) {
 	ret := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if out.unknown {
+	if unknown {
 		h.unknown = append(h.unknown, len(h.ops))
 	}
 	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
 }
 
-// check returns porcupine's verdict on the history. Writes of unknown
-// outcome may take effect at any time after their call.
-func (h *history) check(t *testing.T) porcupine.CheckResult {
-	t.Helper()
+// len returns the number of operations recorded, and how many of them are
+// of unknown outcome.
+func (h *history) len() (ops, unknown int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return len(h.ops), len(h.unknown)
+}
+
+// check returns porcupine's verdict on the history as a fenced register.
+func (h *history) check(t *testing.T) porcupine.CheckResult {
+	t.Helper()
+	res := h.checkAgainst(fencedRegister, time.Minute)
+	ops, unknown := h.len()
+	t.Logf("history: %d operations, %d of unknown outcome: %s", ops, unknown, res)
+	return res
+}
+
+// checkAgainst returns porcupine's verdict on the history as model.
+// Operations of unknown outcome return after every other.
+func (h *history) checkAgainst(model porcupine.Model, timeout time.Duration) porcupine.CheckResult {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.openUnknown()
+	return porcupine.CheckOperationsTimeout(model, h.ops, timeout)
+}
+
+// visualize writes porcupine's visualization of the history as model to
+// the HTML file path.
+func (h *history) visualize(model porcupine.Model, path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.openUnknown()
+	_, info := porcupine.CheckOperationsVerbose(model, h.ops, time.Minute)
+	return porcupine.VisualizePath(model, info, path)
+}
+
+func (h *history) openUnknown() {
 	end := h.now() + 1
 	for _, i := range h.unknown {
 		h.ops[i].Return = end
 	}
-	res := porcupine.CheckOperationsTimeout(fencedRegister, h.ops, time.Minute)
-	t.Logf("history: %d operations, %d of unknown outcome: %s", len(h.ops), len(h.unknown), res)
-	return res
 }
 
 // TestFencedRegisterModel shows that the model accepts fenced histories and
