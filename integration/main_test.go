@@ -7,10 +7,14 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) {
+	// The etcd chaos test runs etcd members as re-executions of this
+	// binary.
+	etcdproc.RunIfMember()
 	// client-go's leader election logs every transition through klog; the
 	// tests report what matters themselves.
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
