@@ -2,29 +2,22 @@ package client
 
 import (
 	"errors"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// TestMain also stops the embedded etcd member of session_test.go and
+// checks for leaked goroutines with the rules that etcd needs.
+func TestMain(m *testing.M) { etcdtest.Main(m) }
 
 func withInfo(code codes.Code, reason string, md map[string]string) error {
 	st, err := status.New(code, "msg").WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md})

@@ -7,13 +7,36 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
 
-// retryEvery paces reconnects of the keepalive and watch streams.
-const retryEvery = 200 * time.Millisecond
+// Reconnects of the keepalive and watch streams, and the re-checks of a
+// lease whose loss may have gone unreported, are paced by an exponential
+// backoff with jitter: the first retry comes after retryInitial, each
+// next one after twice as long, up to retryMax, each drawn at random from
+// ±50% of its nominal value (at most 1.5 × retryMax), and the backoff
+// starts over after a success (a renewal, a watch that the server has
+// synced). Keepalive retries never wait longer than the renewal interval
+// (TTL/3), so a session never renews more slowly than when all is well.
+// Clients that lost a server together thus come back spread out over time,
+// and a long outage costs each a handful of attempts.
+const (
+	retryInitial = 200 * time.Millisecond
+	retryMax     = 5 * time.Second
+)
+
+func newBackOff() backoff.BackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     retryInitial,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         retryMax,
+	}
+}
 
 // SessionOption configures a Session.
 type SessionOption func(*Session)
@@ -43,17 +66,38 @@ type Session struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
-	open sync.Mutex // serializes the acquisition that opens the session
-	mu   sync.Mutex
-	id   int64 // 0 until opened
-	held map[string]*Lease
-	lost map[token.Token]bool // lost before Acquire returned; bounded
+	retry func() backoff.BackOff // newBackOff unless a test says otherwise
+	hooks sessionHooks
+
+	open    sync.Mutex // serializes the acquisition that opens the session
+	mu      sync.Mutex
+	id      int64 // 0 until opened
+	held    map[string]*Lease
+	pending map[string]*pendingName // names being acquired; see acquire
+}
+
+// pendingName is what the watch reported about a name while n
+// acquisitions of it were in flight.
+type pendingName struct {
+	n       int
+	lost    map[int64]error // reasons, by the revision of the token reported lost
+	recheck bool            // the watch re-checked the held leases meanwhile
+}
+
+// sessionHooks let the package's tests stop a session at the points where
+// a loss could slip between an acquisition and the watch, and fail the
+// watch's checks. Each is nil outside tests.
+type sessionHooks struct {
+	acquired func(token.Token)                        // the Acquire call returned; before the Lease is registered
+	watch    func(from int64)                         // before each WatchLease call
+	received func(*fencerv1.WatchLeaseResponse)       // a message from the watch has been applied
+	check    func(context.Context, token.Token) error // instead of Client.Check, for the watch's checks
 }
 
 // NewSession returns a session that opens on its first acquisition. It
 // does no I/O. Close must be called to release its goroutines.
 func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
-	s := &Session{c: c, ttl: etcdstore.DefaultTTL, held: map[string]*Lease{}, lost: map[token.Token]bool{}}
+	s := &Session{c: c, ttl: etcdstore.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -95,6 +139,13 @@ func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 	return s.acquire(ctx, name, false)
 }
 
+// acquire acquires name through the server.
+//
+// The watch may report the new token lost before the Lease is registered
+// with the session: the server's Txn has committed, the holder key has
+// been deleted, and the report has arrived before the reply. So the name
+// is marked pending before the call, the watch keeps what it reports about
+// a pending name, and registering the Lease applies it (see register).
 func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, error) {
 	if err := s.Err(); err != nil {
 		return nil, err
@@ -109,14 +160,22 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 	if id == 0 {
 		req.TtlSeconds = int64(s.ttl / time.Second)
 	}
+	s.mu.Lock()
+	s.pend(name)
+	s.mu.Unlock()
 	sent := s.c.clock.Now()
 	resp, err := s.c.rpc.Acquire(ctx, req)
 	if err != nil {
+		s.register(name, nil)
 		return nil, fromStatus(err)
 	}
 	tok, err := token.Parse(resp.GetToken())
 	if err != nil {
+		s.register(name, nil)
 		return nil, fmt.Errorf("client: acquire %q: server sent %w", name, err)
+	}
+	if h := s.hooks.acquired; h != nil {
+		h(tok)
 	}
 	if id == 0 {
 		// The server renewed the new session every TTL/3 while the call
@@ -130,7 +189,7 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 	}
 	l := &Lease{sess: s, tok: tok}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	if err := s.remember(l); err != nil {
+	if err := s.register(name, l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -197,6 +256,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", etcdstore.ErrSessionExpired, s.ttl)
 	var ka *keepAliveStream
 	defer func() { ka.close() }()
+	retry := s.retry()
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -221,9 +281,10 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 		case err != nil:
 			ka.close()
 			ka = nil
-			tick.Reset(retryEvery)
+			tick.Reset(min(retry.NextBackOff(), interval))
 			continue
 		}
+		retry.Reset()
 		expire.Stop()
 		expire.Reset(sent.Add(ttl).Sub(s.c.clock.Now()))
 		tick.Reset(interval)
@@ -297,14 +358,17 @@ func (ka *keepAliveStream) close() {
 }
 
 // watch follows the session's WatchLease stream from revision from and
-// ends each lease reported lost. When the stream breaks it watches again
-// from the last revision it saw; when that revision was compacted it
-// watches from now and checks every held token, so no loss is missed.
+// ends each lease reported lost. When the stream breaks it watches again,
+// with backoff, from the last revision it saw; when that revision was
+// compacted it watches from now and checks every held token (and every
+// token acquired meanwhile, see register), until every check has had an
+// answer, so no loss is missed.
 func (s *Session) watch(id, from int64) {
 	defer s.wg.Done()
 	resync := false
+	retry := s.retry()
 	for {
-		err := s.watchOnce(id, &from, &resync)
+		err := s.watchOnce(id, &from, &resync, retry)
 		if s.ctx.Err() != nil {
 			return
 		}
@@ -315,17 +379,33 @@ func (s *Session) watch(id, from int64) {
 		case errors.Is(err, errWatchCompacted):
 			from, resync = 0, true
 		}
-		select {
-		case <-s.ctx.Done():
+		if !s.pause(retry.NextBackOff()) {
 			return
-		case <-s.c.clock.After(retryEvery):
 		}
 	}
 }
 
-func (s *Session) watchOnce(id int64, from *int64, resync *bool) error {
+// pause waits for d on the client's clock, and reports false if the
+// session ended first.
+func (s *Session) pause(d time.Duration) bool {
+	t := s.c.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
+// watchOnce follows one WatchLease stream until it ends. Once the server
+// has synced it, retry starts over.
+func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.BackOff) error {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
+	if h := s.hooks.watch; h != nil {
+		h(*from)
+	}
 	stream, err := s.c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id, StartRevision: *from})
 	if err != nil {
 		return fromStatus(err)
@@ -337,9 +417,12 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool) error {
 		}
 		switch ev.GetType() {
 		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
+			retry.Reset()
 			*from = ev.GetRevision()
 			if *resync {
-				s.checkAll(ctx)
+				if err := s.checkAll(ctx); err != nil {
+					return err // resync stays due: the next stream checks again
+				}
 				*resync = false
 			}
 		case fencerv1.WatchLeaseResponse_TYPE_PROGRESS:
@@ -351,30 +434,70 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool) error {
 				s.lose(tok, fmt.Errorf("%w: %s (%s)", etcdstore.ErrLeaseLost, tok, ev.GetReason()))
 			}
 		}
+		if h := s.hooks.received; h != nil {
+			h(ev)
+		}
 	}
 }
 
-// checkAll ends every held lease whose token is no longer current.
-func (s *Session) checkAll(ctx context.Context) {
+// check asks the server whether tok is current.
+func (s *Session) check(ctx context.Context, tok token.Token) error {
+	if h := s.hooks.check; h != nil {
+		return h(ctx, tok)
+	}
+	return s.c.Check(ctx, tok)
+}
+
+// checkAll ends every held lease whose token is no longer current, and
+// marks the acquisitions in flight for a check once registered: the watch
+// may have missed their loss too. It returns the first error of a check
+// that had no answer, and then the caller checks again later.
+func (s *Session) checkAll(ctx context.Context) error {
 	s.mu.Lock()
 	leases := make([]*Lease, 0, len(s.held))
 	for _, l := range s.held {
 		leases = append(leases, l)
 	}
+	for _, p := range s.pending {
+		p.recheck = true
+	}
 	s.mu.Unlock()
+	var failed error
 	for _, l := range leases {
-		if err := s.c.Check(ctx, l.tok); errors.Is(err, token.ErrStale) {
+		err := s.check(ctx, l.tok)
+		switch {
+		case errors.Is(err, token.ErrStale):
 			s.lose(l.tok, fmt.Errorf("%w: %w", etcdstore.ErrLeaseLost, err))
+		case err != nil && failed == nil:
+			failed = fmt.Errorf("client: check %s after the watch was compacted: %w", l.tok, err)
+		}
+	}
+	return failed
+}
+
+// recheck checks l's token in the background, retrying with backoff until
+// it has an answer or l or the session ends, and ends l if it is stale.
+// s.wg must have been added to for it, while the session ran.
+func (s *Session) recheck(l *Lease) {
+	defer s.wg.Done()
+	retry := s.retry()
+	for {
+		err := s.check(l.ctx, l.tok)
+		switch {
+		case errors.Is(err, token.ErrStale):
+			s.lose(l.tok, fmt.Errorf("%w: %w", etcdstore.ErrLeaseLost, err))
+			return
+		case err == nil, l.ctx.Err() != nil:
+			return
+		}
+		if !s.pause(retry.NextBackOff()) {
+			return
 		}
 	}
 }
 
-// maxLost bounds the tokens remembered as lost before their Acquire
-// returned.
-const maxLost = 4096
-
-// lose ends the held lease with token tok, or remembers tok in case its
-// Acquire has not returned yet.
+// lose ends the held lease with token tok, or keeps the report for an
+// acquisition of tok's name in flight.
 func (s *Session) lose(tok token.Token, reason error) {
 	s.mu.Lock()
 	l := s.held[tok.Lease]
@@ -382,10 +505,12 @@ func (s *Session) lose(tok token.Token, reason error) {
 		delete(s.held, tok.Lease)
 	} else {
 		l = nil
-		if len(s.lost) >= maxLost {
-			clear(s.lost)
+		if p := s.pending[tok.Lease]; p != nil {
+			if p.lost == nil {
+				p.lost = map[int64]error{}
+			}
+			p.lost[tok.Revision] = reason
 		}
-		s.lost[tok] = true
 	}
 	s.mu.Unlock()
 	if l != nil {
@@ -393,23 +518,49 @@ func (s *Session) lose(tok token.Token, reason error) {
 	}
 }
 
-// remember registers l with the session, unless the session has ended or
-// the watch already reported l lost.
-func (s *Session) remember(l *Lease) error {
+// pend marks an acquisition of name as in flight, so that the watch keeps
+// what it reports about name until register. s.mu must be held.
+func (s *Session) pend(name string) {
+	p := s.pending[name]
+	if p == nil {
+		p = &pendingName{}
+		s.pending[name] = p
+	}
+	p.n++
+}
+
+// register ends an in-flight acquisition of name: l is the Lease it
+// acquired, or nil if it acquired nothing. l is registered with the
+// session unless the session has ended (then l ends and the session's
+// error is returned) or the watch reported l's token lost while it was in
+// flight (then l ends with that report). If the watch re-checked the held
+// leases while l was in flight, l is checked too, in the background.
+func (s *Session) register(name string, l *Lease) error {
 	s.mu.Lock()
+	p := s.pending[name]
+	if p.n--; p.n == 0 {
+		delete(s.pending, name)
+	}
+	if l == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	lost := p.lost[l.tok.Revision]
 	err := s.Err()
-	lost := s.lost[l.tok]
-	delete(s.lost, l.tok)
-	if err == nil && !lost {
-		s.held[l.tok.Lease] = l
+	if err == nil && lost == nil {
+		s.held[name] = l
+		if p.recheck {
+			s.wg.Add(1) // before Close waits: the session is running
+			go s.recheck(l)
+		}
 	}
 	s.mu.Unlock()
 	switch {
 	case err != nil:
 		l.end(err)
 		return err
-	case lost:
-		l.end(fmt.Errorf("%w: %s", etcdstore.ErrLeaseLost, l.tok))
+	case lost != nil:
+		l.end(lost)
 	}
 	return nil
 }

@@ -1,0 +1,220 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/servicetest"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// The tests in this file stop a session exactly where a loss could slip
+// between an acquisition and the session's watch, lose the lease there,
+// and check that its Done still closes.
+
+// service serves a store of its own on the shared etcd member, to
+// anonymous callers, and returns the store and a client of the server.
+func service(t *testing.T) (*etcdstore.Store, *client.Client) {
+	t.Helper()
+	st := etcdtest.Store(t)
+	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	return st, client.New(cc)
+}
+
+func newSession(t *testing.T, c *client.Client, opts ...client.SessionOption) *client.Session {
+	t.Helper()
+	s, err := c.NewSession(opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Close(ctx)
+	})
+	return s
+}
+
+// gate stops the first goroutine that reaches it until opened; later ones
+// pass once it is open.
+type gate struct {
+	reached chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate { return &gate{reached: make(chan struct{}), open: make(chan struct{})} }
+
+func (g *gate) pass() {
+	g.once.Do(func() { close(g.reached) })
+	<-g.open
+}
+
+type acquisition struct {
+	l   *client.Lease
+	err error
+}
+
+func acquire(ctx context.Context, s *client.Session, name string) <-chan acquisition {
+	ch := make(chan acquisition, 1)
+	go func() {
+		l, err := s.Acquire(ctx, name)
+		ch <- acquisition{l, err}
+	}()
+	return ch
+}
+
+// deleteHolder deletes lease name's holder key behind fencer's back and
+// returns the revision of the deletion.
+func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
+	t.Helper()
+	resp, err := st.Client().Delete(etcdtest.Context(t), st.HolderKey(name))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.Deleted)
+	return resp.Header.Revision
+}
+
+// The watch reports the new token lost before the Acquire call's reply
+// has been turned into a Lease.
+func TestLossBeforeRegistrationEndsLease(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st, c := service(t)
+	acquired := newGate()
+	var tok token.Token
+	lost := make(chan string, 16)
+	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+		Acquired: func(tk token.Token) {
+			if tk.Lease == "b" {
+				tok = tk
+				acquired.pass()
+			}
+		},
+		Received: func(ev *fencerv1.WatchLeaseResponse) {
+			if ev.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
+				lost <- ev.GetToken()
+			}
+		},
+	}))
+	_, err := s.Acquire(ctx, "a") // opens the session and its watch
+	require.NoError(t, err)
+	res := acquire(ctx, s, "b")
+	<-acquired.reached
+	deleteHolder(t, st, "b")
+	select {
+	case got := <-lost: // the watch has reported it, with nothing held under "b"
+		require.Equal(t, tok.String(), got)
+	case <-ctx.Done():
+		t.Fatal("the watch never reported the loss")
+	}
+	close(acquired.open)
+
+	r := <-res
+	require.NoError(t, r.err)
+	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before it was registered")
+	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
+}
+
+// The session's first acquisition: its watch starts only after the reply,
+// from the token's revision, so it reports a loss that came before.
+func TestLossBeforeTheWatchStartsEndsLease(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st, c := service(t)
+	acquired := newGate()
+	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+		Acquired: func(token.Token) { acquired.pass() },
+	}))
+	res := acquire(ctx, s, "a")
+	<-acquired.reached
+	deleteHolder(t, st, "a")
+	close(acquired.open)
+
+	r := <-res
+	require.NoError(t, r.err)
+	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before the session's watch started")
+	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
+}
+
+// The watch cannot report a loss because its history was compacted, so
+// it checks the held tokens; an acquisition in flight during that check
+// is checked once registered.
+func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st, c := service(t)
+	watch, acquired := newGate(), newGate()
+	synced := make(chan struct{}, 16) // a stream from now (after a compaction) was synced and checked
+	var fromNow bool                  // the current stream's; only the watch's goroutine uses it
+	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+		Acquired: func(tk token.Token) {
+			if tk.Lease == "b" {
+				acquired.pass()
+			}
+		},
+		Watch: func(from int64) {
+			watch.pass()
+			fromNow = from == 0
+		},
+		Received: func(ev *fencerv1.WatchLeaseResponse) {
+			if ev.GetType() == fencerv1.WatchLeaseResponse_TYPE_SYNCED && fromNow {
+				synced <- struct{}{}
+			}
+		},
+	}))
+	la, err := s.Acquire(ctx, "a") // opens the session; its watch waits at the gate
+	require.NoError(t, err)
+	<-watch.reached
+	res := acquire(ctx, s, "b")
+	<-acquired.reached
+	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "b"))
+	require.NoError(t, err)
+	close(watch.open) // compacted, so the watch starts over from now and checks "a"
+	<-synced
+	close(acquired.open)
+
+	r := <-res
+	require.NoError(t, r.err)
+	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost while the watch's history was compacted")
+	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
+	require.ErrorIs(t, r.l.Err(), token.ErrStale)
+	require.NoError(t, la.Err())
+}
+
+// After a compaction, a check that gets no answer is made again.
+func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st, c := service(t)
+	watch := newGate()
+	var checks atomic.Int32
+	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+		Watch: func(int64) { watch.pass() },
+		Check: func(ctx context.Context, tok token.Token) error {
+			if checks.Add(1) == 1 {
+				return errors.New("injected: no server answered")
+			}
+			return c.Check(ctx, tok)
+		},
+	}))
+	la, err := s.Acquire(ctx, "a")
+	require.NoError(t, err)
+	<-watch.reached
+	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "a"))
+	require.NoError(t, err)
+	close(watch.open)
+
+	etcdtest.WaitClosed(t, la.Done(), 5*time.Second, "Done of a lease whose first check failed")
+	require.ErrorIs(t, la.Err(), token.ErrStale)
+	require.GreaterOrEqual(t, checks.Load(), int32(2))
+}
