@@ -5,7 +5,7 @@ PKGS      ?= ./...
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build test bench lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build test bench chaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 
@@ -49,6 +49,11 @@ test: lint kube-apiserver python-deps
 ## bench: run the benchmarks and print their figures
 bench: kube-apiserver
 	./scripts/bench.sh
+
+## chaos: etcd chaos on a 3-member cluster of member processes until CHAOS_OPS operations, with the broken-guard control; prints the counts
+CHAOS_OPS ?= 20000
+chaos:
+	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.ops=$(CHAOS_OPS)
 
 ## lint: gofmt and go vet
 lint:

@@ -403,7 +403,16 @@ func (c *etcdChaos) inject(r *chaosRound, f chaosFault, victim *chaosHolder) (he
 			}
 		}
 	case faultMoveLeader:
-		require.NoError(t, c.cluster.MoveLeader(ctx, follower))
+		// etcd refuses a transfer to a member that is behind, or while
+		// another is under way; try again.
+		var err error
+		for range 5 {
+			if err = c.cluster.MoveLeader(ctx, follower); err == nil {
+				break
+			}
+			sleepCtx(ctx, 200*time.Millisecond)
+		}
+		require.NoError(t, err)
 	}
 	return func() {}
 }
