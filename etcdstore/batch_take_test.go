@@ -95,19 +95,26 @@ func TestWithBatchingClampsItsSize(t *testing.T) {
 
 func TestKeysOfAGuardedWriteIncludeItsOwnerKey(t *testing.T) {
 	s := &Store{prefix: "/p/"}
-	for _, takeOver := range []bool{false, true} {
-		c := &call{ctx: context.Background(), cmps: s.guard(token.Token{Lease: "orders", Epoch: 1, Revision: 2}),
-			then: s.ownedOps("orders", "k", takeOver, clientv3.OpPut(s.DataKey("k"), "v"))}
-		require.True(t, c.keys(), "takeOver %v", takeOver)
-		require.Subset(t, c.reads, []string{"/p/leases/orders", "/p/epochs/orders"})
-		require.Contains(t, c.writes, "/p/data/k")
-		require.Contains(t, c.writes, "/p/owners/k", "a write that may claim its key writes the owner key")
-		if !takeOver {
-			require.Contains(t, c.reads, "/p/owners/k")
+	put := clientv3.OpPut(s.DataKey("k"), "v")
+	guard := s.guard(token.Token{Lease: "orders", Epoch: 1, Revision: 2})
+	for name, c := range map[string]*call{
+		"nested (owned or unowned)": {cmps: guard, then: s.ownedOps("orders", "k", put)},
+		"takeover":                  {cmps: guard, then: []clientv3.Op{clientv3.OpPut(s.ownerKey("k"), "orders"), put}},
+		"known owner":               {cmps: append(guard, clientv3.Compare(clientv3.Value(s.ownerKey("k")), "=", "orders")), then: []clientv3.Op{put}},
+	} {
+		c.ctx = context.Background()
+		require.True(t, c.keys(), name)
+		require.Subset(t, c.reads, []string{"/p/leases/orders", "/p/epochs/orders"}, name)
+		require.Contains(t, c.writes, "/p/data/k", name)
+		if name != "known owner" {
+			require.Contains(t, c.writes, "/p/owners/k", "%s: a write that may claim its key writes the owner key", name)
+		}
+		if name != "takeover" {
+			require.Contains(t, c.reads, "/p/owners/k", name)
 		}
 	}
 	// Another lease's write of the same key overlaps on the owner key too.
-	a := &call{ctx: context.Background(), then: s.ownedOps("a", "k", false, clientv3.OpDelete(s.DataKey("k")))}
+	a := &call{ctx: context.Background(), then: s.ownedOps("a", "k", clientv3.OpDelete(s.DataKey("k")))}
 	b := &call{ctx: context.Background(), then: []clientv3.Op{clientv3.OpTxn(nil, []clientv3.Op{clientv3.OpPut(s.ownerKey("k"), "b")}, nil)}}
 	require.True(t, a.keys())
 	require.True(t, b.keys())

@@ -113,19 +113,11 @@ func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []by
 	if err := ValidateValue(value); err != nil {
 		return 0, err
 	}
-	o := writeOpts(opts)
-	resp, err := s.commit(ctx, s.guard(tok),
-		s.ownedOps(tok.Lease, key, o.takeOver, clientv3.OpPut(s.DataKey(key), string(value))), s.staleOps(tok))
+	_, rev, err := s.writeKey(ctx, tok, key, clientv3.OpPut(s.DataKey(key), string(value)), writeOpts(opts).takeOver)
 	if err != nil {
 		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
 	}
-	if !resp.Succeeded {
-		return 0, staleError(tok, resp, 0)
-	}
-	if _, err := ownedResult(tok.Lease, o.takeOver, resp.Responses); err != nil {
-		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
-	}
-	return resp.Header.Revision, nil
+	return rev, nil
 }
 
 // Delete deletes the data key key if and only if tok is current and tok's
@@ -141,20 +133,11 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ..
 	if err := ValidateKey(key); err != nil {
 		return false, err
 	}
-	o := writeOpts(opts)
-	resp, err := s.commit(ctx, s.guard(tok),
-		s.ownedOps(tok.Lease, key, o.takeOver, clientv3.OpDelete(s.DataKey(key))), s.staleOps(tok))
+	r, _, err := s.writeKey(ctx, tok, key, clientv3.OpDelete(s.DataKey(key)), writeOpts(opts).takeOver)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
 	}
-	if !resp.Succeeded {
-		return false, staleError(tok, resp, 0)
-	}
-	rs, err := ownedResult(tok.Lease, o.takeOver, resp.Responses)
-	if err != nil {
-		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
-	}
-	return rs[0].GetResponseDeleteRange().GetDeleted() > 0, nil
+	return r.GetResponseDeleteRange().GetDeleted() > 0, nil
 }
 
 // Value is a data value with the revisions etcd recorded for it.
@@ -196,9 +179,10 @@ func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
 //     Succeeded reports the caller's compares, and the lease owns every
 //     data key the branch that ran may write (claimed if nobody owned it).
 //
-// The owners are compared in the same etcd Txn as the write. A Txn that
-// must claim keys nobody owned takes a second round trip: the first finds
-// them unowned, the second claims them on condition that they still are.
+// The owners are compared in the same etcd Txn as the write: each key is
+// compared with the owner the store guesses it has (the lease, or nobody,
+// when the key is to be claimed). A wrong guess costs a second round trip,
+// whose compares are what the first read.
 // A delete of a key range that includes data keys is refused with an
 // *ArgumentError, since the owners of a range cannot be checked. etcd
 // forbids a nested Txn from writing the same key twice; the same rules as
@@ -218,12 +202,11 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 	}
 	keys := slices.Compact(slices.Sorted(slices.Values(slices.Concat(thenKeys, elsKeys))))
 	// claim holds the keys the next attempt claims: every key with
-	// TakeOver, else those found unowned. The others must be the lease's.
+	// TakeOver, else those not known to be the lease's (a guess, then what
+	// the failed attempt read). The others must be the lease's.
 	claim := map[string]bool{}
-	if o.takeOver {
-		for _, k := range keys {
-			claim[k] = true
-		}
+	for _, k := range keys {
+		claim[k] = o.takeOver || s.owners.get(k) != tok.Lease
 	}
 	for {
 		op := clientv3.OpTxn(cmps,
@@ -255,6 +238,7 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 				// An owner was not as expected: expect what was read.
 				for i, k := range keys {
 					owner := ownerOf(inner.GetResponses()[i])
+					s.owners.put(k, owner)
 					if owner != "" && owner != tok.Lease {
 						return nil, fmt.Errorf("etcdstore: txn: data key %q: %w", k, &token.ForeignLeaseError{Want: tok.Lease, Got: owner})
 					}
@@ -263,6 +247,15 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 				continue
 			}
 			inner = inner.GetResponses()[0].GetResponseTxn()
+		}
+		ran := thenKeys
+		if !inner.GetSucceeded() {
+			ran = elsKeys
+		}
+		for _, k := range keys {
+			if !claim[k] || slices.Contains(ran, k) {
+				s.owners.put(k, tok.Lease)
+			}
 		}
 		// Hide the claims from the caller: they follow its own ops.
 		n := len(then)

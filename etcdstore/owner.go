@@ -2,9 +2,11 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -82,6 +84,67 @@ func (s *Store) Owner(ctx context.Context, key string) (lease string, ok bool, e
 	return string(resp.Kvs[0].Value), true, nil
 }
 
+// writeKey runs op, a put or delete of the data key key, in one guarded
+// etcd Txn under the ownership rule, and returns op's response and the
+// revision of the write. It returns a *token.StaleError when tok is not
+// current and a *token.ForeignLeaseError when another lease owns key (and
+// takeOver is false).
+//
+// The Txn takes one of three shapes, all checked by etcd in the Txn:
+//
+//   - takeOver: If(guard) Then(Put(owner, lease), op);
+//   - key last seen owned by the lease (the common case, and the cheapest
+//     for etcd): If(guard, Value(owner) = lease) Then(op);
+//   - otherwise, "owned by the lease or by nobody" in one round trip, as
+//     a nested Txn that claims an unowned key (ownedOps).
+//
+// A wrong guess of the owner costs one more round trip, never
+// correctness: the Else branch reads the owner, and the write is retried
+// in the nested shape.
+func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
+	owner := s.ownerKey(key)
+	known := !takeOver && s.owners.get(key) == tok.Lease
+	for {
+		cmps, then := s.guard(tok), []clientv3.Op{op}
+		switch {
+		case takeOver:
+			then = []clientv3.Op{clientv3.OpPut(owner, tok.Lease), op}
+		case known:
+			cmps = append(cmps, clientv3.Compare(clientv3.Value(owner), "=", tok.Lease))
+		default:
+			then = s.ownedOps(tok.Lease, key, op)
+		}
+		resp, err := s.commit(ctx, cmps, then, append(s.staleOps(tok), clientv3.OpGet(owner)))
+		if err != nil {
+			return nil, 0, err
+		}
+		if !resp.Succeeded {
+			if !current(tok, resp, 0) {
+				return nil, 0, staleError(tok, resp, 0)
+			}
+			// Only the guessed owner was wrong.
+			s.owners.put(key, ownerOf(resp.Responses[2]))
+			known = false
+			continue
+		}
+		rs := resp.Responses
+		switch {
+		case takeOver:
+			rs = rs[1:]
+		case !known:
+			if rs, err = ownedResult(tok.Lease, rs); err != nil {
+				var fe *token.ForeignLeaseError
+				if errors.As(err, &fe) {
+					s.owners.put(key, fe.Got)
+				}
+				return nil, 0, err
+			}
+		}
+		s.owners.put(key, tok.Lease)
+		return rs[0], resp.Header.Revision, nil
+	}
+}
+
 // ownedOps returns the Then branch of a guarded write of the data key key
 // by lease: ops, which write key, in a nested Txn that runs them only if
 // lease owns key or nobody does, claiming key in the second case:
@@ -89,15 +152,11 @@ func (s *Store) Owner(ctx context.Context, key string) (lease string, ok bool, e
 //	If(Value(owner) = lease) Then(ops...)
 //	Else(Txn(If(CreateRevision(owner) = 0) Then(Put(owner, lease), ops...) Else(Get(owner))))
 //
-// With takeOver, ops run unconditionally after Put(owner, lease). etcd
-// evaluates every compare before any write, so each branch sees the owner
-// as it was before the Txn.
-func (s *Store) ownedOps(lease, key string, takeOver bool, ops ...clientv3.Op) []clientv3.Op {
+// etcd evaluates every compare before any write, so each branch sees the
+// owner as it was before the Txn.
+func (s *Store) ownedOps(lease, key string, ops ...clientv3.Op) []clientv3.Op {
 	owner := s.ownerKey(key)
 	claim := append([]clientv3.Op{clientv3.OpPut(owner, lease)}, ops...)
-	if takeOver {
-		return claim
-	}
 	return []clientv3.Op{clientv3.OpTxn(
 		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(owner), "=", lease)}, ops,
 		[]clientv3.Op{clientv3.OpTxn(
@@ -108,10 +167,7 @@ func (s *Store) ownedOps(lease, key string, takeOver bool, ops ...clientv3.Op) [
 // ownedResult reads the responses of the Then branch that ownedOps built:
 // those of the wrapped ops, or a *token.ForeignLeaseError naming the
 // lease that owns the key.
-func ownedResult(lease string, takeOver bool, rs []*pb.ResponseOp) ([]*pb.ResponseOp, error) {
-	if takeOver {
-		return rs[1:], nil
-	}
+func ownedResult(lease string, rs []*pb.ResponseOp) ([]*pb.ResponseOp, error) {
 	mine := rs[0].GetResponseTxn()
 	if mine.GetSucceeded() {
 		return mine.GetResponses(), nil
@@ -121,6 +177,40 @@ func ownedResult(lease string, takeOver bool, rs []*pb.ResponseOp) ([]*pb.Respon
 		return free.GetResponses()[1:], nil
 	}
 	return nil, &token.ForeignLeaseError{Want: lease, Got: ownerOf(free.GetResponses()[0])}
+}
+
+// maxOwnerGuesses bounds ownerGuesses; past it the guesses start over.
+const maxOwnerGuesses = 1 << 16
+
+// ownerGuesses remembers, per data key, the lease a store last saw owning
+// it, so that a write by that lease takes the cheapest Txn. A wrong or
+// missing guess costs a round trip or a nested Txn, never correctness.
+type ownerGuesses struct {
+	mu   sync.Mutex
+	seen map[string]string
+}
+
+func (g *ownerGuesses) get(key string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.seen[key]
+}
+
+// put records lease as key's owner; "" forgets the key.
+func (g *ownerGuesses) put(key, lease string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if lease == "" {
+		delete(g.seen, key)
+		return
+	}
+	if g.seen[key] == lease {
+		return
+	}
+	if _, ok := g.seen[key]; g.seen == nil || (!ok && len(g.seen) >= maxOwnerGuesses) {
+		g.seen = map[string]string{}
+	}
+	g.seen[key] = lease
 }
 
 // ownerOf reads the owner key's value from a Get's response; "" if absent.

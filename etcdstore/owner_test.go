@@ -228,8 +228,9 @@ func TestTxnChecksAndClaimsEveryDataKeyItMayWrite(t *testing.T) {
 	put := func(k, v string) clientv3.Op { return clientv3.OpPut(st.DataKey(k), v) }
 	absent := clientv3.Compare(clientv3.Version(st.DataKey("new-then")), "=", 0)
 
-	// Unowned keys take a second round trip to claim; the caller sees its
-	// own responses only. Only the branch that ran claims its keys.
+	// cst has not seen "owned" written, so it guesses it unowned: a wrong
+	// guess costs a second round trip. The caller sees its own responses
+	// only, and only the branch that ran claims its keys.
 	txns.Store(0)
 	resp, err := cst.Txn(ctx, alice.Token(), []clientv3.Cmp{absent},
 		[]clientv3.Op{put("owned", "a2"), put("new-then", "a"), clientv3.OpGet(st.DataKey("owned"))},
@@ -246,14 +247,15 @@ func TestTxnChecksAndClaimsEveryDataKeyItMayWrite(t *testing.T) {
 		require.Equal(t, want, ok, key)
 	}
 
-	// Owned keys: one round trip. The else branch runs and claims its key.
+	// Right guesses: one round trip. The else branch runs and claims its
+	// key.
 	txns.Store(0)
 	resp, err = cst.Txn(ctx, alice.Token(), []clientv3.Cmp{absent},
 		[]clientv3.Op{put("owned", "a3")}, []clientv3.Op{put("owned", "a4"), put("new-else", "a")})
 	require.NoError(t, err)
 	require.False(t, resp.Succeeded)
 	require.Len(t, resp.Responses, 2)
-	require.Equal(t, int64(2), txns.Load(), "new-else was still unowned")
+	require.Equal(t, int64(1), txns.Load())
 	txns.Store(0)
 	_, err = cst.Txn(ctx, alice.Token(), nil, []clientv3.Op{put("owned", "a5"), put("new-else", "a5")}, nil)
 	require.NoError(t, err)
@@ -406,4 +408,56 @@ func TestBatchedWritesOfMixedOwnersActAsAlone(t *testing.T) {
 	require.Equal(t, outcome{deleted: true}, gotOut[9])
 	require.Equal(t, "a1", gotState["data/a"])
 	require.Equal(t, "orders", gotState["owners/e"])
+}
+
+// TestWrongOwnerGuessesCostARoundTripNotCorrectness runs writes through a
+// store whose guess of a key's owner is out of date: another store took
+// the key over, or the owner record vanished (a raw client deleted it).
+func TestWrongOwnerGuessesCostARoundTripNotCorrectness(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	cst, txns := countingStore(t, st)
+	alice, err := newSession(t, st).Acquire(ctx, "orders")
+	require.NoError(t, err)
+	bob, err := newSession(t, st).Acquire(ctx, "billing")
+	require.NoError(t, err)
+
+	txns.Store(0)
+	_, err = cst.Put(ctx, alice.Token(), "k", []byte("1"))
+	require.NoError(t, err)
+	_, err = cst.Put(ctx, alice.Token(), "k", []byte("2"))
+	require.NoError(t, err)
+	require.Equal(t, int64(2), txns.Load(), "a claim and a write: one Txn each")
+
+	// Bob takes k over through another store; cst still guesses alice.
+	_, err = st.Put(ctx, bob.Token(), "k", []byte("b"), etcdstore.TakeOver())
+	require.NoError(t, err)
+	txns.Store(0)
+	_, err = cst.Put(ctx, alice.Token(), "k", []byte("3"))
+	requireForeign(t, err, "orders", "billing")
+	require.Equal(t, int64(2), txns.Load(), "the wrong guess, then the owner check")
+	_, err = cst.Delete(ctx, alice.Token(), "k")
+	requireForeign(t, err, "orders", "billing")
+	_, err = cst.Txn(ctx, alice.Token(), nil, []clientv3.Op{clientv3.OpPut(st.DataKey("k"), "3")}, nil)
+	requireForeign(t, err, "orders", "billing")
+	require.Equal(t, "b", get(t, st, "k"))
+
+	// The owner record of a key cst knows as alice's vanishes: her write
+	// claims it again.
+	_, err = cst.Put(ctx, alice.Token(), "j", []byte("1"))
+	require.NoError(t, err)
+	_, err = st.Client().Delete(ctx, st.OwnerKey("j"))
+	require.NoError(t, err)
+	_, err = cst.Put(ctx, alice.Token(), "j", []byte("2"))
+	require.NoError(t, err)
+	owner, _, err := st.Owner(ctx, "j")
+	require.NoError(t, err)
+	require.Equal(t, "orders", owner)
+
+	// A stale token is stale whatever the guess.
+	old := alice.Token()
+	require.NoError(t, alice.Release(ctx))
+	_, err = cst.Put(ctx, old, "j", []byte("late"))
+	require.ErrorIs(t, err, token.ErrStale)
+	require.Equal(t, "2", get(t, st, "j"))
 }

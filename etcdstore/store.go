@@ -33,7 +33,8 @@ const (
 
 // Store issues and checks fencing tokens in etcd under one key prefix. All
 // its state is in etcd: beyond its client it keeps only guesses (the epoch
-// it last saw per lease name, to acquire in one round trip) and the writes
+// it last saw per lease name, to acquire in one round trip, and the owner
+// it last saw per data key, to write with the cheapest Txn) and the writes
 // it is batching, so several Stores (in one process or many) may share a
 // prefix. Methods are safe for concurrent use.
 type Store struct {
@@ -41,6 +42,7 @@ type Store struct {
 	prefix string
 	batch  *batcher // nil when batching is off
 	epochs epochGuesses
+	owners ownerGuesses
 }
 
 // Option configures a Store.
