@@ -10,13 +10,21 @@
 //     Txn. The token is the holder key's create revision plus that epoch, so
 //     a later acquisition always has a greater token, across restarts of the
 //     holder and of etcd.
-//   - Store.Guard turns a token into an etcd Cmp that holds only while the
-//     token is its lease's current token. Put, Delete and Txn add it to the
-//     write's own Txn, so a write from a superseded holder fails in etcd
-//     itself, however late it arrives, with a *token.StaleError.
+//   - Store.Guard turns a token into etcd Cmps that hold only while the
+//     token is exactly its lease's current token: the holder key's create
+//     revision and the epoch key's value. Put, Delete and Txn add them to
+//     the write's own Txn, so a write from a superseded holder, or with a
+//     token no acquisition issued, fails in etcd itself, however late it
+//     arrives, with a *token.StaleError.
+//   - Keys belong to leases: <prefix>owners/<key> names the lease that
+//     owns the data key <key>. Put, Delete and Txn also check, in the same
+//     Txn, that the writer's lease owns the key or that nobody does (and
+//     then claim it), so the holder of another lease gets a
+//     *token.ForeignLeaseError. Only an explicit TakeOver, itself fenced,
+//     moves a key to another lease.
 //   - Store.Advance records the highest token that has passed for an
 //     external resource (a sequencer check for stores that cannot run an
-//     etcd Txn).
+//     etcd Txn); the resource belongs to the lease whose token it records.
 //   - Concurrent writes (guarded Put and Delete, acquisitions, Release,
 //     Advance) share etcd Txns: a write that finds another in flight leaves
 //     with the others queued behind it, each as a nested Txn under its own
@@ -25,8 +33,18 @@
 // # What is guaranteed
 //
 // A guarded write commits only if, at the revision it commits at, the
-// holder key exists with the token's create revision. That check is etcd's,
-// inside the same Txn as the write.
+// holder key exists with the token's create revision and the epoch key
+// holds the token's epoch, and, for a data key, the token's lease owns the
+// key or nobody does. Those checks are etcd's, inside the same Txn as the
+// write.
+//
+// # Key layout, under the store's prefix
+//
+//	leases/<name>   holder record, on the holder's etcd lease; its create revision is the token's revision
+//	epochs/<name>   acquisition counter, written only by the acquiring Txn
+//	owners/<key>    the name of the lease that owns data key <key>; written only by guarded writes
+//	fences/<res>    the highest token that passed Advance for resource <res>; its lease owns <res>
+//	data/<key>      the guarded key-value space of Put, Get and Delete
 //
 // # What is not guaranteed
 //
@@ -39,6 +57,13 @@
 //     restore --bump-revision), or tokens issued after the backup may be
 //     issued again.
 //   - Writes made outside the store, with a raw etcd client, are not fenced.
+//   - A data key or resource that no lease has written yet belongs to the
+//     first lease that writes it: the store cannot know which lease it was
+//     meant for. Restrict who may write which keys (the service's
+//     authorization) to keep a holder of another lease from claiming it
+//     first; the rightful lease can take it back only by a TakeOver.
+//   - The owner record outlives a Delete of its key, so deleted keys keep
+//     one small key each under owners/.
 //   - Writes that shared a Txn report the same revision; a revision does not
 //     identify one write.
 package etcdstore
