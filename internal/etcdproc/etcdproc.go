@@ -1,19 +1,3 @@
-// Package etcdproc runs etcd clusters whose members are separate
-// processes, for fencer's chaos tests: a member can be killed with SIGKILL
-// and restarted on its data directory, partitioned from its peers, and the
-// raft leadership moved.
-//
-// The member processes are the test binary itself, re-executed with etcd's
-// own flags: a test binary that uses Start must call RunIfMember first thing
-// in TestMain, which runs etcd (etcdmain.Main, the etcd binary's main) when
-// the process was started as a member and returns otherwise.
-//
-// Every member advertises its peer URL through a faultproxy.Proxy, so all
-// raft traffic between members crosses a proxy that knows which member
-// process opened each connection (on Linux, from /proc; see CanIsolate).
-// Isolate cuts one member's connections in both directions.
-//
-// Members are plain etcd: no TLS, no authentication, loopback only.
 package etcdproc
 
 import (
