@@ -182,7 +182,10 @@ func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
 // The owners are compared in the same etcd Txn as the write: each key is
 // compared with the owner the store guesses it has (the lease, or nobody,
 // when the key is to be claimed). A wrong guess costs a second round trip,
-// whose compares are what the first read.
+// whose compares are what the first read. Keys that a nested Txn of the
+// caller's writes are claimed with the branch that contains it, whichever
+// way the nested Txn goes.
+//
 // A delete of a key range that includes data keys is refused with an
 // *ArgumentError, since the owners of a range cannot be checked. etcd
 // forbids a nested Txn from writing the same key twice; the same rules as
