@@ -103,6 +103,9 @@ func (s roundSpec) String() string {
 // round's history against the leased register: every round with the store's
 // guard must be linearizable, and every control round must not be.
 func TestChaosEtcdFencedRegister(t *testing.T) {
+	if !etcdproc.CanIsolate {
+		t.Skip("partitioning a member process needs Linux's /proc")
+	}
 	var specs []roundSpec
 	if *chaosOps == 0 {
 		specs = []roundSpec{
