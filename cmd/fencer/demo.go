@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // runDemo plays the fencing guarantee out on an embedded etcd: worker A
@@ -125,10 +127,11 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 	}
 	say("A", "wakes and sends the write it had prepared, with token %s", la.Token())
 	_, err = st.Put(ctx, la.Token(), "orders/total", []byte("100 (late write by A)"))
-	if err == nil {
-		return fmt.Errorf("the stale write was accepted: the guarantee is broken")
+	var stale *token.StaleError
+	if !errors.As(err, &stale) {
+		return fmt.Errorf("the stale write was not refused as stale (%v): the guarantee is broken", err)
 	}
-	say("A", "put orders/total = 100        REJECTED by etcd: %v", err)
+	say("A", "put orders/total = 100        REJECTED by etcd: %v", stale)
 
 	v, _, err := st.Get(ctx, "orders/total")
 	if err != nil {
