@@ -98,9 +98,10 @@ func (s *Store) Owner(ctx context.Context, key string) (lease string, ok bool, e
 //   - otherwise, "owned by the lease or by nobody" in one round trip, as
 //     a nested Txn that claims an unowned key (ownedOps).
 //
-// A wrong guess of the owner costs one more round trip, never
-// correctness: the Else branch reads the owner, and the write is retried
-// in the nested shape.
+// The Txn has no Else branch, which would cost every write; a write that
+// fails reads the holder, epoch and owner keys to tell a stale token from
+// a wrong guess of the owner. A wrong guess costs those round trips, never
+// correctness: the write is retried in the nested shape.
 func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
 	owner := s.ownerKey(key)
 	known := !takeOver && s.owners.get(key) == tok.Lease
@@ -114,16 +115,23 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 		default:
 			then = s.ownedOps(tok.Lease, key, op)
 		}
-		resp, err := s.commit(ctx, cmps, then, append(s.staleOps(tok), clientv3.OpGet(owner)))
+		resp, err := s.commit(ctx, cmps, then, nil)
 		if err != nil {
 			return nil, 0, err
 		}
 		if !resp.Succeeded {
-			if !current(tok, resp, 0) {
-				return nil, 0, staleError(tok, resp, 0)
+			// Find out why, off the write's own path: an Else branch
+			// that read the keys would cost every write.
+			why, err := s.cli.Txn(ctx).Then(append(s.staleOps(tok), clientv3.OpGet(owner))...).Commit()
+			if err != nil {
+				return nil, 0, err
 			}
-			// Only the guessed owner was wrong.
-			s.owners.put(key, ownerOf(resp.Responses[2]))
+			if !current(tok, why, 0) {
+				return nil, 0, staleError(tok, why, 0)
+			}
+			// The guessed owner was wrong (a token that is not current
+			// never becomes current again).
+			s.owners.put(key, ownerOf(why.Responses[2]))
 			known = false
 			continue
 		}
