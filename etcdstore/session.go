@@ -77,8 +77,9 @@ type Session struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
-	retry func() backoff.BackOff
-	hooks sessionHooks
+	retry   func() backoff.BackOff
+	hooks   sessionHooks
+	renewed chan struct{} // a renewal succeeded after one failed: etcd is back; see pause
 
 	mu      sync.Mutex
 	held    map[string]*Lease
@@ -123,7 +124,7 @@ func (s *Store) NewSession(ctx context.Context, opts ...SessionOption) (*Session
 	sctx, cancel := context.WithCancelCause(context.Background())
 	sess := &Session{
 		store: s, id: grant.ID, holder: holder, ttl: cfg.ttl, clock: cfg.clock,
-		retry: cfg.retry, hooks: cfg.hooks,
+		retry: cfg.retry, hooks: cfg.hooks, renewed: make(chan struct{}, 1),
 		ctx: sctx, cancel: cancel, held: map[string]*Lease{}, pending: map[string]*pendingName{},
 	}
 	deadline := sent.Add(time.Duration(grant.TTL) * time.Second)
@@ -187,10 +188,14 @@ func (s *Session) end(reason error) {
 
 // keepAlive renews the etcd lease every TTL/3 and ends the session when
 // the local deadline passes without a successful renewal, or when etcd
-// reports the lease gone.
+// reports the lease gone. After a failed renewal it tries again sooner,
+// with backoff (newKeepAliveBackOff), so that a session outlives an
+// outage that ends well within its TTL.
 func (s *Session) keepAlive(deadline time.Time) {
 	defer s.wg.Done()
 	interval := s.ttl / 3
+	retry := newKeepAliveBackOff(s.ttl)
+	failed := false
 	tick := s.clock.NewTimer(interval)
 	expire := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
 	defer func() {
@@ -219,8 +224,34 @@ func (s *Session) keepAlive(deadline time.Time) {
 			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
 			expire.Stop()
 			expire.Reset(deadline.Sub(s.clock.Now()))
+			retry.Reset()
+			if failed {
+				failed = false
+				select {
+				case s.renewed <- struct{}{}:
+				default:
+				}
+			}
+			tick.Reset(interval)
+			continue
 		}
-		tick.Reset(interval)
+		failed = true
+		tick.Reset(min(retry.NextBackOff(), interval))
+	}
+}
+
+// newKeepAliveBackOff paces the renewals after a failed one: the first
+// after 200 ms, each next one after twice as long, up to a tenth of the
+// TTL (at least 200 ms), each drawn at random from ±50% of its nominal
+// value, and never later than the next regular renewal. A session thus
+// renews within about a tenth of its TTL of etcd coming back, and sessions
+// that failed together do not retry in lockstep.
+func newKeepAliveBackOff(ttl time.Duration) backoff.BackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     200 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         max(ttl/10, 200*time.Millisecond),
 	}
 }
 

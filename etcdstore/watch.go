@@ -16,10 +16,12 @@ import (
 // holder keys again, twice as long after each attempt that fails, up to
 // watchRetryMax, each wait drawn at random from ±50% of its nominal value
 // (so at most 1.5 × watchRetryMax). The backoff starts over once etcd has
-// accepted a new watch. Sessions that lose their watch together (etcd lost
-// its leader, say) thus spread their reads over time instead of re-reading
-// the holder keys in lockstep, and a long outage costs each session a
-// handful of reads instead of one every 50 ms.
+// accepted a new watch, and a wait ends early when a keepalive succeeds
+// after failing (etcd is back), so that recovery does not wait out the
+// backoff. Sessions that lose their watch together (etcd lost its leader,
+// say) thus spread their reads over time instead of re-reading the holder
+// keys in lockstep, and a long outage costs each session a handful of
+// reads instead of one every 50 ms.
 const (
 	watchRetryInitial = 50 * time.Millisecond
 	watchRetryMax     = 5 * time.Second
@@ -84,6 +86,10 @@ func (s *Session) follow(prefix string, rev int64, retry backoff.BackOff) {
 		}
 		if resp.Created {
 			retry.Reset()
+			select {
+			case <-s.renewed: // news of a recovery that this watch has seen
+			default:
+			}
 			continue
 		}
 		for _, ev := range resp.Events {
@@ -103,7 +109,8 @@ func (s *Session) follow(prefix string, rev int64, retry backoff.BackOff) {
 	}
 }
 
-// pause waits for d, and reports false if the session ended first.
+// pause waits for d, or until a keepalive succeeds after failing, and
+// reports false if the session ended first.
 func (s *Session) pause(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -111,8 +118,9 @@ func (s *Session) pause(d time.Duration) bool {
 	case <-s.ctx.Done():
 		return false
 	case <-t.C:
-		return true
+	case <-s.renewed:
 	}
+	return true
 }
 
 // resync reads every holder key and applies what it read, at the revision

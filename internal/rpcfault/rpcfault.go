@@ -1,0 +1,174 @@
+// Package rpcfault counts a gRPC client's calls and can fail them all at
+// once for a while, for fencer's tests of what its retry loops cost while
+// etcd (or a fencer server) is unavailable.
+//
+// Its interceptors sit inside any the client already has, so that with an
+// etcd client every attempt is counted, including those the client library
+// retries by itself.
+package rpcfault
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+)
+
+// Injector counts calls while counting is on and, while an outage is on,
+// fails every new call at once with the outage's error and breaks every
+// stream that is open when the outage starts. Its methods are safe for
+// concurrent use.
+type Injector struct {
+	mu       sync.Mutex
+	counting bool
+	calls    map[string]int
+	outage   error // nil when there is none
+	open     map[*stream]struct{}
+}
+
+// New returns an Injector that is neither counting nor failing calls.
+func New() *Injector {
+	return &Injector{calls: map[string]int{}, open: map[*stream]struct{}{}}
+}
+
+// DialOptions returns the options that put the injector into a client:
+// pass them to grpc.NewClient, or as clientv3.Config.DialOptions.
+func (in *Injector) DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(in.unary), grpc.WithChainStreamInterceptor(in.stream)}
+}
+
+// Count starts counting calls from zero.
+func (in *Injector) Count() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.counting = true
+	clear(in.calls)
+}
+
+// Calls returns the number of calls counted by method ("/pkg.Service/Method").
+func (in *Injector) Calls() map[string]int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	out := make(map[string]int, len(in.calls))
+	for m, n := range in.calls {
+		out[m] = n
+	}
+	return out
+}
+
+// Total returns the number of calls counted.
+func (in *Injector) Total() int {
+	n := 0
+	for _, c := range in.Calls() {
+		n += c
+	}
+	return n
+}
+
+// Summary formats calls as "Method=n" pairs, by method name.
+func Summary(calls map[string]int) string {
+	var parts []string
+	for m, n := range calls {
+		parts = append(parts, m[strings.LastIndexByte(m, '/')+1:]+"="+strconv.Itoa(n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
+
+// Start begins an outage: every call from now on fails at once with err,
+// and every stream open now fails its next receive with err.
+func (in *Injector) Start(err error) {
+	in.mu.Lock()
+	in.outage = err
+	open := in.open
+	in.open = map[*stream]struct{}{}
+	in.mu.Unlock()
+	for s := range open {
+		s.fail(err)
+	}
+}
+
+// Stop ends the outage.
+func (in *Injector) Stop() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.outage = nil
+}
+
+// call counts a call to method and returns the outage's error, if any.
+func (in *Injector) call(method string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.counting {
+		in.calls[method]++
+	}
+	return in.outage
+}
+
+func (in *Injector) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if err := in.call(method); err != nil {
+		return err
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (in *Injector) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if err := in.call(method); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	s := &stream{ClientStream: cs, in: in, cancel: cancel}
+	in.mu.Lock()
+	if in.outage != nil { // started meanwhile
+		in.mu.Unlock()
+		s.fail(in.outage)
+		return s, nil
+	}
+	in.open[s] = struct{}{}
+	in.mu.Unlock()
+	return s, nil
+}
+
+// stream is an open stream that an outage can break.
+type stream struct {
+	grpc.ClientStream
+	in     *Injector
+	cancel context.CancelFunc
+
+	mu  sync.Mutex
+	err error // the outage's, once broken
+}
+
+func (s *stream) fail(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+	s.cancel()
+}
+
+// RecvMsg receives from the stream, or fails with the outage's error once
+// the stream has been broken by one.
+func (s *stream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		return nil
+	}
+	s.cancel()
+	s.in.mu.Lock()
+	delete(s.in.open, s)
+	s.in.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	return err
+}
