@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
@@ -49,12 +50,13 @@ type leaseHub struct {
 	feed   int // feedBuffer, but for tests
 
 	mu     sync.Mutex
-	shared *hubRun // nil until a stream comes, and after a failure
+	shared *hubRun         // nil until a stream comes, and after a failure
+	retry  backoff.BackOff // paces restarts after failures; see restartBackOff
 	closed bool
 }
 
 func newLeaseHub(store *etcdstore.Store, m *metrics) *leaseHub {
-	return &leaseHub{cli: store.Client(), store: store, m: m, buffer: hubBuffer, feed: feedBuffer}
+	return &leaseHub{cli: store.Client(), store: store, m: m, buffer: hubBuffer, feed: feedBuffer, retry: restartBackOff()}
 }
 
 // hubRun is the shared watch and the feeds it serves. Its fields are
@@ -71,6 +73,7 @@ type hubRun struct {
 	feeds    map[clientv3.LeaseID]map[*hubFeed]bool
 	delay    time.Duration // before watching: a restart after a failure
 	stopped  bool          // failed or closed: hands out nothing more
+	answered bool          // etcd has answered the watch at least once
 }
 
 // hubFeed is one WatchLease stream's feed: LOST events and progress, in
@@ -269,6 +272,10 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 	if r.stopped {
 		return false // its buffer may be another run's now
 	}
+	if !r.answered {
+		r.answered = true
+		h.retry.Reset() // the watch works: the next failure restarts it soon
+	}
 	for _, ev := range wr.Events {
 		if ev.PrevKv == nil {
 			if ev.Type == mvccpb.DELETE {
@@ -361,13 +368,25 @@ func (h *leaseHub) failLocked(r *hubRun, err error, restart bool) {
 	}
 	h.shared = nil
 	if restart && !h.closed {
-		h.shared = h.runShared(&hubRun{since: r.since, next: r.next, reported: r.next, buf: r.buf, byLease: r.byLease, delay: restartDelay})
+		h.shared = h.runShared(&hubRun{since: r.since, next: r.next, reported: r.next, buf: r.buf, byLease: r.byLease, delay: h.retry.NextBackOff()})
 	}
 }
 
-// restartDelay spaces out the restarts of a shared watch that keeps
-// failing, as it does while etcd has no leader.
-const restartDelay = 200 * time.Millisecond
+// restartBackOff spaces out the restarts of a shared watch that keeps
+// failing, as it does while etcd has no leader: the first comes after
+// 200 ms, each next one after twice as long, up to 5 s, each drawn at
+// random from ±50% of its nominal value (at most 7.5 s). It starts over
+// once etcd has answered a restarted watch. Each server has one shared
+// watch, so the jitter spreads the restarts of the servers in front of one
+// etcd cluster; their streams' clients back off on their own.
+func restartBackOff() backoff.BackOff {
+	return &backoff.ExponentialBackOff{
+		InitialInterval:     200 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Second,
+	}
+}
 
 // end closes f's feed with err, once. The stream then unsubscribes.
 func (h *leaseHub) end(f *hubFeed, err error) {

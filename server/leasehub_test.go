@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -384,7 +385,7 @@ func TestLeaseHubRecoversFromACompactedPreviousValue(t *testing.T) {
 	r.hub.mu.Lock()
 	failed := r.hub.shared
 	from := failed.next
-	r.hub.failLocked(failed, errWatchBroken, true) // a successor from `from`, 200 ms later
+	r.hub.failLocked(failed, errWatchBroken, true) // a successor from `from`, after the restart backoff
 	r.hub.mu.Unlock()
 	<-other.gone
 	require.Equal(t, from, r.lose("a1"))
@@ -399,4 +400,33 @@ func TestLeaseHubRecoversFromACompactedPreviousValue(t *testing.T) {
 	fresh := r.subscribe(b, r.now()+1)
 	lost := r.lose("b1")
 	require.Equal(t, lost, next(t, fresh).GetRevision())
+}
+
+// TestLeaseHubRestartsBackOffAndStartOverOnceAnswered fails the shared
+// watch again and again: each successor waits about twice as long as the
+// one before (200 ms, doubling, up to 5 s, each ±50%); once etcd has
+// answered a successor, the next failure is followed soon again.
+func TestLeaseHubRestartsBackOffAndStartOverOnceAnswered(t *testing.T) {
+	r := newHubRig(t)
+	r.subscribe(r.session(), r.now()+1)
+	within := func(nominal, d time.Duration) {
+		t.Helper()
+		require.GreaterOrEqual(t, d, nominal/2)
+		require.LessOrEqual(t, d, nominal*3/2+time.Millisecond)
+	}
+	r.hub.mu.Lock()
+	for i := range 7 {
+		r.hub.failLocked(r.hub.shared, errWatchBroken, true)
+		within(min(200*time.Millisecond<<i, 5*time.Second), r.hub.shared.delay)
+	}
+	answered := r.hub.shared
+	seen := answered.next - 1
+	r.hub.mu.Unlock()
+
+	// etcd's first answer: progress up to where the watch starts.
+	require.True(t, r.hub.apply(answered, clientv3.WatchResponse{Header: &etcdserverpb.ResponseHeader{Revision: seen}}))
+	r.hub.mu.Lock()
+	r.hub.failLocked(answered, errWatchBroken, true)
+	within(200*time.Millisecond, r.hub.shared.delay)
+	r.hub.mu.Unlock()
 }

@@ -89,6 +89,11 @@ func (s *Server) openSession(ctx context.Context, principal string, ttl int64) (
 	return g.ID, g.TTL, nil
 }
 
+// acquiredHook, set only by the package's tests, stops Acquire after the
+// acquiring Txn and before the reply, where the holder key may be deleted
+// before the client has the token (WatchLease must still report it).
+var acquiredHook func(token.Token)
+
 // acquire takes lease name for session id of principal through
 // etcdstore's acquisition Txn, with the further condition that the session
 // is the principal's. With wait it waits for the holder key's deletion and
@@ -102,6 +107,9 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 		switch {
 		case err == nil:
 			s.owners.put(tok, holder)
+			if h := acquiredHook; h != nil {
+				h(tok)
+			}
 			return tok, nil
 		case errors.Is(err, etcdstore.ErrCondition):
 			_, err := s.checkSession(ctx, id, principal)

@@ -1,0 +1,128 @@
+package server_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// acquireGate stops the Acquire calls of one lease name after their
+// acquiring Txn until opened.
+type acquireGate struct {
+	name    string
+	tok     token.Token
+	reached chan struct{}
+	open    chan struct{}
+	once    sync.Once
+}
+
+func (g *acquireGate) hook(tok token.Token) {
+	if tok.Lease != g.name {
+		return
+	}
+	g.once.Do(func() {
+		g.tok = tok
+		close(g.reached)
+	})
+	<-g.open
+}
+
+// nextLost reads stream until a LOST event and returns it.
+func nextLost(t *testing.T, stream fencerv1.FencerService_WatchLeaseClient) *fencerv1.WatchLeaseResponse {
+	t.Helper()
+	for {
+		ev, err := stream.Recv()
+		require.NoError(t, err)
+		if ev.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
+			return ev
+		}
+	}
+}
+
+func deleteHolder(t *testing.T, st *etcdstore.Store, name string) {
+	t.Helper()
+	resp, err := st.Client().Delete(etcdtest.Context(t), st.HolderKey(name))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.Deleted)
+}
+
+// TestLossBetweenAcquisitionAndReplyIsReported deletes a holder key after
+// the server's acquiring Txn and before its reply: the session's WatchLease
+// stream reports the token lost, whether the stream was open before the
+// Acquire call or is opened after its reply, from the token's revision.
+func TestLossBetweenAcquisitionAndReplyIsReported(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	gates := map[string]*acquireGate{}
+	for _, name := range []string{"b", "c"} {
+		gates[name] = &acquireGate{name: name, reached: make(chan struct{}), open: make(chan struct{})}
+	}
+	server.SetAcquiredHook(t, func(tok token.Token) {
+		if g := gates[tok.Lease]; g != nil {
+			g.hook(tok)
+		}
+	})
+	addr, _ := startServer(t, st)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	acquire := func(req *fencerv1.AcquireRequest) <-chan *fencerv1.AcquireResponse {
+		ch := make(chan *fencerv1.AcquireResponse, 1)
+		go func() {
+			resp, err := rpc.Acquire(ctx, req)
+			if err != nil {
+				t.Errorf("acquire %q: %v", req.GetName(), err)
+			}
+			ch <- resp
+		}()
+		return ch
+	}
+
+	t.Run("stream open before the call", func(t *testing.T) {
+		a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a"})
+		require.NoError(t, err)
+		tokA, err := token.Parse(a.GetToken())
+		require.NoError(t, err)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := rpc.WatchLease(wctx, &fencerv1.WatchLeaseRequest{SessionId: a.GetSessionId(), StartRevision: tokA.Revision})
+		require.NoError(t, err)
+		synced, err := stream.Recv()
+		require.NoError(t, err)
+		require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, synced.GetType())
+
+		g := gates["b"]
+		reply := acquire(&fencerv1.AcquireRequest{Name: "b", SessionId: a.GetSessionId()})
+		<-g.reached
+		deleteHolder(t, st, "b")
+		close(g.open)
+		b := <-reply
+		require.NotNil(t, b)
+		require.Equal(t, g.tok.String(), b.GetToken())
+		lost := nextLost(t, stream)
+		require.Equal(t, b.GetToken(), lost.GetToken())
+		require.Equal(t, "deleted", lost.GetReason())
+	})
+
+	t.Run("stream opened after the reply", func(t *testing.T) {
+		g := gates["c"]
+		reply := acquire(&fencerv1.AcquireRequest{Name: "c"}) // opens a session
+		<-g.reached
+		deleteHolder(t, st, "c")
+		close(g.open)
+		c := <-reply
+		require.NotNil(t, c)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := rpc.WatchLease(wctx, &fencerv1.WatchLeaseRequest{SessionId: c.GetSessionId(), StartRevision: g.tok.Revision})
+		require.NoError(t, err)
+		lost := nextLost(t, stream)
+		require.Equal(t, c.GetToken(), lost.GetToken())
+	})
+}
