@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	"github.com/cenkalti/backoff/v5"
 
@@ -25,7 +26,8 @@ func WithHooks(h SessionHooks) SessionOption {
 	}
 }
 
-// WithRetry sets the backoff that paces a session's reconnects.
-func WithRetry(newBackOff func() backoff.BackOff) SessionOption {
+// WithRetry sets the backoff that paces a session's reconnects;
+// newBackOff is given the cap the session would use.
+func WithRetry(newBackOff func(maxInterval time.Duration) backoff.BackOff) SessionOption {
 	return func(s *Session) { s.retry = newBackOff }
 }

@@ -17,24 +17,26 @@ import (
 // Reconnects of the keepalive and watch streams, and the re-checks of a
 // lease whose loss may have gone unreported, are paced by an exponential
 // backoff with jitter: the first retry comes after retryInitial, each
-// next one after twice as long, up to retryMax, each drawn at random from
-// ±50% of its nominal value (at most 1.5 × retryMax), and the backoff
+// next one after twice as long, up to a cap, each drawn at random from
+// ±50% of its nominal value (so at most 1.5 × the cap), and the backoff
 // starts over after a success (a renewal, a watch that the server has
-// synced). Keepalive retries never wait longer than the renewal interval
-// (TTL/3), so a session never renews more slowly than when all is well.
-// Clients that lost a server together thus come back spread out over time,
-// and a long outage costs each a handful of attempts.
+// synced). The cap is retryMax for the watch and TTL/10 (at least
+// retryInitial) for keepalive, so that a session still renews within
+// about a tenth of its TTL of the servers coming back; a renewal that
+// succeeds after failing ends the watch's wait. Clients that lost their
+// servers together thus come back spread out over time, and a long outage
+// costs each a handful of attempts.
 const (
 	retryInitial = 200 * time.Millisecond
 	retryMax     = 5 * time.Second
 )
 
-func newBackOff() backoff.BackOff {
+func newBackOff(maxInterval time.Duration) backoff.BackOff {
 	return &backoff.ExponentialBackOff{
 		InitialInterval:     retryInitial,
 		RandomizationFactor: 0.5,
 		Multiplier:          2,
-		MaxInterval:         retryMax,
+		MaxInterval:         maxInterval,
 	}
 }
 
@@ -66,8 +68,9 @@ type Session struct {
 	cancel context.CancelCauseFunc
 	wg     sync.WaitGroup
 
-	retry func() backoff.BackOff // newBackOff unless a test says otherwise
-	hooks sessionHooks
+	retry   func(maxInterval time.Duration) backoff.BackOff // newBackOff unless a test says otherwise
+	hooks   sessionHooks
+	renewed chan struct{} // a renewal succeeded after one failed: the servers are back; see pause
 
 	open    sync.Mutex // serializes the acquisition that opens the session
 	mu      sync.Mutex
@@ -97,7 +100,7 @@ type sessionHooks struct {
 // NewSession returns a session that opens on its first acquisition. It
 // does no I/O. Close must be called to release its goroutines.
 func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
-	s := &Session{c: c, ttl: etcdstore.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}}
+	s := &Session{c: c, ttl: etcdstore.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}, renewed: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -256,7 +259,8 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", etcdstore.ErrSessionExpired, s.ttl)
 	var ka *keepAliveStream
 	defer func() { ka.close() }()
-	retry := s.retry()
+	retry := s.retry(max(s.ttl/10, retryInitial))
+	failed := false
 	for {
 		select {
 		case <-s.ctx.Done():
@@ -281,10 +285,18 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 		case err != nil:
 			ka.close()
 			ka = nil
+			failed = true
 			tick.Reset(min(retry.NextBackOff(), interval))
 			continue
 		}
 		retry.Reset()
+		if failed {
+			failed = false
+			select {
+			case s.renewed <- struct{}{}:
+			default:
+			}
+		}
 		expire.Stop()
 		expire.Reset(sent.Add(ttl).Sub(s.c.clock.Now()))
 		tick.Reset(interval)
@@ -366,7 +378,7 @@ func (ka *keepAliveStream) close() {
 func (s *Session) watch(id, from int64) {
 	defer s.wg.Done()
 	resync := false
-	retry := s.retry()
+	retry := s.retry(retryMax)
 	for {
 		err := s.watchOnce(id, &from, &resync, retry)
 		if s.ctx.Err() != nil {
@@ -385,8 +397,9 @@ func (s *Session) watch(id, from int64) {
 	}
 }
 
-// pause waits for d on the client's clock, and reports false if the
-// session ended first.
+// pause waits for d on the client's clock, or until a renewal succeeds
+// after failing (so a reconnect does not wait out its backoff once the
+// servers are back), and reports false if the session ended first.
 func (s *Session) pause(d time.Duration) bool {
 	t := s.c.clock.NewTimer(d)
 	defer t.Stop()
@@ -394,8 +407,9 @@ func (s *Session) pause(d time.Duration) bool {
 	case <-s.ctx.Done():
 		return false
 	case <-t.C():
-		return true
+	case <-s.renewed:
 	}
+	return true
 }
 
 // watchOnce follows one WatchLease stream until it ends. Once the server
@@ -418,6 +432,10 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 		switch ev.GetType() {
 		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
 			retry.Reset()
+			select {
+			case <-s.renewed: // news of a recovery that this stream has seen
+			default:
+			}
 			*from = ev.GetRevision()
 			if *resync {
 				if err := s.checkAll(ctx); err != nil {
@@ -480,7 +498,7 @@ func (s *Session) checkAll(ctx context.Context) error {
 // s.wg must have been added to for it, while the session ran.
 func (s *Session) recheck(l *Lease) {
 	defer s.wg.Done()
-	retry := s.retry()
+	retry := s.retry(retryMax)
 	for {
 		err := s.check(l.ctx, l.tok)
 		switch {
