@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -234,27 +236,59 @@ func (s *Session) waitFree(ctx context.Context, name string, rev int64) error {
 }
 
 // WaitFree waits until the holder key of lease name is deleted after
-// revision rev (as returned with a *token.HeldError), or until the watch
-// breaks, when the caller should simply try again. It returns ctx's error
-// if ctx ends first.
+// revision rev (as returned with a *token.HeldError), or until that
+// revision has been compacted away, when the caller should simply try
+// again. When the watch breaks otherwise (etcd lost its leader, say) it
+// watches again from the same revision, with backoff (50 ms doubling to
+// 5 s, ±50%), so a caller that retries on its return never spins. It
+// returns ctx's error if ctx ends first.
 func (s *Store) WaitFree(ctx context.Context, name string, rev int64) error {
 	if err := ValidateName("name", name); err != nil {
 		return err
 	}
+	retry := newWatchBackOff()
+	for {
+		done, err := s.watchDelete(ctx, name, rev, retry)
+		if done || err != nil {
+			return err
+		}
+		t := time.NewTimer(retry.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// watchDelete watches name's holder key from after rev until it is
+// deleted or rev is compacted (done), ctx ends (its error), or the watch
+// breaks (neither). Once etcd has accepted the watch, retry starts over.
+func (s *Store) watchDelete(ctx context.Context, name string, rev int64, retry backoff.BackOff) (done bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := s.cli.Watch(wctx, s.holderKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	wch := s.cli.Watch(wctx, s.holderKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case resp, ok := <-wch:
-			if !ok || resp.Err() != nil {
-				return nil
+			switch {
+			case ctx.Err() != nil:
+				return false, ctx.Err()
+			case !ok:
+				return false, nil
+			case resp.CompactRevision != 0:
+				return true, nil
+			case resp.Err() != nil:
+				return false, nil
+			case resp.Created:
+				retry.Reset()
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == mvccpb.DELETE {
-					return nil
+					return true, nil
 				}
 			}
 		}

@@ -181,3 +181,43 @@ func BenchmarkOutageRequests(b *testing.B) {
 		})
 	}
 }
+
+// TestWaitingAcquireDoesNotSpinWhileWatchesFail: while etcd answers every
+// call but watches (as when a client's member lost its leader and another
+// answers), an Acquire waiting for a held lease watches again with backoff,
+// from the same revision, instead of trying the acquisition again and
+// again; it acquires once the lease is released.
+func TestWaitingAcquireDoesNotSpinWhileWatchesFail(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	in := rpcfault.New()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: in.DialOptions()})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/wait-%d/", time.Now().UnixNano())))
+	require.NoError(t, err)
+	holder, waiter := newSession(t, st), newSession(t, st)
+	held, err := holder.Acquire(ctx, "jobs")
+	require.NoError(t, err)
+
+	in.Count()
+	acquired := make(chan acquisition, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "jobs")
+		acquired <- acquisition{l, err}
+	}()
+	require.Eventually(t, func() bool { return in.Calls()["/etcdserverpb.KV/Txn"] >= 1 }, 10*time.Second, time.Millisecond, "the waiter never tried")
+	in.Start(errOutage, "/etcdserverpb.Watch/Watch")
+	time.Sleep(2 * time.Second) // the outage
+	calls := in.Calls()
+	in.Stop()
+	t.Log("during 2 s of failing watches:", rpcfault.Summary(calls))
+	// The waiter's one try before the outage; re-reads and keepalives of the
+	// two sessions are not Txns.
+	require.LessOrEqual(t, calls["/etcdserverpb.KV/Txn"], 1, "the waiter kept trying to acquire")
+	require.LessOrEqual(t, calls["/etcdserverpb.Watch/Watch"], 30, "watches over 2 s")
+
+	require.NoError(t, held.Release(ctx))
+	r := <-acquired
+	require.NoError(t, r.err)
+	require.NoError(t, r.l.Err())
+}

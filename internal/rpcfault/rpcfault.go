@@ -25,7 +25,8 @@ type Injector struct {
 	mu       sync.Mutex
 	counting bool
 	calls    map[string]int
-	outage   error // nil when there is none
+	outage   error           // nil when there is none
+	only     map[string]bool // the methods the outage fails; nil: all
 	open     map[*stream]struct{}
 }
 
@@ -79,16 +80,34 @@ func Summary(calls map[string]int) string {
 }
 
 // Start begins an outage: every call from now on fails at once with err,
-// and every stream open now fails its next receive with err.
-func (in *Injector) Start(err error) {
+// and every stream open now fails its next receive with err. With
+// methods ("/pkg.Service/Method"), only calls of those fail.
+func (in *Injector) Start(err error, methods ...string) {
 	in.mu.Lock()
-	in.outage = err
-	open := in.open
-	in.open = map[*stream]struct{}{}
+	in.outage, in.only = err, nil
+	if len(methods) > 0 {
+		in.only = map[string]bool{}
+		for _, m := range methods {
+			in.only[m] = true
+		}
+	}
+	var broken []*stream
+	for s := range in.open {
+		if in.fails(s.method) {
+			broken = append(broken, s)
+			delete(in.open, s)
+		}
+	}
 	in.mu.Unlock()
-	for s := range open {
+	for _, s := range broken {
 		s.fail(err)
 	}
+}
+
+// fails reports whether the outage fails calls of method. in.mu must be
+// held.
+func (in *Injector) fails(method string) bool {
+	return in.outage != nil && (in.only == nil || in.only[method])
 }
 
 // Stop ends the outage.
@@ -105,7 +124,10 @@ func (in *Injector) call(method string) error {
 	if in.counting {
 		in.calls[method]++
 	}
-	return in.outage
+	if in.fails(method) {
+		return in.outage
+	}
+	return nil
 }
 
 func (in *Injector) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -125,11 +147,12 @@ func (in *Injector) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 		cancel()
 		return nil, err
 	}
-	s := &stream{ClientStream: cs, in: in, cancel: cancel}
+	s := &stream{ClientStream: cs, in: in, method: method, cancel: cancel}
 	in.mu.Lock()
-	if in.outage != nil { // started meanwhile
+	if in.fails(method) { // started meanwhile
+		err := in.outage
 		in.mu.Unlock()
-		s.fail(in.outage)
+		s.fail(err)
 		return s, nil
 	}
 	in.open[s] = struct{}{}
@@ -141,6 +164,7 @@ func (in *Injector) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 type stream struct {
 	grpc.ClientStream
 	in     *Injector
+	method string
 	cancel context.CancelFunc
 
 	mu  sync.Mutex
