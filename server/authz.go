@@ -246,17 +246,6 @@ func (a *Authorization) authorizeTxn(need func(kind, name string) error, r *fenc
 	return nil
 }
 
-// filterLeases keeps, in resp, the leases principal may see.
-func (a *Authorization) filterLeases(principal string, resp *fencerv1.ListLeasesResponse) {
-	kept := resp.Leases[:0]
-	for _, l := range resp.GetLeases() {
-		if a.Allowed(principal, "lease", l.GetName()) {
-			kept = append(kept, l)
-		}
-	}
-	resp.Leases = kept
-}
-
 // authorizeCall runs before a unary handler: it refuses requests naming
 // anything outside the principal's grants. A nil Authorization allows
 // everything.
@@ -267,11 +256,21 @@ func (a *Authorization) authorizeCall(_ context.Context, principal string, req a
 	return a.authorize(principal, req)
 }
 
+// otherPrincipal stands for a holder of another principal in what a
+// caller is told.
+const otherPrincipal = "another principal"
+
 // hideOthers keeps a refusal from telling a caller about another
 // principal's lease: an acquisition through a session that is not the
 // caller's is refused as such (PERMISSION_DENIED) even when the lease was
-// held, and a held lease's holder is named only when it is the caller's.
+// held, a held lease's holder is named only when it is the caller's, and
+// a key or resource of another lease names that lease only when the
+// caller may use it.
 func (s *Server) hideOthers(ctx context.Context, principal string, req any, err error) error {
+	var foreign *token.ForeignLeaseError
+	if errors.As(err, &foreign) && s.authz != nil && !s.authz.Allowed(principal, "lease", foreign.Got) {
+		return &token.ForeignLeaseError{Want: foreign.Want, Got: "a lease of another principal"}
+	}
 	var held *token.HeldError
 	if !errors.As(err, &held) {
 		return err
@@ -282,7 +281,7 @@ func (s *Server) hideOthers(ctx context.Context, principal string, req any, err 
 		}
 	}
 	if principalOfHolder(held.Holder) != principal {
-		return &token.HeldError{Lease: held.Lease, Holder: "another principal"}
+		return &token.HeldError{Lease: held.Lease, Holder: otherPrincipal}
 	}
 	return err
 }

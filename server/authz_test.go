@@ -1,9 +1,9 @@
 package server_test
 
 import (
+	"encoding/base64"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -36,12 +36,12 @@ func startAuthorized(t *testing.T) string {
 principals:
   alice:
     leases: ["orders", "orders-*", "shared"]
-    write: ["orders/*"]
+    write: ["orders/*", "shared/*"]
     resources: ["orders-db"]
   bob:
     leases: ["billing*", "shared"]
     read: ["*"]
-    write: ["billing/*"]
+    write: ["billing/*", "shared/*"]
     resources: ["billing-db"]
 `), 0o600))
 	authz, err := server.LoadAuthorization(path)
@@ -147,20 +147,50 @@ func TestAuthorizationPerRPC(t *testing.T) {
 	_, err = b.Acquire(ctx, &fencerv1.AcquireRequest{Name: "billing-eu", SessionId: billing.SessionId})
 	require.NoError(t, err)
 
-	// Listing shows each principal only the leases it may use.
-	names := func(cl fencerv1.FencerServiceClient) []string {
-		resp, err := cl.ListLeases(ctx, &fencerv1.ListLeasesRequest{})
-		require.NoError(t, err)
-		var out []string
-		for _, l := range resp.GetLeases() {
-			out = append(out, l.GetName())
-		}
-		sort.Strings(out)
-		return out
+	// A key of alice's lease, which bob may write: the refusal does not
+	// name alice's lease, which bob may not use.
+	_, err = a.Put(ctx, &fencerv1.PutRequest{Token: orders.Token, Key: "shared/7", Value: []byte("a")})
+	require.NoError(t, err)
+	_, err = b.Put(ctx, &fencerv1.PutRequest{Token: billing.Token, Key: "shared/7", Value: []byte("b")})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	require.NotContains(t, err.Error(), "orders")
+	for _, d := range status.Convert(err).Details() {
+		require.NotContains(t, stringify(d), "orders")
 	}
-	require.Equal(t, []string{"orders"}, names(a))
-	require.Equal(t, []string{"billing", "billing-eu"}, names(b))
-	require.Empty(t, names(c))
+
+	// Listing shows each principal only the leases it may use, page by
+	// page, with page tokens that name none of the others, and another
+	// principal's holder as such.
+	_, err = a.Acquire(ctx, &fencerv1.AcquireRequest{Name: "shared", SessionId: orders.SessionId})
+	require.NoError(t, err)
+	names := func(cl fencerv1.FencerServiceClient, pageSize int32) []string {
+		var out []string
+		req := &fencerv1.ListLeasesRequest{PageSize: pageSize}
+		for {
+			resp, err := cl.ListLeases(ctx, req)
+			require.NoError(t, err)
+			for _, l := range resp.GetLeases() {
+				out = append(out, l.GetName())
+				if l.GetName() == "shared" && cl == b {
+					require.Equal(t, "another principal", l.GetHolder())
+				}
+			}
+			if resp.GetNextPageToken() == "" {
+				return out
+			}
+			raw, err := base64.RawURLEncoding.DecodeString(resp.GetNextPageToken())
+			require.NoError(t, err)
+			if cl != a {
+				require.NotContains(t, string(raw), "orders", "a page token names a lease the caller may not use")
+			}
+			req.PageToken = resp.GetNextPageToken()
+		}
+	}
+	for _, size := range []int32{0, 1, 2} {
+		require.Equal(t, []string{"orders", "shared"}, names(a, size))
+		require.Equal(t, []string{"billing", "billing-eu", "shared"}, names(b, size))
+		require.Empty(t, names(c, size))
+	}
 }
 
 // TestAcquireThroughAnotherPrincipalsSession checks the order of refusals:

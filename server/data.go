@@ -185,21 +185,34 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 	if err != nil {
 		return nil, err
 	}
-	page, more, err := s.store.ListPage(ctx, after, size)
-	if err != nil {
-		return nil, err
-	}
-	out := &fencerv1.ListLeasesResponse{Leases: make([]*fencerv1.LeaseStatus, len(page))}
-	for i, st := range page {
-		ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch}
-		if !st.Token.IsZero() {
-			ls.Held, ls.Holder, ls.Token = true, st.Holder, st.Token.String()
+	principal := principalOf(ctx)
+	out := &fencerv1.ListLeasesResponse{}
+	for len(out.Leases) < size {
+		page, more, err := s.store.ListPage(ctx, after, size-len(out.Leases))
+		if err != nil {
+			return nil, err
 		}
-		out.Leases[i] = ls
+		for _, st := range page {
+			after = st.Name
+			if s.authz != nil && !s.authz.Allowed(principal, "lease", st.Name) {
+				continue
+			}
+			ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch}
+			if !st.Token.IsZero() {
+				ls.Held, ls.Holder, ls.Token = true, st.Holder, st.Token.String()
+				if principalOfHolder(st.Holder) != principal {
+					ls.Holder = otherPrincipal
+				}
+			}
+			out.Leases = append(out.Leases, ls)
+		}
+		if !more {
+			return out, nil
+		}
 	}
-	if more {
-		out.NextPageToken = encodePageToken(page[len(page)-1].Name)
-	}
+	// A page token names the last lease returned, never one the caller may
+	// not see: leases skipped for the caller are read again on the next page.
+	out.NextPageToken = encodePageToken(out.Leases[len(out.Leases)-1].Name)
 	return out, nil
 }
 

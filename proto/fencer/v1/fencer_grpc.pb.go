@@ -110,7 +110,10 @@ type FencerServiceClient interface {
 	// watch has reached. It never ends by itself while the session lives; it
 	// fails with WATCH_COMPACTED when start_revision has been compacted, and
 	// with UNAVAILABLE when the server shuts down or etcd's watch breaks, in
-	// which case the client should Check its tokens and watch again.
+	// which case the client should Check its tokens and watch again. When the
+	// session itself ends (expired or revoked) it fails with
+	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
+	// session is then lost.
 	WatchLease(ctx context.Context, in *WatchLeaseRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeaseResponse], error)
 	// ListLeases returns the leases that have ever been acquired, with their
 	// current holders and tokens if held, a page at a time, ordered by name.
@@ -308,7 +311,10 @@ type FencerServiceServer interface {
 	// watch has reached. It never ends by itself while the session lives; it
 	// fails with WATCH_COMPACTED when start_revision has been compacted, and
 	// with UNAVAILABLE when the server shuts down or etcd's watch breaks, in
-	// which case the client should Check its tokens and watch again.
+	// which case the client should Check its tokens and watch again. When the
+	// session itself ends (expired or revoked) it fails with
+	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
+	// session is then lost.
 	WatchLease(*WatchLeaseRequest, grpc.ServerStreamingServer[WatchLeaseResponse]) error
 	// ListLeases returns the leases that have ever been acquired, with their
 	// current holders and tokens if held, a page at a time, ordered by name.

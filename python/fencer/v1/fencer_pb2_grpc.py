@@ -178,7 +178,10 @@ class FencerServiceServicer(object):
         watch has reached. It never ends by itself while the session lives; it
         fails with WATCH_COMPACTED when start_revision has been compacted, and
         with UNAVAILABLE when the server shuts down or etcd's watch breaks, in
-        which case the client should Check its tokens and watch again.
+        which case the client should Check its tokens and watch again. When the
+        session itself ends (expired or revoked) it fails with
+        SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
+        session is then lost.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
