@@ -83,7 +83,7 @@ func Example_keysBelongToLeases() {
 	_, err = st.Put(ctx, orders.Token(), "orders/total", []byte("250"))
 	fmt.Println("orders is now foreign:", errors.Is(err, token.ErrForeignLease))
 	owner, _, _ := st.Owner(ctx, "orders/total")
-	fmt.Println("owner:", owner)
+	fmt.Println("owner:", owner.Lease)
 	// Output:
 	// orders writes: <nil>
 	// billing writes: etcdstore: put "orders/total": token: foreign lease: want "billing", got "orders"

@@ -179,10 +179,10 @@ func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
 //     Succeeded reports the caller's compares, and the lease owns every
 //     data key the branch that ran may write (claimed if nobody owned it).
 //
-// The owners are compared in the same etcd Txn as the write: each key is
-// compared with the owner the store guesses it has (the lease, or nobody,
-// when the key is to be claimed). A wrong guess costs a second round trip,
-// whose compares are what the first read. Keys that a nested Txn of the
+// The owners are compared in the same etcd Txn as the write: each key's
+// owner record is compared with the one the store guesses it has (one of
+// tok's lease, or none when the key is to be claimed). A wrong guess costs
+// a second round trip, whose compares are what the first read. Keys that a nested Txn of the
 // caller's writes are claimed with the branch that contains it, whichever
 // way the nested Txn goes.
 //
@@ -204,25 +204,33 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 		return nil, err
 	}
 	keys := slices.Compact(slices.Sorted(slices.Values(slices.Concat(thenKeys, elsKeys))))
-	// claim holds the keys the next attempt claims: every key with
-	// TakeOver, else those not known to be the lease's (a guess, then what
-	// the failed attempt read). The others must be the lease's.
-	claim := map[string]bool{}
+	// expect holds the owner record each key is compared with: the one
+	// the store last saw if it is of tok's lease, else none (the key is to
+	// be claimed), then what a failed attempt read. Every key whose record
+	// is not tok's own gets tok's in the branch that writes it.
+	mine := ownerRecord(tok)
+	expect := map[string]string{}
 	for _, k := range keys {
-		claim[k] = o.takeOver || s.owners.get(k) != tok.Lease
+		if seen := s.owners.get(k); ownerLease(seen) == tok.Lease {
+			expect[k] = seen
+		}
 	}
+	claim := map[string]bool{}
 	for {
+		for _, k := range keys {
+			claim[k] = o.takeOver || expect[k] != mine
+		}
 		op := clientv3.OpTxn(cmps,
-			slices.Concat(then, s.claims(tok.Lease, thenKeys, claim)),
-			slices.Concat(els, s.claims(tok.Lease, elsKeys, claim)))
+			slices.Concat(then, s.claims(tok, thenKeys, claim)),
+			slices.Concat(els, s.claims(tok, elsKeys, claim)))
 		checked := !o.takeOver && len(keys) > 0
 		if checked {
 			owned := make([]clientv3.Cmp, len(keys))
 			reads := make([]clientv3.Op, len(keys))
 			for i, k := range keys {
-				owned[i] = clientv3.Compare(clientv3.Value(s.ownerKey(k)), "=", tok.Lease)
-				if claim[k] {
-					owned[i] = clientv3.Compare(clientv3.CreateRevision(s.ownerKey(k)), "=", 0)
+				owned[i] = clientv3.Compare(clientv3.CreateRevision(s.ownerKey(k)), "=", 0)
+				if rec := expect[k]; rec != "" {
+					owned[i] = clientv3.Compare(clientv3.Value(s.ownerKey(k)), "=", rec)
 				}
 				reads[i] = clientv3.OpGet(s.ownerKey(k))
 			}
@@ -238,14 +246,15 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 		inner := resp.Responses[0].GetResponseTxn()
 		if checked {
 			if !inner.GetSucceeded() {
-				// An owner was not as expected: expect what was read.
+				// An owner record was not as expected: expect what was
+				// read.
 				for i, k := range keys {
-					owner := ownerOf(inner.GetResponses()[i])
-					s.owners.put(k, owner)
-					if owner != "" && owner != tok.Lease {
-						return nil, fmt.Errorf("etcdstore: txn: data key %q: %w", k, &token.ForeignLeaseError{Want: tok.Lease, Got: owner})
+					rec := ownerOf(inner.GetResponses()[i])
+					s.owners.put(k, rec)
+					if rec != "" && ownerLease(rec) != tok.Lease {
+						return nil, fmt.Errorf("etcdstore: txn: data key %q: %w", k, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(rec)})
 					}
-					claim[k] = owner == ""
+					expect[k] = rec
 				}
 				continue
 			}
@@ -256,8 +265,8 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 			ran = elsKeys
 		}
 		for _, k := range keys {
-			if !claim[k] || slices.Contains(ran, k) {
-				s.owners.put(k, tok.Lease)
+			if slices.Contains(ran, k) {
+				s.owners.put(k, mine)
 			}
 		}
 		// Hide the claims from the caller: they follow its own ops.

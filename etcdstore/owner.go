@@ -2,7 +2,6 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -16,20 +15,32 @@ import (
 
 // Keys belong to leases.
 //
-// Every data key has an owner: the lease whose name <prefix>owners/<key>
-// holds. A guarded write of a data key (Put, Delete, or a Txn that puts or
-// deletes it) commits only if its token is current (the guard) and, in
-// the same etcd Txn, its lease owns the key or nobody does; a write that
-// finds no owner records its own lease as the owner. So once lease L has
-// written a key, a holder of another lease cannot overwrite or delete it,
-// however current its own token: it gets a *token.ForeignLeaseError and
-// nothing changes. The owner record outlives a Delete, so a deleted key
-// stays L's and nobody else can recreate it.
+// Every data key that a guarded write has written has an owner record,
+// <prefix>owners/<key> = "<lease> <token>": the lease that owns the key
+// and the token of the last guarded write of it, which is of that lease. A
+// guarded write of a data key (Put, Delete, or a Txn that puts or deletes
+// it) commits only if its token is current (the guard) and, in the same
+// etcd Txn, its lease owns the key or nobody does; the write then records
+// its own token as the owner's, unless it is already recorded. So once
+// lease L has written a key, a holder of another lease cannot overwrite or
+// delete it, however current its own token: it gets a
+// *token.ForeignLeaseError and nothing changes. The owner record outlives
+// a Delete, so a deleted key stays L's and nobody else can recreate it.
 //
 // Only an explicit takeover (the TakeOver write option) moves a key to
 // another lease. It is fenced like any other write: it commits only while
-// the taker's token is current, and it then records the taker's lease as
-// owner, after which the previous owner's writes are refused in turn.
+// the taker's token is current, and it then records the taker's token as
+// the owner's, after which the previous owner's writes are refused in
+// turn.
+//
+// Only guarded writes write owner records, each under the full guard of
+// the token it records (the holder key's create revision and the epoch
+// key's value). So a record naming token T proves that T was exactly
+// current when it was written, and a later write by T needs only compare
+// the holder key's create revision and the record: if T's acquisition is
+// still the current one, T is still exact. That is the cheapest Txn for
+// etcd, two compares, and the one a lease's repeated writes of its keys
+// take.
 //
 // Advance resources follow the same rule with no extra key: the token
 // recorded in <prefix>fences/<resource> names the lease that owns it.
@@ -62,26 +73,88 @@ func TakeOver() WriteOption { return func(o *writeOptions) { o.takeOver = true }
 
 func (s *Store) ownerKey(key string) string { return s.prefix + "owners/" + key }
 
-// OwnerKey returns the etcd key that records which lease owns the data key
-// key: its value is the owning lease's name. Only guarded writes of key
+// OwnerKey returns the etcd key of the data key key's owner record,
+// "<lease> <token>" (see ParseOwnerRecord). Only guarded writes of key
 // write it.
 func (s *Store) OwnerKey(key string) string { return s.ownerKey(key) }
 
-// Owner returns the name of the lease that owns the data key key; ok is
-// false when no guarded write has written key yet. The answer may be
-// stale when it returns; the guarded writes check ownership themselves.
-func (s *Store) Owner(ctx context.Context, key string) (lease string, ok bool, err error) {
+// ownerRecord is the owner record of a key that tok writes.
+func ownerRecord(tok token.Token) string { return tok.Lease + " " + tok.String() }
+
+// ParseOwnerRecord reads an owner record, "<lease> <token>", where token
+// is the text form of a token of lease: the lease that owns a data key and
+// the token of the last guarded write of the key. It accepts only what
+// guarded writes record, so that formatting the result gives back rec; it
+// returns a *token.MalformedError otherwise.
+func ParseOwnerRecord(rec string) (token.Token, error) {
+	lease, text, ok := strings.Cut(rec, " ")
+	if !ok {
+		return token.Token{}, &token.MalformedError{Field: "owner record", Input: truncate(rec), Reason: `want "<lease> <token>"`}
+	}
+	tok, err := token.Parse(text)
+	if err != nil {
+		return token.Token{}, err
+	}
+	if tok.Lease != lease {
+		return token.Token{}, &token.MalformedError{Field: "owner record", Input: truncate(rec), Reason: "the token is of another lease"}
+	}
+	if err := validToken(tok); err != nil {
+		return token.Token{}, err
+	}
+	return tok, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64]
+	}
+	return s
+}
+
+// ownerLease returns the lease of an owner record as read from etcd: the
+// text before its first space. Guarded writes record only well-formed
+// records; a record that something else wrote still names its lease this
+// way, which is how a "owned by the lease" compare reads it.
+func ownerLease(rec string) string {
+	lease, _, _ := strings.Cut(rec, " ")
+	return lease
+}
+
+// ownedByLease returns the compares that hold when the owner record of
+// key names lease, whatever its token: its value sorts after "<lease> "
+// and before "<lease>!". No lease name holds a byte below "!", so no other
+// lease's record sorts there. Like every value compare, they fail when
+// the key has no record.
+func (s *Store) ownedByLease(key, lease string) []clientv3.Cmp {
+	owner := s.ownerKey(key)
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(owner), ">", lease+" "),
+		clientv3.Compare(clientv3.Value(owner), "<", lease+"!"),
+	}
+}
+
+// Owner returns the token recorded for the data key key: its Lease is
+// the lease that owns key, and it is the token of the last guarded write
+// of key. ok is false when no guarded write has written key yet. The
+// answer may be stale when it returns; the guarded writes check ownership
+// themselves. A record that a guarded write did not write yields a
+// *token.MalformedError.
+func (s *Store) Owner(ctx context.Context, key string) (tok token.Token, ok bool, err error) {
 	if err := ValidateKey(key); err != nil {
-		return "", false, err
+		return token.Token{}, false, err
 	}
 	resp, err := s.cli.Get(ctx, s.ownerKey(key))
 	if err != nil {
-		return "", false, fmt.Errorf("etcdstore: owner of %q: %w", key, err)
+		return token.Token{}, false, fmt.Errorf("etcdstore: owner of %q: %w", key, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return "", false, nil
+		return token.Token{}, false, nil
 	}
-	return string(resp.Kvs[0].Value), true, nil
+	tok, err = ParseOwnerRecord(string(resp.Kvs[0].Value))
+	if err != nil {
+		return token.Token{}, false, fmt.Errorf("etcdstore: owner of %q: %w", key, err)
+	}
+	return tok, true, nil
 }
 
 // writeKey runs op, a put or delete of the data key key, in one guarded
@@ -90,30 +163,43 @@ func (s *Store) Owner(ctx context.Context, key string) (lease string, ok bool, e
 // current and a *token.ForeignLeaseError when another lease owns key (and
 // takeOver is false).
 //
-// The Txn takes one of three shapes, all checked by etcd in the Txn:
+// The Txn takes one of four shapes, chosen by the owner record the store
+// last saw for key, each checked by etcd in the Txn:
 //
-//   - takeOver: If(guard) Then(Put(owner, lease), op);
-//   - key last seen owned by the lease (the common case, and the cheapest
-//     for etcd): If(guard, Value(owner) = lease) Then(op);
-//   - otherwise, "owned by the lease or by nobody" in one round trip, as
-//     a nested Txn that claims an unowned key (ownedOps).
+//   - the record is tok's (the common case): If(CreateRevision(holder) =
+//     tok.Revision, Value(owner) = record) Then(op), two compares, which
+//     are exact because the record was written under tok's full guard;
+//   - the record is of an earlier token of tok's lease (the first write
+//     after a re-acquisition): If(guard, Value(owner) = that record)
+//     Then(Put(owner, record), op);
+//   - takeOver: If(guard) Then(Put(owner, record), op);
+//   - otherwise "owned by the lease or by nobody" in one round trip, as a
+//     nested Txn that records tok (ownedOps).
 //
 // The Txn has no Else branch, which would cost every write; a write that
 // fails reads the holder, epoch and owner keys to tell a stale token from
 // a wrong guess of the owner. A wrong guess costs those round trips, never
-// correctness: the write is retried in the nested shape.
+// correctness: the write is retried in the shape the read calls for.
 func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
-	owner := s.ownerKey(key)
-	known := !takeOver && s.owners.get(key) == tok.Lease
+	owner, mine := s.ownerKey(key), ownerRecord(tok)
+	seen := s.owners.get(key)
 	for {
-		cmps, then := s.guard(tok), []clientv3.Op{op}
+		var cmps []clientv3.Cmp
+		then := []clientv3.Op{clientv3.OpPut(owner, mine), op}
+		nested := false
 		switch {
 		case takeOver:
-			then = []clientv3.Op{clientv3.OpPut(owner, tok.Lease), op}
-		case known:
-			cmps = append(cmps, clientv3.Compare(clientv3.Value(owner), "=", tok.Lease))
+			cmps = s.guard(tok)
+		case seen == mine:
+			cmps = []clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
+				clientv3.Compare(clientv3.Value(owner), "=", mine),
+			}
+			then = then[1:]
+		case seen != "" && ownerLease(seen) == tok.Lease:
+			cmps = append(s.guard(tok), clientv3.Compare(clientv3.Value(owner), "=", seen))
 		default:
-			then = s.ownedOps(tok.Lease, key, op)
+			cmps, then, nested = s.guard(tok), s.ownedOps(tok, key, op), true
 		}
 		resp, err := s.commit(ctx, cmps, then, nil)
 		if err != nil {
@@ -129,70 +215,69 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 			if !current(tok, why, 0) {
 				return nil, 0, staleError(tok, why, 0)
 			}
-			// The guessed owner was wrong (a token that is not current
-			// never becomes current again).
-			s.owners.put(key, ownerOf(why.Responses[2]))
-			known = false
+			// The guessed owner record was wrong (a token that is not
+			// current never becomes current again).
+			seen = ownerOf(why.Responses[2])
+			s.owners.put(key, seen)
+			if seen != "" && ownerLease(seen) != tok.Lease && !takeOver {
+				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
+			}
 			continue
 		}
 		rs := resp.Responses
-		switch {
-		case takeOver:
-			rs = rs[1:]
-		case !known:
-			if rs, err = ownedResult(tok.Lease, rs); err != nil {
-				var fe *token.ForeignLeaseError
-				if errors.As(err, &fe) {
-					s.owners.put(key, fe.Got)
-				}
-				return nil, 0, err
+		if nested {
+			var ok bool
+			if rs, seen, ok = ownedResult(rs); !ok {
+				s.owners.put(key, seen)
+				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
 			}
 		}
-		s.owners.put(key, tok.Lease)
-		return rs[0], resp.Header.Revision, nil
+		s.owners.put(key, mine)
+		return rs[len(rs)-1], resp.Header.Revision, nil
 	}
 }
 
 // ownedOps returns the Then branch of a guarded write of the data key key
-// by lease: ops, which write key, in a nested Txn that runs them only if
-// lease owns key or nobody does, claiming key in the second case:
+// by tok: ops, which write key, in a nested Txn that runs them only if
+// tok's lease owns key or nobody does, recording tok as the owner's token
+// either way:
 //
-//	If(Value(owner) = lease) Then(ops...)
-//	Else(Txn(If(CreateRevision(owner) = 0) Then(Put(owner, lease), ops...) Else(Get(owner))))
+//	If(Value(owner) in ["<lease> ", "<lease>!")) Then(Put(owner, record), ops...)
+//	Else(Txn(If(CreateRevision(owner) = 0) Then(Put(owner, record), ops...) Else(Get(owner))))
 //
 // etcd evaluates every compare before any write, so each branch sees the
 // owner as it was before the Txn.
-func (s *Store) ownedOps(lease, key string, ops ...clientv3.Op) []clientv3.Op {
+func (s *Store) ownedOps(tok token.Token, key string, ops ...clientv3.Op) []clientv3.Op {
 	owner := s.ownerKey(key)
-	claim := append([]clientv3.Op{clientv3.OpPut(owner, lease)}, ops...)
+	claim := append([]clientv3.Op{clientv3.OpPut(owner, ownerRecord(tok))}, ops...)
 	return []clientv3.Op{clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.Value(owner), "=", lease)}, ops,
+		s.ownedByLease(key, tok.Lease), claim,
 		[]clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(owner), "=", 0)}, claim,
 			[]clientv3.Op{clientv3.OpGet(owner)})})}
 }
 
 // ownedResult reads the responses of the Then branch that ownedOps built:
-// those of the wrapped ops, or a *token.ForeignLeaseError naming the
-// lease that owns the key.
-func ownedResult(lease string, rs []*pb.ResponseOp) ([]*pb.ResponseOp, error) {
+// those of the wrapped ops, after the owner record's put, and true; or, if
+// another lease owns the key, its owner record and false.
+func ownedResult(rs []*pb.ResponseOp) (ops []*pb.ResponseOp, foreign string, ok bool) {
 	mine := rs[0].GetResponseTxn()
 	if mine.GetSucceeded() {
-		return mine.GetResponses(), nil
+		return mine.GetResponses(), "", true
 	}
 	free := mine.GetResponses()[0].GetResponseTxn()
 	if free.GetSucceeded() {
-		return free.GetResponses()[1:], nil
+		return free.GetResponses(), "", true
 	}
-	return nil, &token.ForeignLeaseError{Want: lease, Got: ownerOf(free.GetResponses()[0])}
+	return nil, ownerOf(free.GetResponses()[0]), false
 }
 
 // maxOwnerGuesses bounds ownerGuesses; past it the guesses start over.
 const maxOwnerGuesses = 1 << 16
 
-// ownerGuesses remembers, per data key, the lease a store last saw owning
-// it, so that a write by that lease takes the cheapest Txn. A wrong or
-// missing guess costs a round trip or a nested Txn, never correctness.
+// ownerGuesses remembers, per data key, the owner record a store last saw
+// for it, so that a write takes the cheapest Txn. A wrong or missing guess
+// costs a round trip or a nested Txn, never correctness.
 type ownerGuesses struct {
 	mu   sync.Mutex
 	seen map[string]string
@@ -204,24 +289,24 @@ func (g *ownerGuesses) get(key string) string {
 	return g.seen[key]
 }
 
-// put records lease as key's owner; "" forgets the key.
-func (g *ownerGuesses) put(key, lease string) {
+// put records rec as key's owner record; "" forgets the key.
+func (g *ownerGuesses) put(key, rec string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if lease == "" {
+	if rec == "" {
 		delete(g.seen, key)
 		return
 	}
-	if g.seen[key] == lease {
+	if g.seen[key] == rec {
 		return
 	}
 	if _, ok := g.seen[key]; g.seen == nil || (!ok && len(g.seen) >= maxOwnerGuesses) {
 		g.seen = map[string]string{}
 	}
-	g.seen[key] = lease
+	g.seen[key] = rec
 }
 
-// ownerOf reads the owner key's value from a Get's response; "" if absent.
+// ownerOf reads the owner record from a Get's response; "" if absent.
 func ownerOf(r *pb.ResponseOp) string {
 	if kvs := r.GetResponseRange().GetKvs(); len(kvs) == 1 {
 		return string(kvs[0].Value)
@@ -272,12 +357,13 @@ func (s *Store) dataKeysWritten(ops []clientv3.Op) ([]string, error) {
 	return slices.Compact(keys), nil
 }
 
-// claims returns a Put of the owner key of each of keys that claim holds.
-func (s *Store) claims(lease string, keys []string, claim map[string]bool) []clientv3.Op {
+// claims returns a Put of tok's owner record at the owner key of each of
+// keys that claim holds.
+func (s *Store) claims(tok token.Token, keys []string, claim map[string]bool) []clientv3.Op {
 	var ops []clientv3.Op
 	for _, k := range keys {
 		if claim[k] {
-			ops = append(ops, clientv3.OpPut(s.ownerKey(k), lease))
+			ops = append(ops, clientv3.OpPut(s.ownerKey(k), ownerRecord(tok)))
 		}
 	}
 	return ops

@@ -1,10 +1,13 @@
 package etcdstore
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/token"
 )
 
 // FuzzDataKeysWritten checks the decision that lets a guarded Txn check
@@ -56,6 +59,47 @@ func FuzzDataKeysWritten(f *testing.F) {
 			if !want[k] {
 				t.Fatalf("dataKeysWritten reported %q, want %v", k, want)
 			}
+		}
+	})
+}
+
+// FuzzParseOwnerRecord checks that owner records round-trip and that the
+// parser accepts nothing else: what it accepts is exactly the record of the
+// token it returns, and that token could have been issued by a store. It
+// also checks the compares of "owned by a lease": a record lies in its own
+// lease's range and in no other lease's.
+func FuzzParseOwnerRecord(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"orders v1:1:2:orders", "orders2"}, {"orders v1:1:2:billing", "billing"}, {"orders", "order"},
+		{"orders  v1:1:2:orders", "orders!"}, {"a:b v1:3:9:a:b", "a"}, {" v1:1:2:", "x"},
+		{"orders v1:01:2:orders", "o"}, {"x v2:1:2:x", "x"}, {"a/b v1:1:2:a/b", "a"},
+		{"ab v1:1:2:ab", "a"}, {"a v1:1:2:a", "ab"}, {"a\u00e9 v1:1:2:a\u00e9", "a"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	f.Fuzz(func(t *testing.T, rec, other string) {
+		tok, err := ParseOwnerRecord(rec)
+		if err != nil {
+			if !errors.Is(err, token.ErrMalformed) {
+				t.Fatalf("ParseOwnerRecord(%q) = %v, not a malformed-token error", rec, err)
+			}
+			return
+		}
+		if got := ownerRecord(tok); got != rec {
+			t.Fatalf("ParseOwnerRecord(%q) = %v, whose record is %q", rec, tok, got)
+		}
+		if err := validToken(tok); err != nil {
+			t.Fatalf("ParseOwnerRecord(%q) accepted %v: %v", rec, tok, err)
+		}
+		if ownerLease(rec) != tok.Lease {
+			t.Fatalf("ownerLease(%q) = %q, want %q", rec, ownerLease(rec), tok.Lease)
+		}
+		inRange := func(lease string) bool { return rec > lease+" " && rec < lease+"!" }
+		if !inRange(tok.Lease) {
+			t.Fatalf("record %q outside its lease's range", rec)
+		}
+		if other != tok.Lease && ValidateName("lease", other) == nil && inRange(other) {
+			t.Fatalf("record %q of lease %q lies in lease %q's range", rec, tok.Lease, other)
 		}
 	})
 }

@@ -180,7 +180,7 @@ func TestServiceKeysBelongToLeases(t *testing.T) {
 	}
 	owner, _, err := st.Owner(ctx, "orders/total")
 	require.NoError(t, err)
-	require.Equal(t, "billing", owner)
+	require.Equal(t, "billing", owner.Lease)
 }
 
 // errorInfo returns the fencer.dev ErrorInfo of a status error.
