@@ -17,11 +17,11 @@
 //     token no acquisition issued, fails in etcd itself, however late it
 //     arrives, with a *token.StaleError.
 //   - Keys belong to leases: <prefix>owners/<key> names the lease that
-//     owns the data key <key>. Put, Delete and Txn also check, in the same
-//     Txn, that the writer's lease owns the key or that nobody does (and
-//     then claim it), so the holder of another lease gets a
-//     *token.ForeignLeaseError. Only an explicit TakeOver, itself fenced,
-//     moves a key to another lease.
+//     owns the data key <key>, and the token of its last guarded write.
+//     Put, Delete and Txn also check, in the same Txn, that the writer's
+//     lease owns the key or that nobody does (and then claim it), so the
+//     holder of another lease gets a *token.ForeignLeaseError. Only an
+//     explicit TakeOver, itself fenced, moves a key to another lease.
 //   - Store.Advance records the highest token that has passed for an
 //     external resource (a sequencer check for stores that cannot run an
 //     etcd Txn); the resource belongs to the lease whose token it records.
@@ -42,7 +42,8 @@
 //
 //	leases/<name>   holder record, on the holder's etcd lease; its create revision is the token's revision
 //	epochs/<name>   acquisition counter, written only by the acquiring Txn
-//	owners/<key>    the name of the lease that owns data key <key>; written only by guarded writes
+//	owners/<key>    "<lease> <token>": the lease that owns data key <key> and the token of its
+//	                last guarded write; written only by guarded writes, under that token's full guard
 //	fences/<res>    the highest token that passed Advance for resource <res>; its lease owns <res>
 //	data/<key>      the guarded key-value space of Put, Get and Delete
 //
