@@ -185,19 +185,20 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 	seen := s.owners.get(key)
 	for {
 		var cmps []clientv3.Cmp
-		then := []clientv3.Op{clientv3.OpPut(owner, mine), op}
+		var then []clientv3.Op
 		nested := false
 		switch {
-		case takeOver:
-			cmps = s.guard(tok)
-		case seen == mine:
+		case seen == mine && !takeOver:
 			cmps = []clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
 				clientv3.Compare(clientv3.Value(owner), "=", mine),
 			}
-			then = then[1:]
+			then = []clientv3.Op{op}
+		case takeOver:
+			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		case seen != "" && ownerLease(seen) == tok.Lease:
 			cmps = append(s.guard(tok), clientv3.Compare(clientv3.Value(owner), "=", seen))
+			then = []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		default:
 			cmps, then, nested = s.guard(tok), s.ownedOps(tok, key, op), true
 		}
