@@ -17,6 +17,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -355,10 +356,11 @@ func TestRestartedProcessSameName(t *testing.T) {
 // TestBadInput checks that objects whose fencer annotations are malformed,
 // partial or another lease's are refused with typed errors and not
 // written, and that WithTakeover takes over another lease's object but
-// never a malformed one.
+// never a malformed one. It runs on an API server of its own, without
+// the admission policy, which would refuse to store such stamps at all.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	k := newKube(t)
+	k := newKubeOn(t, kubetest.StartForTest(t))
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c := k.client(t, staticHolder{tok})
