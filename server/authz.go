@@ -181,10 +181,14 @@ func denied(principal, kind, name string) error {
 	return fmt.Errorf("%w: principal %q has no %s grant for %q", ErrPermissionDenied, principal, kind, name)
 }
 
-// authorize checks the names req carries against principal's grants. It
-// returns nil for a request that names nothing (sessions, keepalives and
-// watches are bound to their principal by the session itself).
+// authorize checks the names req carries against principal's grants,
+// before the handler runs. It returns nil for a request that names nothing
+// (sessions, keepalives and watches are bound to their principal by the
+// session itself), and for every request when a is nil.
 func (a *Authorization) authorize(principal string, req any) error {
+	if a == nil {
+		return nil
+	}
 	need := func(kind, name string) error {
 		if a.Allowed(principal, kind, name) {
 			return nil
@@ -244,16 +248,6 @@ func (a *Authorization) authorizeTxn(need func(kind, name string) error, r *fenc
 		}
 	}
 	return nil
-}
-
-// authorizeCall runs before a unary handler: it refuses requests naming
-// anything outside the principal's grants. A nil Authorization allows
-// everything.
-func (a *Authorization) authorizeCall(_ context.Context, principal string, req any) error {
-	if a == nil {
-		return nil
-	}
-	return a.authorize(principal, req)
 }
 
 // otherPrincipal stands for a holder of another principal in what a

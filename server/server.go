@@ -185,7 +185,7 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	start := time.Now()
 	p, err := s.auth.Authenticate(ctx)
 	if err == nil {
-		err = s.authz.authorizeCall(ctx, p, req)
+		err = s.authz.authorize(p, req)
 	}
 	var resp any
 	if err == nil {
