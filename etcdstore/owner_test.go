@@ -1,6 +1,7 @@
 package etcdstore_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -27,12 +28,8 @@ func requireForeign(t *testing.T, err error, want, got string) {
 // bob, holding lease billing, writes the key alice writes under lease
 // orders, and advances her resource, while her token stays current.
 func TestForeignLeaseCannotWriteAnotherLeasesKeys(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	alice, err := newSession(t, st).Acquire(ctx, "orders")
-	require.NoError(t, err)
-	bob, err := newSession(t, st).Acquire(ctx, "billing")
-	require.NoError(t, err)
+	ctx, st, alice, bob := aliceAndBob(t)
+	var err error
 	_, err = st.Put(ctx, alice.Token(), "orders/total", []byte("100"))
 	require.NoError(t, err)
 	require.NoError(t, st.Advance(ctx, "orders-db", alice.Token()))
@@ -148,12 +145,8 @@ func TestTakeOverIsExplicitAndFenced(t *testing.T) {
 // alice unable to write, and a key he claimed first is hers again after
 // her own fenced takeover.
 func TestBobCannotBlockAlice(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
-	alice, err := newSession(t, st).Acquire(ctx, "orders")
-	require.NoError(t, err)
-	bob, err := newSession(t, st).Acquire(ctx, "billing")
-	require.NoError(t, err)
+	ctx, st, alice, bob := aliceAndBob(t)
+	var err error
 	_, err = st.Put(ctx, alice.Token(), "mine", []byte("a"))
 	require.NoError(t, err)
 	require.NoError(t, st.Advance(ctx, "orders-db", alice.Token()))
@@ -512,4 +505,18 @@ func TestOwnerRecordFollowsTheLeasesAcquisitions(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = st.Owner(ctx, "k")
 	require.ErrorIs(t, err, token.ErrMalformed)
+}
+
+// aliceAndBob returns a store on a fresh prefix where alice holds the
+// lease orders and bob the lease billing, each through a session of its
+// own.
+func aliceAndBob(t *testing.T) (context.Context, *etcdstore.Store, *etcdstore.Lease, *etcdstore.Lease) {
+	t.Helper()
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	alice, err := newSession(t, st).Acquire(ctx, "orders")
+	require.NoError(t, err)
+	bob, err := newSession(t, st).Acquire(ctx, "billing")
+	require.NoError(t, err)
+	return ctx, st, alice, bob
 }
