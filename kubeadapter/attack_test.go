@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
@@ -166,6 +167,21 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		}},
+		{"apply with a lagging cache", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			return c.Apply(ctx, corev1ac.ConfigMap(s.current.Name, k.ns).WithData(map[string]string{"by": "a-late"}), client.FieldOwner("a"), client.ForceOwnership)
+		}},
+		{"apply pinned to the current resourceVersion with a lagging cache", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			cfg := corev1ac.ConfigMap(s.current.Name, k.ns).WithResourceVersion(s.current.ResourceVersion).
+				WithAnnotations(s.a.Stamp(nil)).WithData(map[string]string{"by": "a-late"})
+			return c.Apply(ctx, cfg, client.FieldOwner("a"), client.ForceOwnership)
+		}},
+		{"json patch removing the annotations with a lagging cache", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
+				[]byte(`[{"op":"remove","path":"/metadata/annotations"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
+		}},
 		{"json patch lowering the stamp", func(t *testing.T, s superseded) error {
 			c := k.client(t, staticHolder{s.a})
 			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
@@ -251,6 +267,15 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		// B, the newest holder of the lease, may.
 		require.NoError(t, k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()).Update(ctx, back))
 		requireStamped(t, k.configMap(t, "takeover").Annotations, s.b)
+	})
+
+	t.Run("apply creating over an object both reads missed lands without the policy", func(t *testing.T) {
+		toks := k.tokens(t, 2)
+		newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
+		require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
+		blind := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(notFoundReader{}))
+		require.NoError(t, blind.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership))
+		requireStamped(t, k.configMap(t, "missed").Annotations, toks[0])
 	})
 
 	t.Run("a current holder's object cannot lower its stamp", func(t *testing.T) {

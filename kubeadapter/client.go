@@ -2,6 +2,7 @@ package kubeadapter
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,12 +46,15 @@ import (
 // the admission policy in deploy/admission for those). Status writes and
 // deletes carry the weaker guarantees described on their methods.
 //
+// Patch and Apply are sent to the API server as a patch and an apply,
+// so fields that the caller's Go type does not know are kept.
+//
 // Client refuses, with ErrUnsupported, what it cannot fence: DeleteAllOf,
-// a create of a core/v1 Binding (it writes the Pod), server-side apply,
-// patch types other than JSON patch, merge patch and (for typed objects)
-// strategic merge patch, and subresources other than status. Writes of
-// metadata-only objects (metav1.PartialObjectMetadata) fail, since the
-// whole object is written.
+// a create of a core/v1 Binding (it writes the Pod), patch types other
+// than JSON patch, merge patch, strategic merge patch and apply, and
+// subresources other than status. Updates of metadata-only objects
+// (metav1.PartialObjectMetadata) fail, since the whole object is written;
+// patch them instead.
 type Client struct {
 	inner     client.Client
 	reader    client.Reader
@@ -185,79 +190,118 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 	return nil
 }
 
-// Patch applies patch locally to the version fencer read and checked
-// (see Update for how it reads), stamps the result (token.Restamp: the
-// patch cannot change fencer's annotations) and writes it with Update,
-// conditional on that version. A conflict is retried with a fresh read,
-// which is what the API server does for a patch, unless the patch itself
-// sets metadata.resourceVersion (client.MergeFromWithOptimisticLock): then
-// that version must be the one checked, or Patch writes nothing and
-// returns a Conflict error or a *token.StaleError, as Update does for a
-// pinned resourceVersion. Supported types: JSON patch, JSON merge patch
-// and, for typed (not unstructured) objects, strategic merge patch;
-// others return ErrUnsupported. Patch options map to the equivalent
-// update options (DryRun, FieldManager, FieldValidation); Force is
-// ignored. On success obj holds the written object.
+// Patch sends patch to the API server as a patch, with two additions:
+// the holder's stamp over the fencer annotations of the version it read
+// and checked (see Update for how it reads; token.Restamp), and that
+// version's resourceVersion as a precondition, so the API server refuses
+// the patch with a Conflict if the object moved after the check. The API
+// server applies the patch to the stored object, so fields that obj's Go
+// type does not know are kept, as with a plain patch.
 //
-// Patch decodes the object into obj's Go type, so fields the type does
-// not know are not kept.
+// What the patch may do:
+//   - Writes of fencer's annotations in the patch are dropped: the stamp
+//     is fencer's to set, so a patch can neither lower nor drop it. Null
+//     annotations (merge patch) or a removal of /metadata/annotations
+//     (JSON patch) remove every annotation but fencer's.
+//   - A patch that writes the whole object or metadata, moves a fencer
+//     annotation, or carries a strategic merge directive that replaces,
+//     deletes or prunes the object, its metadata or its annotations, is
+//     refused with ErrInvalidPatch, as is one that cannot be parsed.
+//   - Supported types: JSON patch, JSON merge patch, strategic merge patch
+//     and apply (server-side apply; see Apply). Others return
+//     ErrUnsupported.
+//
+// A conflict is retried with a fresh read, unless the patch itself sets
+// metadata.resourceVersion (client.MergeFromWithOptimisticLock, or a JSON
+// patch op that sets /metadata/resourceVersion): then that version must
+// be the one checked, or Patch writes nothing and returns a Conflict error
+// or a *token.StaleError, as Update does for a pinned resourceVersion.
+// Patch options pass through. On success obj holds the object the API
+// server returned.
 func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	return c.patch(ctx, "patch", obj, patch, nil, func(ctx context.Context, p client.Patch, force bool) error {
+		o := opts
+		if force {
+			o = append(slices.Clone(opts), client.ForceOwnership)
+		}
+		return c.inner.Patch(ctx, obj, p, o...)
+	})
+}
+
+// sendFunc sends a fenced patch; force adds client.ForceOwnership.
+type sendFunc func(ctx context.Context, p client.Patch, force bool) error
+
+// prepareFunc returns the version a patch is sent over, given the version
+// read and checked. The status client stamps the object first.
+type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error)
+
+// patch runs one fenced patch of obj: it reads and checks the object,
+// prepares it when prepare is set, and sends the caller's patch with the
+// stamp and the precondition added (fencedPatch.with).
+//
+// An apply whose object is not found, also through the API reader, creates
+// it, stamped. That apply has no precondition: the API server offers none
+// that means "create only" to an apply (a metadata.uid is refused as a
+// mismatch when no object exists). So an object that another holder
+// creates between the live read and the apply is written over, unless
+// the admission policy (deploy/admission) refuses the older stamp.
+//
+// An apply that conflicts with other field managers only over fencer's
+// annotations is sent again with Force, conditional on the same version:
+// the stamp is fencer's, whoever applied it last. Conflicts over any other
+// field are returned as they are, and not retried.
+func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch client.Patch, prepare prepareFunc, send sendFunc) error {
 	data, err := patch.Data(obj)
 	if err != nil {
-		return c.fail("patch", obj, err)
+		return c.fail(op, obj, err)
 	}
-	po := (&client.PatchOptions{}).ApplyOptions(opts)
-	uo := &client.UpdateOptions{DryRun: po.DryRun, FieldManager: po.FieldManager, FieldValidation: po.FieldValidation}
-	var next client.Object
-	p := &patchedRead{c: c, obj: obj, pt: patch.Type(), data: data}
+	p, err := parsePatch(patch.Type(), data)
+	if err != nil {
+		return c.fail(op, obj, err)
+	}
 	err = retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		var cur client.Object
-		var tok token.Token
-		if tok, cur, next, err = p.read(ctx, first); err != nil {
+		tok, cur, err := c.readChecked(ctx, obj, p.pinned, first)
+		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && first && !c.opts.liveRead {
+			tok, cur, err = c.readChecked(ctx, obj, p.pinned, false)
+		}
+		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && p.pinned == "" && prepare == nil {
+			body, err := p.with(tok.Stamp(nil), nil, "")
+			if err == nil {
+				err = send(ctx, client.RawPatch(p.pt, body), false)
+			}
 			return false, err
 		}
-		restamp(next, cur.GetAnnotations(), tok)
-		err = c.inner.Update(ctx, next, uo)
-		if p.pinned != "" && apierrors.IsConflict(err) {
+		if err != nil {
+			return false, err
+		}
+		if prepare != nil {
+			if cur, err = prepare(ctx, tok, cur); err != nil {
+				if p.pinned != "" && apierrors.IsConflict(err) {
+					return false, c.conflictOrStale(ctx, obj, tok, err)
+				}
+				return true, err
+			}
+		}
+		body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+		if err != nil {
+			return false, err
+		}
+		err = send(ctx, client.RawPatch(p.pt, body), false)
+		if stampConflictsOnly(err) {
+			err = send(ctx, client.RawPatch(p.pt, body), true)
+		}
+		switch {
+		case fieldConflict(err):
+			return false, err
+		case p.pinned != "" && apierrors.IsConflict(err):
 			return false, c.conflictOrStale(ctx, obj, tok, err)
 		}
 		return true, err
 	})
 	if err != nil {
-		return c.fail("patch", obj, err)
+		return c.fail(op, obj, err)
 	}
-	return copyInto(obj, next)
-}
-
-// patchedRead is one fenced patch's reads: the version checked and the
-// patch applied to it.
-type patchedRead struct {
-	c    *Client
-	obj  client.Object
-	pt   types.PatchType
-	data []byte
-	// pinned is the resourceVersion the patch sets, once seen.
-	pinned string
-}
-
-// read reads and checks the object and applies the patch to it. When the
-// patch pins a resourceVersion, the version checked must be that one: it
-// is read through the API reader if the first read returned another, and
-// if the object has moved past it, read fails with a Conflict error or a
-// *token.StaleError.
-func (p *patchedRead) read(ctx context.Context, first bool) (tok token.Token, cur, next client.Object, err error) {
-	if tok, cur, err = p.c.readChecked(ctx, p.obj, p.pinned, first); err != nil {
-		return tok, nil, nil, err
-	}
-	if next, err = applyPatch(cur, p.pt, p.data); err != nil {
-		return tok, nil, nil, err
-	}
-	rv := next.GetResourceVersion()
-	if p.pinned != "" || rv == cur.GetResourceVersion() {
-		return tok, cur, next, nil
-	}
-	p.pinned = rv
-	return p.read(ctx, false)
+	return nil
 }
 
 // Delete reads the object (see Update for how), checks its stamp and
@@ -308,10 +352,75 @@ func (c *Client) DeleteAllOf(_ context.Context, obj client.Object, _ ...client.D
 	return c.fail("delete all of", obj, fmt.Errorf("%w: a collection delete cannot be fenced; delete each object", ErrUnsupported))
 }
 
-// Apply is refused with ErrUnsupported: server-side apply has no
-// resourceVersion precondition that covers a stamp check.
-func (c *Client) Apply(_ context.Context, _ runtime.ApplyConfiguration, _ ...client.ApplyOption) error {
-	return fmt.Errorf("kubeadapter: apply: %w: server-side apply cannot be fenced", ErrUnsupported)
+// Apply is server-side apply, fenced: it sends config as an apply patch
+// through Patch, which adds the holder's stamp and the resourceVersion of
+// the version it checked as a precondition (see Patch for reads,
+// conflicts, and the creation of an absent object). The stamp annotations
+// are owned by the applying field manager; a conflict over them alone is
+// taken over with Force, a conflict over any other field is returned as a
+// Conflict error whose causes name the fields, as a plain apply returns it
+// (pass client.ForceOwnership to take those over too). On success config
+// holds the object the API server returned.
+func (c *Client) Apply(ctx context.Context, config runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	return c.apply(ctx, config, *(&client.ApplyOptions{}).ApplyOptions(opts), func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error {
+		return c.Patch(ctx, obj, p, po...)
+	})
+}
+
+// apply sends config as an apply patch through patch, with the patch
+// options of the same meaning as ao, and decodes the result into config.
+func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, ao client.ApplyOptions,
+	patch func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error) error {
+	data, err := json.Marshal(config)
+	if err != nil {
+		return fmt.Errorf("kubeadapter: apply: encode %T: %w", config, err)
+	}
+	target, err := c.applyTarget(data)
+	if err != nil {
+		return fmt.Errorf("kubeadapter: apply: %w", err)
+	}
+	po := []client.PatchOption{&client.PatchOptions{DryRun: ao.DryRun, FieldManager: ao.FieldManager}}
+	if ao.Force != nil && *ao.Force {
+		po = append(po, client.ForceOwnership)
+	}
+	if err := patch(ctx, target, client.RawPatch(types.ApplyPatchType, data), po); err != nil {
+		return err
+	}
+	out, err := json.Marshal(target)
+	if err == nil {
+		err = json.Unmarshal(out, config)
+	}
+	if err != nil {
+		return fmt.Errorf("kubeadapter: apply: decode the applied object into %T: %w", config, err)
+	}
+	return nil
+}
+
+// applyTarget returns the object an apply configuration names: of its Go
+// type when the scheme knows its kind, else unstructured.
+func (c *Client) applyTarget(data []byte) (client.Object, error) {
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name      string `json:"name"`
+			Namespace string `json:"namespace"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil || head.Kind == "" || head.Metadata.Name == "" {
+		return nil, fmt.Errorf("%w: an apply configuration needs apiVersion, kind and metadata.name", ErrInvalidPatch)
+	}
+	gvk := schema.FromAPIVersionAndKind(head.APIVersion, head.Kind)
+	var obj client.Object = &unstructured.Unstructured{}
+	if typed, err := c.inner.Scheme().New(gvk); err == nil {
+		if o, ok := typed.(client.Object); ok {
+			obj = o
+		}
+	}
+	obj.GetObjectKind().SetGroupVersionKind(gvk)
+	obj.SetName(head.Metadata.Name)
+	obj.SetNamespace(head.Metadata.Namespace)
+	return obj, nil
 }
 
 // Status returns the fenced writer of the status subresource; see
@@ -426,20 +535,4 @@ func emptyLike(obj client.Object) (client.Object, error) {
 	}
 	n.GetObjectKind().SetGroupVersionKind(obj.GetObjectKind().GroupVersionKind())
 	return n, nil
-}
-
-// copyInto makes dst a shallow copy of src, an object of the same type.
-func copyInto(dst, src client.Object) error {
-	d, s := reflect.ValueOf(dst), reflect.ValueOf(src)
-	if d.Type() != s.Type() {
-		return fmt.Errorf("kubeadapter: cannot copy %T into %T", src, dst)
-	}
-	d.Elem().Set(s.Elem())
-	return nil
-}
-
-// patchUnsupported is the error for a patch type the fenced client does
-// not apply.
-func patchUnsupported(pt types.PatchType, why string) error {
-	return fmt.Errorf("%w: patch type %q: %s", ErrUnsupported, pt, why)
 }

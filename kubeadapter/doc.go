@@ -64,5 +64,8 @@
 //     resourceVersion that were checked. Creates cannot be fenced per
 //     object against an object that does not exist yet (the opt-in
 //     live-Lease admission mode refuses them; docs/protocol.md).
-//   - DeleteAllOf, server-side apply and other subresources are refused.
+//   - Patches and server-side apply are sent as patches and applies,
+//     with the stamp and a resourceVersion precondition added, so fields
+//     the caller's Go type does not know are kept.
+//   - DeleteAllOf and subresources other than status are refused.
 package kubeadapter

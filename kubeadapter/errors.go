@@ -22,6 +22,10 @@ var (
 	// fence, such as DeleteAllOf, server-side apply or an unknown patch
 	// type. Nothing was written.
 	ErrUnsupported = errors.New("kubeadapter: unsupported")
+	// ErrInvalidPatch means the fenced client refuses a patch it cannot
+	// parse, or one that would write the whole object or its metadata, or
+	// move a fencer annotation. Nothing was written.
+	ErrInvalidPatch = errors.New("kubeadapter: invalid patch")
 	// ErrAlreadyStarted means Watcher.Start or Leader.Start was called on
 	// a Watcher or Leader that had already been started.
 	ErrAlreadyStarted = errors.New("kubeadapter: already started")

@@ -104,25 +104,31 @@ func TestPatch(t *testing.T) {
 	t.Run("unsupported", func(t *testing.T) {
 		before := rv()
 		obj := k.configMap(t, "p")
-		apply := client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","data":{"a":"apply"}}`))
-		require.ErrorIs(t, c.Patch(ctx, obj, apply), kubeadapter.ErrUnsupported)
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-		u.SetNamespace(k.ns)
-		u.SetName("p")
-		smp := client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"a":"smp"}}`))
-		require.ErrorIs(t, c.Patch(ctx, u, smp), kubeadapter.ErrUnsupported)
+		unknown := client.RawPatch(types.PatchType("application/x-unknown"), []byte(`{}`))
+		require.ErrorIs(t, c.Patch(ctx, obj, unknown), kubeadapter.ErrUnsupported)
 		require.ErrorIs(t, c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(k.ns)), kubeadapter.ErrUnsupported)
 		require.Equal(t, before, rv())
 	})
-	t.Run("unstructured merge patch", func(t *testing.T) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-		u.SetNamespace(k.ns)
-		u.SetName("p")
-		require.NoError(t, c.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(`{"data":{"a":"unstructured"}}`))))
+	for _, pt := range []types.PatchType{types.MergePatchType, types.StrategicMergePatchType} {
+		t.Run("unstructured "+string(pt), func(t *testing.T) {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+			u.SetNamespace(k.ns)
+			u.SetName("p")
+			require.NoError(t, c.Patch(ctx, u, client.RawPatch(pt, []byte(`{"data":{"a":"`+string(pt)+`"}}`))))
+			got := k.configMap(t, "p")
+			require.Equal(t, string(pt), got.Data["a"])
+			requireStamped(t, got.Annotations, cur)
+		})
+	}
+	t.Run("metadata-only object", func(t *testing.T) {
+		m := &metav1.PartialObjectMetadata{}
+		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+		m.SetNamespace(k.ns)
+		m.SetName("p")
+		require.NoError(t, c.Patch(ctx, m, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"meta":"only"}}}`))))
 		got := k.configMap(t, "p")
-		require.Equal(t, "unstructured", got.Data["a"])
+		require.Equal(t, "only", got.Labels["meta"])
 		requireStamped(t, got.Annotations, cur)
 	})
 }

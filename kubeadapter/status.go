@@ -3,9 +3,11 @@ package kubeadapter
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/token"
@@ -37,9 +39,16 @@ func (s *subResourceClient) Create(_ context.Context, obj client.Object, _ clien
 	return s.c.fail("create "+s.name, obj, fmt.Errorf("%w: subresource create cannot be fenced", ErrUnsupported))
 }
 
-// Apply is refused with ErrUnsupported.
-func (s *subResourceClient) Apply(_ context.Context, _ runtime.ApplyConfiguration, _ ...client.SubResourceApplyOption) error {
-	return fmt.Errorf("kubeadapter: apply %s: %w: server-side apply cannot be fenced", s.name, ErrUnsupported)
+// Apply applies config to the status subresource, fenced as Patch is with
+// an apply patch. The object must exist.
+func (s *subResourceClient) Apply(ctx context.Context, config runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
+	ao := (&client.SubResourceApplyOptions{}).ApplyOpts(opts)
+	if ao.SubResourceBody != nil {
+		return fmt.Errorf("kubeadapter: apply %s: %w: a separate body", s.name, ErrUnsupported)
+	}
+	return s.c.apply(ctx, config, ao.ApplyOptions, func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error {
+		return s.Patch(ctx, obj, p, &client.SubResourcePatchOptions{PatchOptions: *(&client.PatchOptions{}).ApplyOptions(po)})
+	})
 }
 
 // Update writes obj's status. The object is always read first (see
@@ -85,55 +94,27 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 	return nil
 }
 
-// Patch applies patch to the status of the version fencer read, checked
-// and, if needed, stamped (see the type's doc), locally as Client.Patch
-// does, and writes it with a status Update conditional on that version.
-// The patch cannot change fencer's annotations. A conflict is retried with
-// a fresh read unless the patch sets metadata.resourceVersion: then the
-// version read must be that one, or Patch writes nothing and returns a
-// Conflict error or a *token.StaleError. On success obj holds the written
-// object.
+// Patch sends patch to the status subresource as a patch over the version
+// fencer read, checked and, if needed, stamped (see the type's doc), with
+// that version's resourceVersion as a precondition and the stamp added,
+// as Client.Patch does (see it for what a patch may do, apply patches
+// included, and how conflicts are retried). An apply never creates the
+// object here: the object must exist. On success obj holds the object the
+// API server returned.
 func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	if s.name != "status" {
 		return s.c.fail("patch "+s.name, obj, fmt.Errorf("%w: only the status subresource is fenced", ErrUnsupported))
 	}
-	po := (&client.SubResourcePatchOptions{}).ApplyOptions(opts)
-	if po.SubResourceBody != nil {
+	if (&client.SubResourcePatchOptions{}).ApplyOptions(opts).SubResourceBody != nil {
 		return s.c.fail("patch status", obj, fmt.Errorf("%w: a status patch with a separate body", ErrUnsupported))
 	}
-	data, err := patch.Data(obj)
-	if err != nil {
-		return s.c.fail("patch status", obj, err)
-	}
-	uo := &client.SubResourceUpdateOptions{UpdateOptions: client.UpdateOptions{
-		DryRun: po.DryRun, FieldManager: po.FieldManager, FieldValidation: po.FieldValidation,
-	}}
-	var next client.Object
-	p := &patchedRead{c: s.c, obj: obj, pt: patch.Type(), data: data}
-	err = retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, read, _, err := p.read(ctx, first)
-		if err != nil {
-			return false, err
+	return s.c.patch(ctx, "patch status", obj, patch, s.stamp, func(ctx context.Context, p client.Patch, force bool) error {
+		o := opts
+		if force {
+			o = append(slices.Clone(opts), client.ForceOwnership)
 		}
-		cur, err := s.stamp(ctx, tok, read)
-		if err != nil {
-			return true, err
-		}
-		if next, err = applyPatch(cur, p.pt, p.data); err != nil {
-			return false, err
-		}
-		restamp(next, cur.GetAnnotations(), tok)
-		next.SetResourceVersion(cur.GetResourceVersion())
-		err = s.c.inner.Status().Update(ctx, next, uo)
-		if p.pinned != "" && apierrors.IsConflict(err) {
-			return false, s.c.conflictOrStale(ctx, obj, tok, err)
-		}
-		return true, err
+		return s.c.inner.Status().Patch(ctx, obj, p, o...)
 	})
-	if err != nil {
-		return s.c.fail("patch status", obj, err)
-	}
-	return copyInto(obj, next)
 }
 
 // readStamped reads and checks the object (Client.readChecked, which
@@ -150,14 +131,18 @@ func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, 
 }
 
 // stamp returns cur, checked, when it carries exactly tok's stamp, and
-// otherwise stamps the main resource with an Update of cur conditional on
-// cur's resourceVersion and returns the stored result.
+// otherwise stamps the main resource with a merge patch of its
+// annotations conditional on cur's resourceVersion, and returns the stored
+// result.
 func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error) {
 	if stampedWith(cur.GetAnnotations(), tok) {
 		return cur, nil
 	}
-	restamp(cur, cur.GetAnnotations(), tok)
-	if err := s.c.inner.Update(ctx, cur); err != nil {
+	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+	if err == nil {
+		err = s.c.inner.Patch(ctx, cur, client.RawPatch(types.MergePatchType, body))
+	}
+	if err != nil {
 		return nil, fmt.Errorf("stamp before status write: %w", err)
 	}
 	return cur, nil

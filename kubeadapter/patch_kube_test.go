@@ -1,0 +1,215 @@
+package kubeadapter_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// TestPatchKeepsFieldsTheTypeDoesNotKnow patches a Widget through a Go
+// type that lacks spec.extra: a fenced patch, like a plain one, must keep
+// the field.
+func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	tok := k.tokens(t, 1)[0]
+	wc := widgets(t, k)
+	c, err := kubeadapter.NewClient(wc, staticHolder{tok})
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name  string
+		patch func(w *widget) client.Patch
+	}{
+		{"merge patch", func(w *widget) client.Patch {
+			base := w.DeepCopyObject().(*widget)
+			w.Spec.Known = "merge patch"
+			return client.MergeFrom(base)
+		}},
+		{"json patch", func(*widget) client.Patch {
+			return client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/spec/known","value":"json patch"}]`))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := sanitize(tc.name)
+			newWidget(t, k, name)
+			w := &widget{}
+			require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, w))
+			require.NoError(t, c.Patch(ctx, w, tc.patch(w)))
+			require.Equal(t, tc.name, w.Spec.Known)
+
+			got := storedWidget(t, k, name)
+			extra, _, _ := unstructured.NestedString(got.Object, "spec", "extra")
+			require.Equal(t, "keep me", extra, "a field the Go type lacks was erased")
+			known, _, _ := unstructured.NestedString(got.Object, "spec", "known")
+			require.Equal(t, tc.name, known)
+			requireStamped(t, got.GetAnnotations(), tok)
+			require.Equal(t, got.GetResourceVersion(), w.ResourceVersion)
+		})
+	}
+}
+
+// notFoundReader is a cache, or an API reader, that has not seen the
+// object yet.
+type notFoundReader struct{}
+
+func (notFoundReader) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	return apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, key.Name)
+}
+
+func (notFoundReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	panic("not used")
+}
+
+// TestPatchCannotWriteTheStamp sends, as the current holder, patches of
+// every type that try to lower, drop or forge fencer's annotations: the
+// patch's other changes land, and the stamp is the holder's, with no mark
+// the patch made up.
+func TestPatchCannotWriteTheStamp(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	toks := k.tokens(t, 2)
+	old, cur := toks[0], toks[1]
+	c := k.client(t, staticHolder{cur})
+	forged := token.MarkKey("forged")
+	for _, tc := range []struct {
+		name, patch string
+		pt          types.PatchType
+	}{
+		{"merge patch lowering the token and forging a mark", `{"metadata":{"annotations":{"fencer.dev/token":"1","` + forged + `":"99"}},"data":{"v":"x"}}`, types.MergePatchType},
+		{"merge patch with null annotations", `{"metadata":{"annotations":null},"data":{"v":"x"}}`, types.MergePatchType},
+		{"strategic merge patch replacing the annotations", `{"metadata":{"annotations":{"$patch":"replace","team":"t"}},"data":{"v":"x"}}`, types.StrategicMergePatchType},
+		{"json patch removing the stamp", `[{"op":"remove","path":"/metadata/annotations/fencer.dev~1lease"},{"op":"remove","path":"/metadata/annotations/fencer.dev~1token"},{"op":"replace","path":"/data/v","value":"x"}]`, types.JSONPatchType},
+		{"json patch removing every annotation", `[{"op":"remove","path":"/metadata/annotations"},{"op":"replace","path":"/data/v","value":"x"}]`, types.JSONPatchType},
+		{"json patch replacing the annotations", `[{"op":"replace","path":"/metadata/annotations","value":{"fencer.dev/token":"1","team":"t"}},{"op":"replace","path":"/data/v","value":"x"}]`, types.JSONPatchType},
+		{"json patch forging a mark", `[{"op":"add","path":"/metadata/annotations/` + strings.ReplaceAll(forged, "/", "~1") + `","value":"99"},{"op":"replace","path":"/data/v","value":"x"}]`, types.JSONPatchType},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := sanitize(tc.name)
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"team": "t"}}, Data: map[string]string{"v": "0"}}
+			require.NoError(t, k.client(t, staticHolder{old}).Create(ctx, obj))
+			require.NoError(t, c.Patch(ctx, obj, client.RawPatch(tc.pt, []byte(tc.patch))))
+			got := k.configMap(t, name)
+			require.Equal(t, "x", got.Data["v"], "the patch's own change landed")
+			requireStamped(t, got.Annotations, cur)
+			require.NotContains(t, got.Annotations, forged)
+		})
+	}
+}
+
+// TestPatchBadInput sends patches the fenced client must refuse with a
+// typed error, and checks that nothing was written.
+func TestPatchBadInput(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	c := k.client(t, staticHolder{k.tokens(t, 1)[0]})
+	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bad"}, Data: map[string]string{"v": "0"}}
+	require.NoError(t, c.Create(ctx, obj))
+	before := obj.ResourceVersion
+	for _, tc := range []struct {
+		name, patch string
+		pt          types.PatchType
+		want        error
+	}{
+		{"json patch that is not json", `[{"op":`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
+		{"json patch replacing metadata", `[{"op":"replace","path":"/metadata","value":{}}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
+		{"json patch replacing the object", `[{"op":"replace","path":"","value":{}}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
+		{"json patch moving the stamp", `[{"op":"move","from":"/metadata/annotations/fencer.dev~1token","path":"/data/v"}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
+		{"json patch with no path", `[{"op":"remove"}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
+		{"merge patch that is an array", `[]`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
+		{"merge patch with metadata a string", `{"metadata":"x"}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
+		{"merge patch with annotations a list", `{"metadata":{"annotations":["x"]}}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
+		{"merge patch with resourceVersion a number", `{"metadata":{"resourceVersion":7}}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
+		{"strategic merge patch deleting the object", `{"$patch":"delete"}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
+		{"strategic merge patch retaining no metadata fields", `{"metadata":{"$retainKeys":["name"]}}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
+		{"strategic merge patch deleting the annotations", `{"metadata":{"annotations":{"$patch":"delete"}}}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
+		{"apply that is not yaml", "a: [", types.ApplyPatchType, kubeadapter.ErrInvalidPatch},
+		{"unknown patch type", `{}`, types.PatchType("application/x-unknown"), kubeadapter.ErrUnsupported},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := c.Patch(ctx, obj.DeepCopy(), client.RawPatch(tc.pt, []byte(tc.patch)), client.FieldOwner("bad"))
+			require.ErrorIs(t, err, tc.want)
+			require.Equal(t, before, k.configMap(t, "bad").ResourceVersion, "nothing written")
+		})
+	}
+}
+
+// TestApply checks fenced server-side apply on the real API server with
+// the admission policy installed: it creates and updates objects stamped,
+// keeps fields the configuration does not name, takes over the stamp from
+// another field manager but returns conflicts over other fields, and
+// refuses a stale holder.
+func TestApply(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	installPolicy(t, k)
+	ctx := t.Context()
+	toks := k.tokens(t, 2)
+	old, cur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
+
+	require.NoError(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "1"}), client.FieldOwner("one")))
+	requireStamped(t, k.configMap(t, "ssa").Annotations, toks[0])
+
+	// Another manager with a newer token: the stamp's conflict is taken
+	// over, the manager's own field lands, the other's stays.
+	applied := corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"b": "2"})
+	require.NoError(t, cur.Apply(ctx, applied, client.FieldOwner("two")))
+	got := k.configMap(t, "ssa")
+	require.Equal(t, map[string]string{"a": "1", "b": "2"}, got.Data)
+	requireStamped(t, got.Annotations, toks[1])
+	require.Equal(t, got.ResourceVersion, *applied.ResourceVersion, "the config holds the applied object")
+
+	// A conflict over another manager's field is returned, not forced.
+	before := got.ResourceVersion
+	err := cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "changed", "b": "2"}), client.FieldOwner("two"))
+	require.True(t, apierrors.IsConflict(err), "%v", err)
+	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
+	require.NoError(t, cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "forced", "b": "2"}), client.FieldOwner("two"), client.ForceOwnership))
+	require.Equal(t, "forced", k.configMap(t, "ssa").Data["a"])
+
+	// The superseded holder's apply is refused, from a fresh read or a
+	// lagging cache.
+	before = k.configMap(t, "ssa").ResourceVersion
+	require.ErrorIs(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
+	lagging := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(laggingReader{got}))
+	require.ErrorIs(t, lagging.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
+	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
+}
+
+// TestApplyOverAnObjectTheReadsMissed is the lagging-cache attack on an
+// apply that creates: both reads say the object does not exist while a
+// newer holder has created it. An apply that creates has no precondition,
+// so the admission policy is what refuses it (TestSupersededHolderAttacks
+// shows it landing without the policy).
+func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	installPolicy(t, k)
+	ctx := t.Context()
+	toks := k.tokens(t, 2)
+	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
+	require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
+
+	blind := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(notFoundReader{}))
+	err := blind.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
+	require.True(t, apierrors.IsInvalid(err) || apierrors.IsForbidden(err), "the policy refuses the older stamp: %v", err)
+	got := k.configMap(t, "missed")
+	require.Equal(t, "newer", got.Data["by"])
+	requireStamped(t, got.Annotations, toks[1])
+}

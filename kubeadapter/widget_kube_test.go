@@ -1,0 +1,132 @@
+package kubeadapter_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// widgetGV is the group of the Widget custom resource the patch tests use:
+// its schema has spec.known and spec.extra, while the Go type below knows
+// only spec.known, as a controller built against an older schema would.
+var widgetGV = schema.GroupVersion{Group: "test.fencer.dev", Version: "v1"}
+
+type widgetSpec struct {
+	Known string `json:"known,omitempty"`
+}
+
+type widget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              widgetSpec `json:"spec,omitempty"`
+}
+
+func (w *widget) DeepCopyObject() runtime.Object {
+	out := *w
+	w.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	return &out
+}
+
+type widgetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []widget `json:"items"`
+}
+
+func (l *widgetList) DeepCopyObject() runtime.Object {
+	out := *l
+	out.Items = make([]widget, len(l.Items))
+	for i := range l.Items {
+		out.Items[i] = *l.Items[i].DeepCopyObject().(*widget)
+	}
+	return &out
+}
+
+var widgetCRD struct {
+	once sync.Once
+	err  error
+}
+
+// widgets installs the Widget CRD on k's API server, once, and returns an
+// admin client whose scheme knows the widget Go type.
+func widgets(t *testing.T, k *kube) client.Client {
+	t.Helper()
+	widgetCRD.once.Do(func() { widgetCRD.err = installWidgetCRD(t.Context(), k) })
+	require.NoError(t, widgetCRD.err)
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	scheme.AddKnownTypeWithName(widgetGV.WithKind("Widget"), &widget{})
+	scheme.AddKnownTypeWithName(widgetGV.WithKind("WidgetList"), &widgetList{})
+	metav1.AddToGroupVersion(scheme, widgetGV)
+	c, err := client.New(k.env.Admin(), client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	return c
+}
+
+func installWidgetCRD(ctx context.Context, k *kube) error {
+	str := map[string]any{"type": "string"}
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1",
+		"kind":       "CustomResourceDefinition",
+		"metadata":   map[string]any{"name": "widgets." + widgetGV.Group},
+		"spec": map[string]any{
+			"group": widgetGV.Group,
+			"scope": "Namespaced",
+			"names": map[string]any{"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+			"versions": []any{map[string]any{
+				"name": widgetGV.Version, "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{
+					"type": "object",
+					"properties": map[string]any{"spec": map[string]any{
+						"type":       "object",
+						"properties": map[string]any{"known": str, "extra": str},
+					}},
+				}},
+			}},
+		},
+	}}
+	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	probe := &unstructured.UnstructuredList{}
+	probe.SetGroupVersionKind(widgetGV.WithKind("WidgetList"))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := k.crc.List(ctx, probe, client.InNamespace(k.ns))
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// newWidget creates a Widget with both fields through an unstructured
+// object, so that the extra field is stored although the Go type lacks it.
+func newWidget(t *testing.T, k *kube, name string) {
+	t.Helper()
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": widgetGV.String(), "kind": "Widget",
+		"metadata": map[string]any{"namespace": k.ns, "name": name},
+		"spec":     map[string]any{"known": "k0", "extra": "keep me"},
+	}}
+	require.NoError(t, k.crc.Create(t.Context(), u))
+}
+
+// storedWidget reads a Widget as stored, with every field.
+func storedWidget(t *testing.T, k *kube, name string) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(widgetGV.WithKind("Widget"))
+	require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: k.ns, Name: name}, u))
+	return u
+}
