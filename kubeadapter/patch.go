@@ -283,13 +283,15 @@ func protocolPath(path string) bool {
 	return ok && token.IsProtocolKey(unescapePointer(key))
 }
 
-func escapePointer(s string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
-}
+// JSON pointer escaping of a map key (RFC 6901), built once.
+var (
+	pointerEscaper   = strings.NewReplacer("~", "~0", "/", "~1")
+	pointerUnescaper = strings.NewReplacer("~1", "/", "~0", "~")
+)
 
-func unescapePointer(s string) string {
-	return strings.NewReplacer("~1", "/", "~0", "~").Replace(s)
-}
+func escapePointer(s string) string { return pointerEscaper.Replace(s) }
+
+func unescapePointer(s string) string { return pointerUnescaper.Replace(s) }
 
 func jsonOp(op, path string, value any) map[string]json.RawMessage {
 	enc := func(v any) json.RawMessage {
