@@ -39,7 +39,8 @@ func TestConsumerModule(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "test", "-count=1", "-run", "^Example_supersededController$", "-v", ".")
+	args := append([]string{"test", "-count=1", "-run", "^Example_supersededController$", "-v"}, raceFlags...)
+	cmd := exec.CommandContext(ctx, goBin, append(args, ".")...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 	out, err := cmd.CombinedOutput()

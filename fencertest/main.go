@@ -1,29 +1,18 @@
 package fencertest
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 // LeakOptions are goleak options for a package whose tests use the kit:
 // they ignore only goroutines of etcd and grpc that outlive a Close by
 // design. Pass them to goleak.VerifyTestMain or goleak.VerifyNone.
-func LeakOptions() []goleak.Option {
-	return []goleak.Option{
-		// grpc-go's callback serializer exits shortly after a client closes.
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-		// etcd members talk raft over keep-alive HTTP connections that
-		// outlive Close until their idle timeout.
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	}
-}
+func LeakOptions() []goleak.Option { return etcdtest.LeakOptions() }
 
 // Main is a TestMain for packages that use the kit: it calls RunIfMember,
 // runs the tests, and fails the run if they passed but left goroutines
@@ -39,13 +28,4 @@ func Main(m *testing.M) {
 // goroutines other than those LeakOptions ignores are still running, which
 // it reports on standard error. Call it after everything the tests share
 // has been stopped.
-func CheckLeaks(code int) int {
-	if code != 0 {
-		return code
-	}
-	if err := goleak.Find(LeakOptions()...); err != nil {
-		fmt.Fprintln(os.Stderr, "goleak:", err)
-		return 1
-	}
-	return 0
-}
+func CheckLeaks(code int) int { return etcdtest.CheckLeaks(code) }

@@ -1,6 +1,8 @@
 // Package etcdtest gives fencer's tests real etcd: embedded members from
 // embedetcd, clients for them, and the goroutine-leak rules that go with
-// them.
+// them, which the public kit (package fencertest) shares. It must not
+// import fencertest: the kit imports the client and server packages,
+// whose internal tests use etcdtest.
 //
 // One member per test binary is shared by the tests that do not stop it;
 // tests that stop, restart or partition etcd start their own with Start.
@@ -18,10 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/fencertest"
 )
 
 var shared struct {
@@ -60,10 +62,13 @@ func StopShared() {
 }
 
 // Start runs a member of its own in a temporary directory of tb until tb
-// ends (fencertest.Etcd).
+// ends.
 func Start(tb testing.TB) *embedetcd.Server {
 	tb.Helper()
-	return fencertest.Etcd(tb)
+	srv, err := embedetcd.Start(Context(tb), embedetcd.Member{Name: "test", Dir: tb.TempDir()})
+	require.NoError(tb, err)
+	tb.Cleanup(srv.Close)
+	return srv
 }
 
 // Client returns an etcd client for endpoints (the shared member when none
@@ -73,7 +78,10 @@ func Client(tb testing.TB, endpoints ...string) *clientv3.Client {
 	if len(endpoints) == 0 {
 		endpoints = []string{Shared(tb)}
 	}
-	return fencertest.Client(tb, endpoints...)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { cli.Close() })
+	return cli
 }
 
 var prefixSeq atomic.Int64
@@ -83,10 +91,9 @@ var prefixSeq atomic.Int64
 // do not see each other's keys.
 func Store(tb testing.TB, endpoints ...string) *etcdstore.Store {
 	tb.Helper()
-	if len(endpoints) == 0 {
-		endpoints = []string{Shared(tb)}
-	}
-	return fencertest.StoreOn(tb, endpoints, etcdstore.WithPrefix(fmt.Sprintf("/test-%d/", prefixSeq.Add(1))))
+	st, err := etcdstore.New(Client(tb, endpoints...), etcdstore.WithPrefix(fmt.Sprintf("/test-%d/", prefixSeq.Add(1))))
+	require.NoError(tb, err)
+	return st
 }
 
 // Context returns a context that ends after 30 seconds or with tb.
@@ -107,13 +114,40 @@ func WaitClosed(tb testing.TB, ch <-chan struct{}, d time.Duration, what string)
 }
 
 // LeakOptions are the goleak options for a package whose tests run
-// embedded etcd members and etcd or gRPC clients (fencertest.LeakOptions).
-func LeakOptions() []goleak.Option { return fencertest.LeakOptions() }
+// embedded etcd members and etcd or gRPC clients. They ignore only
+// goroutines that outlive a Close by design.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		// grpc-go's callback serializer exits shortly after a client closes.
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+		// etcd members talk raft over keep-alive HTTP connections that
+		// outlive Close until their idle timeout.
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+	}
+}
 
 // Main runs a test binary's tests, stops the shared member, and fails the
 // run if goroutines leaked. Call it as TestMain's only statement.
 func Main(m *testing.M) {
 	code := m.Run()
 	StopShared()
-	os.Exit(fencertest.CheckLeaks(code))
+	os.Exit(CheckLeaks(code))
+}
+
+// CheckLeaks returns code, the exit code of m.Run, or 1 if code is 0 but
+// goroutines other than those LeakOptions ignores are still running, which
+// it reports on standard error.
+func CheckLeaks(code int) int {
+	if code != 0 {
+		return code
+	}
+	if err := goleak.Find(LeakOptions()...); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		return 1
+	}
+	return 0
 }
