@@ -126,4 +126,30 @@ func TestKit(t *testing.T) {
 		require.NoError(t, crc.Get(ctx, client.ObjectKeyFromObject(cm), got))
 		require.Equal(t, "250", got.Data["total"])
 	})
+
+	t.Run("SupersedeWithWatcher", func(t *testing.T) {
+		// The clock never moves, so the Held never renews: only the
+		// Watcher can end it.
+		w, err := kubeadapter.NewWatcher(cs.CoordinationV1(), kubeadapter.WatchNamespaces(ns))
+		require.NoError(t, err)
+		wctx, stop := context.WithCancel(ctx)
+		watched := make(chan error, 1)
+		go func() { watched <- w.Start(wctx) }()
+		t.Cleanup(func() { stop(); require.NoError(t, <-watched) })
+		kcfg := kubeadapter.DefaultConfig(ns, "watched", "replica-a")
+		kcfg.Clock, kcfg.Watcher = clocktesting.NewFakeClock(time.Now()), w
+		e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
+		require.NoError(t, err)
+		held, err := e.TryAcquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = held.Release(context.Background()) })
+
+		kubefencertest.Supersede(t, cfg, held)
+		select {
+		case <-held.Done():
+		case <-ctx.Done():
+			t.Fatal("the Watcher never ended the superseded Held")
+		}
+		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
+	})
 }
