@@ -17,19 +17,19 @@
 //
 // The helpers take a *rest.Config, so any API server will do:
 //
-//   - controller-runtime's envtest: install the binaries with
-//     setup-envtest (go install
-//     sigs.k8s.io/controller-runtime/tools/setup-envtest@latest, then
-//     setup-envtest use 1.35 -p path), set KUBEBUILDER_ASSETS to that path,
-//     start an envtest.Environment and pass its Config. The policy needs
-//     Kubernetes 1.30 or later (ValidatingAdmissionPolicy v1); fencer's
-//     tokens compare resourceVersions as integers, which needs 1.35.
-//   - built from modules, as fencer itself does: a module of its own that
+//   - controller-runtime's envtest: install its binaries with setup-envtest
+//     (go install sigs.k8s.io/controller-runtime/tools/setup-envtest@latest),
+//     export KUBEBUILDER_ASSETS="$(setup-envtest use -p path 1.35.x)", start an
+//     envtest.Environment and pass its Config. The policy needs Kubernetes
+//     1.30 or later (ValidatingAdmissionPolicy v1), and fencer's tokens
+//     compare resourceVersions as integers, which needs 1.35.
+//   - built from modules, as fencer's own tests do: a module of its own that
 //     requires k8s.io/kubernetes at the version wanted and replaces every
-//     k8s.io staging module (k8s.io/api, k8s.io/apimachinery, ...) with
-//     its v0.x twin, then go build k8s.io/kubernetes/cmd/kube-apiserver. See
-//     tools/kube-apiserver and scripts/build-kube-apiserver.sh in fencer's
-//     repository (about 6 minutes cold on 2 cores).
+//     k8s.io staging module (k8s.io/api, k8s.io/apimachinery, ...) with its
+//     v0.x twin, then go build k8s.io/kubernetes/cmd/kube-apiserver (about 6
+//     minutes cold on 2 cores). See tools/kube-apiserver and
+//     scripts/build-kube-apiserver.sh in fencer's repository. envtest runs
+//     such a binary when TEST_ASSET_KUBE_APISERVER names it.
 //
 // # What is not guaranteed
 //
