@@ -13,6 +13,19 @@
 //   - Supersede makes another identity take a kubeadapter.Held's Lease over
 //     at once: leaseTransitions+1, a new holder, no wait for expiry.
 //
+// In an envtest suite:
+//
+//	cfg, _ := testEnv.Start()                   // envtest.Environment
+//	_ = kubefencertest.InstallPolicy(ctx, cfg)  // the API server now refuses stale stamps
+//	_ = kubefencertest.InstallRole(ctx, cfg, "team-a",
+//		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: "team-a", Name: "controller"})
+//
+//	// in a test, with held from the controller's kubeadapter.Elector:
+//	taken := kubefencertest.Supersede(t, cfg, held)
+//	theirs, _ := kubeadapter.NewClient(k8sClient, taken)
+//	_ = theirs.Update(ctx, gateway)             // the new holder writes first
+//	err := reconciler.Reconcile(ctx, req)       // its fenced write: token.ErrStale
+//
 // # Getting a kube-apiserver
 //
 // The helpers take a *rest.Config, so any API server will do:
