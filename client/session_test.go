@@ -9,15 +9,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
-	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -29,12 +26,8 @@ import (
 // anonymous callers, and returns the store and a client of the server.
 func service(t *testing.T) (*etcdstore.Store, *client.Client) {
 	t.Helper()
-	st := etcdtest.Store(t)
-	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { cc.Close() })
-	return st, client.New(cc)
+	svc := fencertest.Service(t, fencertest.WithStore(etcdtest.Store(t)))
+	return svc.Store, svc.Client
 }
 
 func newSession(t *testing.T, c *client.Client, opts ...client.SessionOption) *client.Session {

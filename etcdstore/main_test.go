@@ -3,26 +3,21 @@ package etcdstore_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) { etcdtest.Main(m) }
 
+// newSession opens a session of st that is closed when t ends
+// (fencertest.Session).
 func newSession(t testing.TB, st *etcdstore.Store, opts ...etcdstore.SessionOption) *etcdstore.Session {
 	t.Helper()
-	s, err := st.NewSession(context.Background(), opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Close(ctx)
-	})
-	return s
+	return fencertest.Session(t, st, opts...)
 }
 
 // holding returns a context, a store on the shared member, a session and

@@ -1,6 +1,8 @@
 // Package etcdtest gives fencer's tests real etcd: embedded members from
 // embedetcd, clients for them, and the goroutine-leak rules that go with
-// them.
+// them, which the public kit (package fencertest) shares. It must not
+// import fencertest: the kit imports the client and server packages,
+// whose internal tests use etcdtest.
 //
 // One member per test binary is shared by the tests that do not stop it;
 // tests that stop, restart or partition etcd start their own with Start.
@@ -133,11 +135,19 @@ func LeakOptions() []goleak.Option {
 func Main(m *testing.M) {
 	code := m.Run()
 	StopShared()
-	if code == 0 {
-		if err := goleak.Find(LeakOptions()...); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
+	os.Exit(CheckLeaks(code))
+}
+
+// CheckLeaks returns code, the exit code of m.Run, or 1 if code is 0 but
+// goroutines other than those LeakOptions ignores are still running, which
+// it reports on standard error.
+func CheckLeaks(code int) int {
+	if code != 0 {
+		return code
 	}
-	os.Exit(code)
+	if err := goleak.Find(LeakOptions()...); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		return 1
+	}
+	return 0
 }

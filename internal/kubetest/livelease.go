@@ -11,10 +11,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/fencer-dev/fencer/deploy"
+	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 )
 
 // LiveLeasePath is the opt-in live-Lease admission policy fencer ships,
-// relative to the repository root.
+// relative to the repository root (deploy.LiveLease in package deploy).
 const LiveLeasePath = "deploy/admission/live-lease.yaml"
 
 // LiveLeasePolicy is the name of the ValidatingAdmissionPolicy, and of its
@@ -49,7 +52,7 @@ func (e *Env) InstallLiveLeasePolicy(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := installFile(ctx, admin, LiveLeasePath); err != nil {
+	if err := kubefencertest.CreatePolicies(ctx, e.Admin(), deploy.LiveLease); err != nil {
 		return err
 	}
 	return waitLiveEnforced(ctx, admin, probe)

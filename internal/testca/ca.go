@@ -12,9 +12,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 )
+
+// TB is what the CA needs of a test: testing.TB implements it.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
 
 // CA is a root certificate authority that issues server and client
 // certificates. Its methods fail the test on error.
@@ -25,7 +30,7 @@ type CA struct {
 
 // New returns a new self-signed root CA whose subject common name is name.
 // Two CAs never trust each other's certificates.
-func New(tb testing.TB, name string) *CA {
+func New(tb TB, name string) *CA {
 	tb.Helper()
 	key := newKey(tb)
 	tmpl := template(tb, name)
@@ -57,7 +62,7 @@ func (ca *CA) CertPEM() []byte {
 
 // ServerCert issues a serving certificate for 127.0.0.1, ::1 and
 // localhost.
-func (ca *CA) ServerCert(tb testing.TB) tls.Certificate {
+func (ca *CA) ServerCert(tb TB) tls.Certificate {
 	tb.Helper()
 	tmpl := template(tb, "fencer test server")
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
@@ -69,14 +74,14 @@ func (ca *CA) ServerCert(tb testing.TB) tls.Certificate {
 // ClientCert issues a client certificate whose subject common name is
 // commonName. It does not check that commonName is a valid principal, so
 // that tests can present invalid ones.
-func (ca *CA) ClientCert(tb testing.TB, commonName string) tls.Certificate {
+func (ca *CA) ClientCert(tb TB, commonName string) tls.Certificate {
 	tb.Helper()
 	tmpl := template(tb, commonName)
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	return ca.issue(tb, tmpl)
 }
 
-func (ca *CA) issue(tb testing.TB, tmpl *x509.Certificate) tls.Certificate {
+func (ca *CA) issue(tb TB, tmpl *x509.Certificate) tls.Certificate {
 	tb.Helper()
 	key := newKey(tb)
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
@@ -89,7 +94,7 @@ func (ca *CA) issue(tb testing.TB, tmpl *x509.Certificate) tls.Certificate {
 
 // WriteCA writes the CA's certificate as PEM to dir/name and returns the
 // path.
-func (ca *CA) WriteCA(tb testing.TB, dir, name string) string {
+func (ca *CA) WriteCA(tb TB, dir, name string) string {
 	tb.Helper()
 	path := filepath.Join(dir, name)
 	write(tb, path, ca.CertPEM())
@@ -98,7 +103,7 @@ func (ca *CA) WriteCA(tb testing.TB, dir, name string) string {
 
 // WriteKeyPair writes cert and its private key as PEM to dir/name.crt and
 // dir/name.key, the form tls.LoadX509KeyPair reads, and returns both paths.
-func WriteKeyPair(tb testing.TB, dir, name string, cert tls.Certificate) (certFile, keyFile string) {
+func WriteKeyPair(tb TB, dir, name string, cert tls.Certificate) (certFile, keyFile string) {
 	tb.Helper()
 	var certPEM []byte
 	for _, der := range cert.Certificate {
@@ -114,14 +119,14 @@ func WriteKeyPair(tb testing.TB, dir, name string, cert tls.Certificate) (certFi
 	return certFile, keyFile
 }
 
-func write(tb testing.TB, path string, data []byte) {
+func write(tb TB, path string, data []byte) {
 	tb.Helper()
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		tb.Fatalf("testca: %v", err)
 	}
 }
 
-func newKey(tb testing.TB) *ecdsa.PrivateKey {
+func newKey(tb TB) *ecdsa.PrivateKey {
 	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -132,7 +137,7 @@ func newKey(tb testing.TB) *ecdsa.PrivateKey {
 
 // template returns a certificate template for commonName with a random
 // serial number, valid from an hour ago for one day.
-func template(tb testing.TB, commonName string) *x509.Certificate {
+func template(tb TB, commonName string) *x509.Certificate {
 	tb.Helper()
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	if err != nil {

@@ -1,0 +1,53 @@
+// Package kubefencertest is fencer's test kit for Kubernetes: it installs
+// fencer's admission policy and RBAC Role into any API server, and
+// supersedes a held Lease on demand, so that a controller's envtest suite
+// can test what its fenced writes do once another replica has taken over.
+// It is apart from package fencertest so that etcd-only users do not
+// depend on Kubernetes.
+//
+//   - InstallPolicy installs deploy/admission/policy.yaml (from package
+//     deploy, embedded in the module) and waits until the API server
+//     enforces it; CreatePolicies creates another manifest's policies, such
+//     as deploy.LiveLease.
+//   - InstallRole installs deploy/rbac/role.yaml in a namespace and binds it.
+//   - Supersede makes another identity take a kubeadapter.Held's Lease over
+//     at once: leaseTransitions+1, a new holder, no wait for expiry.
+//
+// In an envtest suite:
+//
+//	cfg, _ := testEnv.Start()                   // envtest.Environment
+//	_ = kubefencertest.InstallPolicy(ctx, cfg)  // the API server now refuses stale stamps
+//	_ = kubefencertest.InstallRole(ctx, cfg, "team-a",
+//		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: "team-a", Name: "controller"})
+//
+//	// in a test, with held from the controller's kubeadapter.Elector:
+//	taken := kubefencertest.Supersede(t, cfg, held)
+//	theirs, _ := kubeadapter.NewClient(k8sClient, taken)
+//	_ = theirs.Update(ctx, gateway)             // the new holder writes first
+//	err := reconciler.Reconcile(ctx, req)       // its fenced write: token.ErrStale
+//
+// # Getting a kube-apiserver
+//
+// The helpers take a *rest.Config, so any API server will do:
+//
+//   - controller-runtime's envtest: install its binaries with setup-envtest
+//     (go install sigs.k8s.io/controller-runtime/tools/setup-envtest@latest),
+//     export KUBEBUILDER_ASSETS="$(setup-envtest use -p path 1.35.x)", start an
+//     envtest.Environment and pass its Config. The policy needs Kubernetes
+//     1.30 or later (ValidatingAdmissionPolicy v1), and fencer's tokens
+//     compare resourceVersions as integers, which needs 1.35.
+//   - built from modules, as fencer's own tests do: a module of its own that
+//     requires k8s.io/kubernetes at the version wanted and replaces every
+//     k8s.io staging module (k8s.io/api, k8s.io/apimachinery, ...) with its
+//     v0.x twin, then go build k8s.io/kubernetes/cmd/kube-apiserver (about 6
+//     minutes cold on 2 cores). See tools/kube-apiserver and
+//     scripts/build-kube-apiserver.sh in fencer's repository. envtest runs
+//     such a binary when TEST_ASSET_KUBE_APISERVER names it.
+//
+// # What is not guaranteed
+//
+//   - InstallPolicy and InstallRole create objects and fail if they exist;
+//     they are for a fresh API server, once per suite.
+//   - Supersede does not wait for the superseded Held to notice; see its
+//     doc for what is refused before and after it does.
+package kubefencertest

@@ -1,0 +1,155 @@
+package kubefencertest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
+	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// ns is the namespace the tests work in.
+const ns = "kit"
+
+// TestKit runs the kit against one real kube-apiserver: each subtest
+// checks that what it installs or does was not so before.
+func TestKit(t *testing.T) {
+	env := kubetest.StartForTest(t)
+	cfg := env.Admin()
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	_, err = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	t.Run("InstallPolicy", func(t *testing.T) {
+		cms := cs.CoreV1().ConfigMaps(ns)
+		cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name:        "stamped",
+			Annotations: map[string]string{"fencer.dev/lease": ns + "/other", "fencer.dev/token": "5"},
+		}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		cm.Annotations["fencer.dev/token"] = "4"
+		dryRun := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+		_, err = cms.Update(ctx, cm, dryRun)
+		require.NoError(t, err, "without the policy the API server takes a stale stamp")
+
+		require.NoError(t, kubefencertest.InstallPolicy(ctx, cfg))
+		_, err = cms.Update(ctx, cm, dryRun)
+		require.True(t, apierrors.IsForbidden(err), "want a stale stamp denied, got %v", err)
+		require.ErrorContains(t, err, "stale fencing token")
+		_, err = cs.CoreV1().ConfigMaps(kubefencertest.ProbeNamespace).Get(ctx, "fencer-policy-probe", metav1.GetOptions{})
+		require.True(t, apierrors.IsNotFound(err), "the probe must be deleted, got %v", err)
+		require.Error(t, kubefencertest.InstallPolicy(ctx, cfg), "a second install must fail, not pass unchecked")
+	})
+
+	t.Run("InstallRole", func(t *testing.T) {
+		alice := env.Impersonate("alice")
+		aliceCS, err := kubernetes.NewForConfig(alice)
+		require.NoError(t, err)
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "alice"}}
+		_, err = aliceCS.CoordinationV1().Leases(ns).Create(ctx, lease, metav1.CreateOptions{})
+		require.True(t, apierrors.IsForbidden(err), "before InstallRole alice has no rights, got %v", err)
+
+		require.NoError(t, kubefencertest.InstallRole(ctx, cfg, ns,
+			rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "alice"},
+			rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "controller"},
+		))
+		_, err = aliceCS.CoordinationV1().Leases(ns).Create(ctx, lease, metav1.CreateOptions{})
+		require.NoError(t, err)
+		_, err = aliceCS.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+		require.True(t, apierrors.IsForbidden(err), "the Role grants Leases only, got %v", err)
+		sa, err := kubernetes.NewForConfig(env.Impersonate("system:serviceaccount:" + ns + ":controller"))
+		require.NoError(t, err)
+		_, err = sa.CoordinationV1().Leases(ns).Get(ctx, "alice", metav1.GetOptions{})
+		require.NoError(t, err)
+	})
+
+	t.Run("Supersede", func(t *testing.T) {
+		// A fake clock, and no Watcher, keep the Held from noticing the
+		// takeover until the test steps the clock.
+		clk := clocktesting.NewFakeClock(time.Now())
+		kcfg := kubeadapter.DefaultConfig(ns, "fence", "replica-a")
+		kcfg.Clock = clk
+		e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
+		require.NoError(t, err)
+		held, err := e.TryAcquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = held.Release(context.Background()) })
+
+		crc, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
+		require.NoError(t, err)
+		mine, err := kubeadapter.NewClient(crc, held)
+		require.NoError(t, err)
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders"}, Data: map[string]string{"total": "100"}}
+		require.NoError(t, mine.Create(ctx, cm))
+
+		taken := kubefencertest.Supersede(t, cfg, held)
+		l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "fence", metav1.GetOptions{})
+		require.NoError(t, err)
+		require.Equal(t, taken.Identity(), *l.Spec.HolderIdentity)
+		require.EqualValues(t, held.Token().Epoch+1, *l.Spec.LeaseTransitions)
+		cmp, err := taken.Token().Compare(held.Token())
+		require.NoError(t, err)
+		require.Equal(t, 1, cmp)
+
+		theirs, err := kubeadapter.NewClient(crc, taken)
+		require.NoError(t, err)
+		cm.Data["total"] = "250"
+		require.NoError(t, theirs.Update(ctx, cm))
+		require.NoError(t, held.Err(), "the Held has not noticed yet")
+		cm.ResourceVersion = ""
+		cm.Data["total"] = "999"
+		require.ErrorIs(t, mine.Update(ctx, cm), token.ErrStale)
+
+		require.Eventually(t, func() bool { return clk.Waiters() == 2 }, 30*time.Second, time.Millisecond, "renewal loop armed")
+		clk.Step(kcfg.RetryPeriod)
+		<-held.Done()
+		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
+		require.ErrorIs(t, mine.Update(ctx, cm), token.ErrNotHeld)
+		got := &corev1.ConfigMap{}
+		require.NoError(t, crc.Get(ctx, client.ObjectKeyFromObject(cm), got))
+		require.Equal(t, "250", got.Data["total"])
+	})
+
+	t.Run("SupersedeWithWatcher", func(t *testing.T) {
+		// The clock never moves, so the Held never renews: only the
+		// Watcher can end it.
+		w, err := kubeadapter.NewWatcher(cs.CoordinationV1(), kubeadapter.WatchNamespaces(ns))
+		require.NoError(t, err)
+		wctx, stop := context.WithCancel(ctx)
+		watched := make(chan error, 1)
+		go func() { watched <- w.Start(wctx) }()
+		t.Cleanup(func() { stop(); require.NoError(t, <-watched) })
+		kcfg := kubeadapter.DefaultConfig(ns, "watched", "replica-a")
+		kcfg.Clock, kcfg.Watcher = clocktesting.NewFakeClock(time.Now()), w
+		e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
+		require.NoError(t, err)
+		held, err := e.TryAcquire(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = held.Release(context.Background()) })
+
+		kubefencertest.Supersede(t, cfg, held)
+		select {
+		case <-held.Done():
+		case <-ctx.Done():
+			t.Fatal("the Watcher never ended the superseded Held")
+		}
+		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
+	})
+}
