@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -75,6 +76,8 @@ type Server struct {
 	etcd   *embed.Etcd
 	lock   *os.File
 	once   sync.Once
+	// closing quiets etcd's logs of its own shutdown.
+	closing *atomic.Bool
 }
 
 // Start starts a single-member cluster described by m and waits until it
@@ -219,7 +222,8 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 	if o.maxRequestBytes > 0 {
 		cfg.MaxRequestBytes = o.maxRequestBytes
 	}
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: o.log, min: zapcore.WarnLevel}))
+	closing := new(atomic.Bool)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: o.log, min: zapcore.WarnLevel, closing: closing}))
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
 	e, err := embed.StartEtcd(cfg)
@@ -227,7 +231,7 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 		lock.Close()
 		return nil, fmt.Errorf("embedetcd: start member %s: %w", m.Name, err)
 	}
-	return &Server{member: m, etcd: e, lock: lock}, nil
+	return &Server{member: m, etcd: e, lock: lock, closing: closing}, nil
 }
 
 // lockDir takes an exclusive lock on a file in dir and returns the open
@@ -296,6 +300,7 @@ func (s *Server) IsLeader() bool {
 // directory. It is safe to call more than once.
 func (s *Server) Close() {
 	s.once.Do(func() {
+		s.closing.Store(true)
 		s.etcd.Close()
 		select {
 		case <-s.etcd.Server.StopNotify():

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync/atomic"
 
 	"go.uber.org/zap/zapcore"
 )
@@ -12,11 +13,14 @@ import (
 // slogCore is a zapcore.Core that writes to a slog.Logger, so that etcd's
 // zap logs reach fencer's logger. (go.uber.org/zap/exp/zapslog bridges the
 // other way, slog to zap.) Fields become attributes in key order; entries
-// below min are dropped before their fields are encoded.
+// below min are dropped before their fields are encoded. Once closing is
+// set, records go out at debug level: etcd reports its listeners closing
+// under it as errors.
 type slogCore struct {
-	log   *slog.Logger
-	min   zapcore.Level
-	attrs []slog.Attr
+	log     *slog.Logger
+	min     zapcore.Level
+	attrs   []slog.Attr
+	closing *atomic.Bool
 }
 
 var _ zapcore.Core = (*slogCore)(nil)
@@ -24,7 +28,7 @@ var _ zapcore.Core = (*slogCore)(nil)
 func (c *slogCore) Enabled(l zapcore.Level) bool { return l >= c.min }
 
 func (c *slogCore) With(fields []zapcore.Field) zapcore.Core {
-	return &slogCore{log: c.log, min: c.min, attrs: append(slices.Clip(c.attrs), attrsOf(fields)...)}
+	return &slogCore{log: c.log, min: c.min, attrs: append(slices.Clip(c.attrs), attrsOf(fields)...), closing: c.closing}
 }
 
 func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -39,7 +43,11 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	if e.LoggerName != "" {
 		attrs = append(attrs, slog.String("logger", e.LoggerName))
 	}
-	c.log.LogAttrs(context.Background(), slogLevel(e.Level), e.Message, attrs...)
+	level := slogLevel(e.Level)
+	if c.closing.Load() {
+		level = slog.LevelDebug
+	}
+	c.log.LogAttrs(context.Background(), level, e.Message, attrs...)
 	return nil
 }
 

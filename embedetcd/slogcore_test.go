@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -22,7 +23,8 @@ func TestSlogCore(t *testing.T) {
 			return a
 		},
 	})
-	log := zap.New(&slogCore{log: slog.New(h), min: zapcore.WarnLevel}).Named("raft").With(zap.String("member", "m1"))
+	closing := new(atomic.Bool)
+	log := zap.New(&slogCore{log: slog.New(h), min: zapcore.WarnLevel, closing: closing}).Named("raft").With(zap.String("member", "m1"))
 	for _, tc := range []struct {
 		write func()
 		want  string
@@ -34,6 +36,7 @@ func TestSlogCore(t *testing.T) {
 		{func() { log.Error("lost leader", zap.Error(errors.New("boom"))) },
 			"level=ERROR msg=\"lost leader\" member=m1 error=boom logger=raft\n"},
 		{func() { log.DPanic("odd") }, "level=ERROR msg=odd member=m1 logger=raft\n"},
+		{func() { closing.Store(true); log.Error("listener closed") }, "level=DEBUG msg=\"listener closed\" member=m1 logger=raft\n"},
 	} {
 		buf.Reset()
 		tc.write()
