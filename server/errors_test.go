@@ -110,6 +110,8 @@ func TestQuorumLossIsUnavailable(t *testing.T) {
 		}
 	}
 	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader")
+	start := time.Now()
 	_, err = c.Put(ctx, l.Token(), "k", []byte("v"))
+	t.Logf("guarded write without quorum: %v after %v", err, time.Since(start))
 	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout", "no_leader")
 }
