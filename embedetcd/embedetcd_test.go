@@ -1,11 +1,22 @@
 package embedetcd_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -81,4 +92,220 @@ func put(t *testing.T, endpoint, k, v string) {
 	t.Helper()
 	_, err := etcdtest.Client(t, endpoint).Put(context.Background(), k, v)
 	require.NoError(t, err)
+}
+
+func TestSecondMemberOnADirFailsAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m := embedetcd.Member{Name: "m", Dir: t.TempDir(), Socket: true}
+	srv, err := embedetcd.Start(ctx, m)
+	require.NoError(t, err)
+	defer srv.Close()
+
+	// Without the lock, etcd waits on its own file lock forever, deaf to
+	// ctx; a deadline here tells "at once" from "hangs".
+	second := make(chan error, 1)
+	go func() {
+		_, err := embedetcd.Start(ctx, m)
+		second <- err
+	}()
+	select {
+	case err = <-second:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second member on the data directory hangs")
+	}
+	var locked *embedetcd.LockedError
+	require.ErrorAs(t, err, &locked)
+	require.ErrorIs(t, err, embedetcd.ErrLocked)
+	require.Equal(t, m.Dir, locked.Dir)
+	require.Contains(t, err.Error(), m.Dir)
+
+	// The first member is unharmed, and the lock goes with it.
+	put(t, srv.Endpoint(), "k", "v")
+	srv.Close()
+	again, err := embedetcd.Start(ctx, m)
+	require.NoError(t, err)
+	again.Close()
+}
+
+func TestSocketMemberIsPrivateAndStable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: dir, Socket: true})
+	require.NoError(t, err)
+	require.Equal(t, "unix://"+filepath.Join(dir, "etcd.sock"), srv.Endpoint())
+	require.Zero(t, srv.Member().ClientPort)
+	require.Zero(t, srv.Member().PeerPort)
+	for _, name := range []string{"etcd.sock", "peer.sock"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		require.NoError(t, err)
+		require.Equal(t, os.ModeSocket, fi.Mode().Type(), name)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+	}
+	fi, err := os.Stat(dir)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+	put(t, srv.Endpoint(), "k", "v")
+	srv.Close()
+
+	again, err := embedetcd.Start(ctx, srv.Member())
+	require.NoError(t, err)
+	defer again.Close()
+	require.Equal(t, srv.Endpoint(), again.Endpoint())
+	resp, err := etcdtest.Client(t, again.Endpoint()).Get(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+}
+
+// TestCompactionKeepsTheDatabaseBounded overwrites one key with 16 KiB
+// values for rounds of 300 revisions, about 5 MiB of history a round. After
+// each round it waits for automatic compaction to pass the round's first
+// revision; freed pages are then reused, so the database file stops
+// growing at a few rounds' worth while the history written keeps growing.
+func TestCompactionKeepsTheDatabaseBounded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir()}, embedetcd.WithCompactionRetention(time.Second))
+	require.NoError(t, err)
+	defer srv.Close()
+	cli := etcdtest.Client(t, srv.Endpoint())
+	value := strings.Repeat("x", 16<<10)
+	const rounds, perRound = 8, 300
+	var written int64
+	for round := 0; round < rounds; round++ {
+		var first int64
+		for i := 0; i < perRound; i++ {
+			resp, err := cli.Put(ctx, "k", value)
+			require.NoError(t, err)
+			if i == 0 {
+				first = resp.Header.Revision
+			}
+			written += int64(len(value))
+		}
+		for {
+			_, err := cli.Get(ctx, "k", clientv3.WithRev(first))
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				break
+			}
+			require.NoError(t, err)
+			select {
+			case <-ctx.Done():
+				t.Fatalf("round %d: revision %d never compacted", round, first)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	st, err := cli.Status(ctx, srv.Endpoint())
+	require.NoError(t, err)
+	t.Logf("wrote %d MiB of values; database %d MiB, %d MiB in use", written>>20, st.DbSize>>20, st.DbSizeInUse>>20)
+	require.Less(t, st.DbSize, written/2, "the database grew with the history: compaction does not free space")
+}
+
+// TestQuotaRefusesWritesWithNoSpace fills a 2 MiB quota. etcd's warnings
+// (it always warns about its simple auth tokens at start) reach the
+// logger; its info logs do not.
+func TestQuotaRefusesWritesWithNoSpace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var logs logBuffer
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir()},
+		embedetcd.WithQuota(2<<20), embedetcd.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	require.NoError(t, err)
+	defer srv.Close()
+	cli := etcdtest.Client(t, srv.Endpoint())
+	value := strings.Repeat("x", 256<<10)
+	for i := 0; ; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("k%d", i), value)
+		if err != nil {
+			require.ErrorIs(t, err, rpctypes.ErrNoSpace)
+			break
+		}
+		require.Less(t, i, 100, "no NOSPACE after 25 MiB into a 2 MiB quota")
+	}
+	records := logs.records(t)
+	require.NotEmpty(t, records)
+	for _, r := range records {
+		require.Equal(t, "etcd", r["component"], r)
+		require.Contains(t, []string{"WARN", "ERROR"}, r["level"], "etcd logs below warn reach the logger: %v", r)
+	}
+}
+
+func TestStartRejectsBadOptions(t *testing.T) {
+	ctx := context.Background()
+	one := []embedetcd.Member{{Name: "a", Dir: t.TempDir()}}
+	for name, tc := range map[string]struct {
+		members []embedetcd.Member
+		opts    []embedetcd.Option
+	}{
+		"retention under a second": {one, []embedetcd.Option{embedetcd.WithCompactionRetention(time.Millisecond)}},
+		"zero quota":               {one, []embedetcd.Option{embedetcd.WithQuota(0)}},
+		"socket in a cluster": {[]embedetcd.Member{
+			{Name: "a", Dir: t.TempDir(), Socket: true}, {Name: "b", Dir: t.TempDir(), Socket: true},
+		}, nil},
+		"socket path too long": {[]embedetcd.Member{{Name: "a", Dir: filepath.Join(t.TempDir(), strings.Repeat("d", 120)), Socket: true}}, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := embedetcd.StartCluster(ctx, tc.members, tc.opts...)
+			require.ErrorIs(t, err, embedetcd.ErrConfig)
+		})
+	}
+}
+
+// logBuffer collects JSON log lines written concurrently.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) records(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(b.buf.Bytes()), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var r map[string]any
+		require.NoError(t, json.Unmarshal(line, &r), string(line))
+		out = append(out, r)
+	}
+	return out
+}
+
+// TestDefragmentThroughTheSocket follows the documented defrag path on a
+// Socket member: compact, then defragment through the member's unix
+// socket endpoint (what etcdctl --endpoints unix://<data-dir>/etcd.sock
+// defrag does), and the database file shrinks.
+func TestDefragmentThroughTheSocket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir(), Socket: true})
+	require.NoError(t, err)
+	defer srv.Close()
+	cli := etcdtest.Client(t, srv.Endpoint())
+	value := strings.Repeat("x", 64<<10)
+	var last int64
+	for i := 0; i < 200; i++ {
+		resp, err := cli.Put(ctx, "k", value)
+		require.NoError(t, err)
+		last = resp.Header.Revision
+	}
+	_, err = cli.Compact(ctx, last, clientv3.WithCompactPhysical())
+	require.NoError(t, err)
+	before, err := cli.Status(ctx, srv.Endpoint())
+	require.NoError(t, err)
+	_, err = cli.Defragment(ctx, srv.Endpoint())
+	require.NoError(t, err)
+	after, err := cli.Status(ctx, srv.Endpoint())
+	require.NoError(t, err)
+	t.Logf("database %d KiB before defragmentation, %d KiB after", before.DbSize>>10, after.DbSize>>10)
+	require.Less(t, after.DbSize, before.DbSize/2)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"unicode"
@@ -55,8 +56,8 @@ func (a Anonymous) Authenticate(context.Context) (string, error) { return string
 // BearerTokens authenticates calls by the "authorization: Bearer <token>"
 // metadata against a fixed set of tokens. Tokens are compared by their
 // SHA-256 digest, so lookup time does not depend on how much of a token
-// matches. It does not expire or rotate tokens: reload the file and restart
-// the server to change them.
+// matches. It does not expire or rotate tokens; TokenFile reloads a
+// token file when it changes.
 type BearerTokens struct {
 	principals map[[sha256.Size]byte]string
 }
@@ -70,8 +71,13 @@ func LoadTokenFile(path string) (*BearerTokens, error) {
 		return nil, fmt.Errorf("server: token file: %w", err)
 	}
 	defer f.Close()
+	return parseTokenFile(path, f)
+}
+
+// parseTokenFile parses a token file's content; path is for errors.
+func parseTokenFile(path string, r io.Reader) (*BearerTokens, error) {
 	b := &BearerTokens{principals: map[[sha256.Size]byte]string{}}
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,7 +20,7 @@ func (s *Server) Check(ctx context.Context, req *fencerv1.CheckRequest) (*fencer
 		return nil, err
 	}
 	if err := s.store.Check(ctx, tok); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "check", tok, err)
 	}
 	return &fencerv1.CheckResponse{}, nil
 }
@@ -32,10 +33,10 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 		return nil, err
 	}
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "advance", tok, err)
 	}
 	if err := s.store.Advance(ctx, req.GetResource(), tok, takeOver(req.GetTakeOver())...); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "advance", tok, err)
 	}
 	return &fencerv1.AdvanceResponse{}, nil
 }
@@ -49,11 +50,11 @@ func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.P
 		return nil, err
 	}
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "put", tok, err)
 	}
 	rev, err := s.store.Put(ctx, tok, req.GetKey(), req.GetValue(), takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "put", tok, err)
 	}
 	return &fencerv1.PutResponse{Revision: rev}, nil
 }
@@ -78,11 +79,11 @@ func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fenc
 		return nil, err
 	}
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "delete", tok, err)
 	}
 	deleted, err := s.store.Delete(ctx, tok, req.GetKey(), takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "delete", tok, err)
 	}
 	return &fencerv1.DeleteResponse{Deleted: deleted}, nil
 }
@@ -96,7 +97,7 @@ func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.T
 		return nil, err
 	}
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "txn", tok, err)
 	}
 	cmps := make([]clientv3.Cmp, len(req.GetCompares()))
 	for i, c := range req.GetCompares() {
@@ -104,7 +105,7 @@ func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.T
 	}
 	resp, err := s.store.Txn(ctx, tok, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()), takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return nil, s.rejected(err)
+		return nil, s.rejected(ctx, "txn", tok, err)
 	}
 	out := &fencerv1.TxnResponse{Succeeded: resp.Succeeded, Results: make([]*fencerv1.OpResult, len(resp.Responses))}
 	for i, r := range resp.Responses {
@@ -216,17 +217,24 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 	return out, nil
 }
 
-// rejected counts token rejections for the metrics and returns err.
-func (s *Server) rejected(err error) error {
+// rejected counts a token rejection for the metrics, writes its audit
+// record, and returns err. Other errors pass through.
+func (s *Server) rejected(ctx context.Context, op string, tok token.Token, err error) error {
 	var stale *token.StaleError
 	var foreign *token.ForeignLeaseError
+	var reason string
 	switch {
 	case errors.As(err, &stale):
-		s.m.rejections.WithLabelValues("stale").Inc()
+		reason = "stale"
 	case errors.As(err, &foreign):
-		s.m.rejections.WithLabelValues("foreign_lease").Inc()
+		reason = "foreign_lease"
 	case errors.Is(err, ErrPermissionDenied):
-		s.m.rejections.WithLabelValues("permission").Inc()
+		reason = "permission"
+	default:
+		return err
 	}
+	s.m.rejections.WithLabelValues(reason).Inc()
+	s.audit.LogAttrs(ctx, slog.LevelWarn, "refused", slog.String("op", op), slog.String("principal", principalOf(ctx)),
+		slog.String("lease", tok.Lease), slog.String("token", tok.String()), slog.String("reason", reason), slog.Any("err", err))
 	return err
 }

@@ -11,6 +11,17 @@
 // in a server's memory that another server needs, so several servers can
 // front one etcd cluster and any of them can serve any session.
 //
+// # Operations
+//
+// Health (grpc.health.v1 and HealthHandler's /readyz) follows a periodic
+// linearizable read of etcd, and the gauge fencer_etcd_up with it; health
+// and reflection need no credentials. Every etcd request of a call requires
+// an etcd leader, so a member without quorum fails calls at once with
+// UNAVAILABLE. etcd's errors reach clients as codes and ErrorInfo causes
+// from one table (errors.go). Config.Logger receives call logs and audit
+// records (attribute audit=true) of every acquisition, release, loss and
+// refused write. TokenFile reloads a bearer token file while it runs.
+//
 // # What is guaranteed
 //
 //   - Guarded writes (Put, Delete, Txn, Advance) are etcdstore's: etcd
@@ -33,6 +44,8 @@
 //     trusts every CA in the TLS configuration's ClientCAs alike.
 //   - A call that fails with STORE_UNAVAILABLE may or may not have been
 //     applied.
+//   - Readiness is as fresh as its last check (every ReadinessInterval):
+//     SERVING does not promise that the next call reaches etcd.
 //   - Writes made with a raw etcd client bypass both the guard's caller
 //     check and the principal binding.
 package server

@@ -133,6 +133,16 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		return codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil
 	case errors.Is(err, ErrWatchCompacted), errors.Is(err, rpctypes.ErrCompacted):
 		return codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil
+	}
+	if c, etcdErr, ok := classifyEtcd(err); ok {
+		desc := rpctypes.ErrorDesc(etcdErr)
+		md := map[string]string{"cause": c.cause, "etcd_error": desc}
+		if c.reason == fencerv1.ReasonInvalidArgument {
+			md["field"], md["reason"] = "request", desc
+		}
+		return c.code, c.reason, md
+	}
+	switch {
 	case errors.Is(err, errStoreUnavailable):
 		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil
 	case errors.Is(err, ErrShuttingDown):
@@ -149,4 +159,86 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		}
 	}
 	return codes.Internal, fencerv1.ReasonInternal, nil
+}
+
+// etcdClass is how the service reports one class of etcd error: a code, an
+// ErrorInfo reason, and a cause in the ErrorInfo metadata.
+type etcdClass struct {
+	code   codes.Code
+	reason string
+	cause  string
+}
+
+func unavailable(cause string) etcdClass {
+	return etcdClass{code: codes.Unavailable, reason: fencerv1.ReasonStoreUnavailable, cause: cause}
+}
+
+func invalid(cause string) etcdClass {
+	return etcdClass{code: codes.InvalidArgument, reason: fencerv1.ReasonInvalidArgument, cause: cause}
+}
+
+func internal(cause string) etcdClass {
+	return etcdClass{code: codes.Internal, reason: fencerv1.ReasonInternal, cause: cause}
+}
+
+// etcdClasses maps etcd's typed errors to what clients see. UNAVAILABLE
+// means "etcd could not answer now; a write may or may not have committed,
+// retry"; INVALID_ARGUMENT means the request itself can never succeed;
+// INTERNAL means the deployment is broken (credentials, corruption).
+// docs/service.md has the same table.
+var etcdClasses = []struct {
+	err error
+	etcdClass
+}{
+	{rpctypes.ErrTimeout, unavailable("timeout")},
+	{rpctypes.ErrTimeoutDueToLeaderFail, unavailable("timeout")},
+	{rpctypes.ErrTimeoutDueToConnectionLost, unavailable("timeout")},
+	{rpctypes.ErrTimeoutWaitAppliedIndex, unavailable("timeout")},
+	{rpctypes.ErrNoLeader, unavailable("no_leader")},
+	{rpctypes.ErrNotLeader, unavailable("no_leader")},
+	{rpctypes.ErrLeaderChanged, unavailable("leader_changed")},
+	{rpctypes.ErrNoSpace, unavailable("no_space")},
+	{rpctypes.ErrStopped, unavailable("stopped")},
+	{rpctypes.ErrUnhealthy, unavailable("unhealthy")},
+	{rpctypes.ErrTooManyRequests, unavailable("too_many_requests")},
+	{rpctypes.ErrInvalidAuthToken, unavailable("auth_token_expired")},
+	{rpctypes.ErrRequestTooLarge, invalid("request_too_large")},
+	{rpctypes.ErrTooManyOps, invalid("too_many_ops")},
+	{rpctypes.ErrDuplicateKey, invalid("duplicate_key")},
+	{rpctypes.ErrLeaseTTLTooLarge, invalid("ttl_too_large")},
+	{rpctypes.ErrFutureRev, invalid("future_revision")},
+	{rpctypes.ErrPermissionDenied, internal("etcd_permission_denied")},
+	{rpctypes.ErrAuthFailed, internal("etcd_auth_failed")},
+	{rpctypes.ErrCorrupt, internal("corrupt")},
+}
+
+// classifyEtcd finds etcd's typed error in err's chain, either as the
+// client's rpctypes.EtcdError or as the raw gRPC status etcd sent (which
+// rpctypes.Error converts where etcd knows how), and returns its class
+// and the etcd error. An rpctypes.EtcdError outside etcdClasses is
+// UNAVAILABLE if etcd itself says so, INTERNAL otherwise.
+func classifyEtcd(err error) (etcdClass, error, bool) {
+	var etcdErr error
+	var ee rpctypes.EtcdError
+	var se interface{ GRPCStatus() *status.Status }
+	switch {
+	case errors.As(err, &ee):
+		etcdErr = ee
+	case errors.As(err, &se):
+		etcdErr = rpctypes.Error(se.GRPCStatus().Err())
+	default:
+		return etcdClass{}, nil, false
+	}
+	for _, c := range etcdClasses {
+		if errors.Is(etcdErr, c.err) {
+			return c.etcdClass, etcdErr, true
+		}
+	}
+	if ee, ok := etcdErr.(rpctypes.EtcdError); ok {
+		if ee.Code() == codes.Unavailable {
+			return unavailable("etcd_unavailable"), ee, true
+		}
+		return internal("etcd_error"), ee, true
+	}
+	return etcdClass{}, nil, false
 }

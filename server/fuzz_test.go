@@ -1,8 +1,12 @@
 package server
 
 import (
+	"bytes"
+	"context"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -145,6 +149,38 @@ func FuzzParseAuthorization(f *testing.F) {
 				if a.Allowed("no such principal/", kind, name) {
 					t.Fatalf("an unlisted principal may %s %q", kind, name)
 				}
+			}
+		}
+	})
+}
+
+// FuzzParseTokenFile checks that any token file either fails to parse or
+// yields tokens that each authenticate as the valid principal on their
+// line, never a panic.
+func FuzzParseTokenFile(f *testing.F) {
+	f.Add([]byte("# tokens\nalice-token-0123456789 alice\n\nbob-token-0123456789ab\tbob\n"))
+	f.Add([]byte("short alice\n"))
+	f.Add([]byte("alice-token-0123456789 alice extra\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := parseTokenFile("tokens", bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		if len(b.principals) == 0 {
+			t.Fatal("parsed a file without tokens")
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) != 2 || strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue
+			}
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+fields[0]))
+			p, err := b.Authenticate(ctx)
+			if err != nil || p != fields[1] {
+				t.Fatalf("token of line %q authenticates as %q, %v", line, p, err)
+			}
+			if err := ValidatePrincipal(p); err != nil {
+				t.Fatalf("invalid principal accepted: %v", err)
 			}
 		}
 	})

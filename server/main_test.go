@@ -15,12 +15,16 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/servicetest"
 	"github.com/fencer-dev/fencer/server"
 )
 
-func TestMain(m *testing.M) { etcdtest.Main(m) }
+func TestMain(m *testing.M) {
+	etcdproc.RunIfMember()
+	etcdtest.Main(m)
+}
 
 // sameStore returns a store with its own etcd client on st's prefix.
 func sameStore(t testing.TB, st *etcdstore.Store, endpoints ...string) *etcdstore.Store {

@@ -24,6 +24,7 @@ type metrics struct {
 	lost         prometheus.Counter
 	rejections   *prometheus.CounterVec
 	leaseWatches prometheus.Gauge
+	etcdUp       prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -57,8 +58,11 @@ func newMetrics() *metrics {
 		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: the shared one, plus one per stream still catching up.",
 		}),
+		etcdUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
+		}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches,
+	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -9,16 +9,20 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -42,6 +46,10 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
+	// ReadinessInterval is how often the server checks that etcd answers a
+	// linearizable read (within 2 seconds) to set its health and
+	// readiness; zero means DefaultReadinessInterval.
+	ReadinessInterval time.Duration
 	// Authorization, when set, grants each principal the lease names,
 	// data keys and resources it may use; calls outside them fail with
 	// PERMISSION_DENIED. Nil lets every authenticated principal use every
@@ -62,6 +70,8 @@ func (c Config) Validate() error {
 		return errors.New("server: config: Authenticator is required (Anonymous admits everyone)")
 	case c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil:
 		return errors.New("server: config: TLS has no certificate")
+	case c.ReadinessInterval < 0:
+		return errors.New("server: config: ReadinessInterval is negative")
 	}
 	switch c.Authenticator.(type) {
 	case ClientCertificates, *ClientCertificates:
@@ -93,6 +103,7 @@ type Server struct {
 	auth   Authenticator
 	authz  *Authorization
 	log    *slog.Logger
+	audit  *slog.Logger // log with audit=true
 	grpc   *grpc.Server
 	health *health.Server
 	m      *metrics
@@ -101,6 +112,12 @@ type Server struct {
 
 	stop     chan struct{} // closed by Shutdown; ends the streams
 	stopOnce sync.Once
+
+	readyEvery time.Duration
+	readyOnce  sync.Once     // starts the readiness checks, in Serve
+	readyDone  chan struct{} // closed when the readiness checks end
+	ready      atomic.Bool   // the last readiness check passed
+	checked    atomic.Bool   // a readiness check has run
 }
 
 var _ fencerv1.FencerServiceServer = (*Server)(nil)
@@ -120,9 +137,16 @@ func New(cfg Config) (*Server, error) {
 		auth:   cfg.Authenticator,
 		authz:  cfg.Authorization,
 		log:    log,
+		audit:  log.With(slog.Bool("audit", true)),
 		health: health.NewServer(),
 		m:      newMetrics(),
 		stop:   make(chan struct{}),
+
+		readyEvery: cfg.ReadinessInterval,
+		readyDone:  make(chan struct{}),
+	}
+	if s.readyEvery == 0 {
+		s.readyEvery = DefaultReadinessInterval
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
 	opts := []grpc.ServerOption{
@@ -140,12 +164,18 @@ func New(cfg Config) (*Server, error) {
 	fencerv1.RegisterFencerServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
-	s.health.SetServingStatus(fencerv1.FencerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(fencerv1.FencerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
 }
 
 // Serve serves gRPC on lis until Shutdown. It returns nil after Shutdown.
+// The first Serve also starts checking etcd every
+// Config.ReadinessInterval: health (the service "" and
+// fencer.v1.FencerService) is NOT_SERVING until a check passes, and
+// follows the checks until Shutdown.
 func (s *Server) Serve(lis net.Listener) error {
+	s.readyOnce.Do(func() { go s.readiness(s.readyEvery) })
 	if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("server: serve: %w", err)
 	}
@@ -166,6 +196,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.grpc.GracefulStop()
 		close(done)
 	}()
+	s.readyOnce.Do(func() { close(s.readyDone) })
+	defer func() { <-s.readyDone }()
 	select {
 	case <-done:
 		s.hub.close()
@@ -183,27 +215,49 @@ func (s *Server) MetricsHandler() http.Handler { return s.m.handler() }
 
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	if public(info.FullMethod) {
+		resp, err := handler(ctx, req)
+		s.m.observe(info.FullMethod, err, time.Since(start))
+		return resp, err
+	}
 	p, err := s.auth.Authenticate(ctx)
 	if err == nil {
 		err = s.authz.authorize(p, req)
 	}
 	var resp any
 	if err == nil {
-		ctx = withPrincipal(ctx, p)
+		ctx = withPrincipal(etcdContext(ctx), p)
 		resp, err = handler(ctx, req)
 		err = s.hideOthers(ctx, p, req, err)
 	}
 	err = toStatus(err)
 	s.m.observe(info.FullMethod, err, time.Since(start))
+	s.logCall(ctx, info.FullMethod, p, err, time.Since(start))
 	return resp, err
 }
 
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	start := time.Now()
+	if public(info.FullMethod) {
+		// Health watches would otherwise hold graceful shutdown for
+		// as long as their clients stay.
+		ctx, cancel := context.WithCancel(ss.Context())
+		go func() {
+			select {
+			case <-s.stop:
+			case <-ctx.Done():
+			}
+			cancel()
+		}()
+		err := handler(srv, &ctxStream{ServerStream: ss, ctx: ctx})
+		cancel()
+		s.m.observe(info.FullMethod, err, time.Since(start))
+		return err
+	}
 	p, err := s.auth.Authenticate(ss.Context())
 	if err == nil {
 		done := s.m.streamStarted(info.FullMethod)
-		err = handler(srv, &principalStream{ServerStream: ss, ctx: withPrincipal(ss.Context(), p)})
+		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ss.Context()), p)})
 		done()
 	}
 	if errors.Is(err, io.EOF) {
@@ -211,13 +265,49 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	}
 	err = toStatus(err)
 	s.m.observe(info.FullMethod, err, time.Since(start))
+	s.logCall(ss.Context(), info.FullMethod, p, err, time.Since(start))
 	return err
 }
 
-// principalStream carries the authenticated principal in its context.
-type principalStream struct {
+// logCall logs a finished call of an authenticated method: failures that
+// point at the server or etcd (INTERNAL, UNAVAILABLE, DEADLINE_EXCEEDED)
+// at error or warn, refused credentials at info, everything else at debug.
+// Token refusals have their audit records (see rejected).
+func (s *Server) logCall(ctx context.Context, method, principal string, err error, d time.Duration) {
+	code := status.Code(err)
+	level := slog.LevelDebug
+	switch code {
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		level = slog.LevelError
+	case codes.Unavailable, codes.DeadlineExceeded:
+		level = slog.LevelWarn
+	case codes.Unauthenticated, codes.PermissionDenied:
+		level = slog.LevelInfo
+	}
+	if !s.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := []slog.Attr{slog.String("method", path.Base(method)), slog.String("code", code.String()), slog.Duration("duration", d)}
+	if principal != "" {
+		attrs = append(attrs, slog.String("principal", principal))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("err", status.Convert(err).Message()))
+	}
+	s.log.LogAttrs(ctx, level, "call", attrs...)
+}
+
+// etcdContext marks ctx, which a call's etcd requests use, to require an
+// etcd leader: a member without one refuses at once with "no leader"
+// (UNAVAILABLE) instead of holding writes until its request timeout and
+// reads until the caller's deadline.
+func etcdContext(ctx context.Context) context.Context { return clientv3.WithRequireLeader(ctx) }
+
+// ctxStream replaces a stream's context: with one that carries the
+// authenticated principal, or one that ends on Shutdown.
+type ctxStream struct {
 	grpc.ServerStream
 	ctx context.Context
 }
 
-func (p *principalStream) Context() context.Context { return p.ctx }
+func (p *ctxStream) Context() context.Context { return p.ctx }

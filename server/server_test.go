@@ -397,10 +397,9 @@ func TestSessionFailsClosedWhenServerGone(t *testing.T) {
 func TestHealthAndShutdown(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	addr, srv := startServer(t, etcdtest.Store(t))
-	h := healthpb.NewHealthClient(dial(t, alice, addr))
-	resp, err := h.Check(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
+	h, err := healthpb.NewHealthClient(dial(t, alice, addr)).Watch(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
 	require.NoError(t, err)
-	require.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.GetStatus())
+	awaitHealth(t, h, healthpb.HealthCheckResponse_SERVING)
 
 	// An open watch stream ends with SHUTTING_DOWN rather than blocking shutdown.
 	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
@@ -417,6 +416,7 @@ func TestHealthAndShutdown(t *testing.T) {
 	_, err = w.Recv()
 	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
+	require.Equal(t, http.StatusServiceUnavailable, probe(srv, "/readyz"))
 }
 
 // gauge scrapes srv's metrics for the value of an unlabelled gauge.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +71,8 @@ func (s *Server) Acquire(ctx context.Context, req *fencerv1.AcquireRequest) (*fe
 		return nil, err
 	}
 	s.m.acquisitions.Inc()
+	s.audit.LogAttrs(ctx, slog.LevelInfo, "acquire", slog.String("principal", p), slog.String("lease", req.GetName()),
+		slog.String("token", tok.String()), slog.String("holder", holderName(p, id)))
 	return &fencerv1.AcquireResponse{SessionId: int64(id), TtlSeconds: ttl, Token: tok.String(), Holder: holderName(p, id)}, nil
 }
 
@@ -263,6 +266,7 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		if err != nil {
 			return nil, fmt.Errorf("server: revoke session: %w", err)
 		}
+		s.audit.LogAttrs(ctx, slog.LevelInfo, "release session", slog.String("principal", p), slog.String("holder", holderName(p, id)))
 		return &fencerv1.ReleaseResponse{Released: true}, nil
 	}
 	if err := s.checkOwner(ctx, tok, p); errors.Is(err, token.ErrStale) {
@@ -273,6 +277,9 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 	released, err := s.store.Release(ctx, tok)
 	if err != nil {
 		return nil, err
+	}
+	if released {
+		s.audit.LogAttrs(ctx, slog.LevelInfo, "release", slog.String("principal", p), slog.String("lease", tok.Lease), slog.String("token", tok.String()))
 	}
 	return &fencerv1.ReleaseResponse{Released: released}, nil
 }

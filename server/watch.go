@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // progressEvery is how often at most a lease watch reports progress, when
@@ -67,6 +69,7 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			}
 			if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
 				s.m.lost.Inc()
+				s.auditLoss(stream.Context(), msg)
 			}
 		}
 	}
@@ -120,4 +123,12 @@ func lostEvent(ev *clientv3.Event, id clientv3.LeaseID, store *etcdstore.Store) 
 	}
 	tok := st.Token
 	return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_LOST, Token: tok.String(), Revision: ev.Kv.ModRevision, Reason: reason}
+}
+
+// auditLoss writes the audit record of a LOST event sent to the token's
+// principal.
+func (s *Server) auditLoss(ctx context.Context, msg *fencerv1.WatchLeaseResponse) {
+	tok, _ := token.Parse(msg.GetToken())
+	s.audit.LogAttrs(ctx, slog.LevelWarn, "lost", slog.String("principal", principalOf(ctx)), slog.String("lease", tok.Lease),
+		slog.String("token", msg.GetToken()), slog.Int64("revision", msg.GetRevision()), slog.String("reason", msg.GetReason()))
 }

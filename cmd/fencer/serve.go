@@ -13,10 +13,14 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -36,6 +40,9 @@ type serveFlags struct {
 	insecure                                              bool
 	grace                                                 time.Duration
 	batch                                                 int
+	logLevel, logFormat                                   string
+	etcdQuota                                             int64
+	etcdRetention                                         time.Duration
 }
 
 // runServe runs fencer's gRPC service until interrupted.
@@ -55,6 +62,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&f.insecure, "insecure", false, "allow plaintext or unauthenticated service on a non-loopback address")
 	fs.DurationVar(&f.grace, "shutdown-grace", 10*time.Second, "how long shutdown waits for calls in flight")
 	fs.IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "most concurrent writes that share one etcd Txn, each still guarded on its own (0 sends every write alone)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "least level logged: debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
+	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
+	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -66,6 +77,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "fencer serve: --batch %d: must be between 0 and %d\n", f.batch, etcdstore.MaxBatch)
 		return 2
 	}
+	if _, err := f.logger(stderr); err != nil {
+		fmt.Fprintln(stderr, "fencer serve:", err)
+		return 2
+	}
 	if err := serve(ctx, f, stderr); err != nil {
 		fmt.Fprintln(stderr, "fencer serve:", err)
 		return 1
@@ -74,10 +89,33 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	tlsCfg, auth, err := f.security()
+	log, err := f.logger(stderr)
 	if err != nil {
 		return err
+	}
+	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler())) // certwatcher's logs
+	tlsCfg, auth, watchers, err := f.security(log)
+	if err != nil {
+		return err
+	}
+	if tlsCfg != nil {
+		w, err := f.watchCertificate(tlsCfg)
+		if err != nil {
+			return err
+		}
+		watchers = append(watchers, w)
+	}
+	ctx, stopWatchers := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopWatchers()
+	watchErrs := make(chan error, len(watchers))
+	for _, w := range watchers {
+		wg.Go(func() {
+			if err := w(ctx); err != nil {
+				watchErrs <- err
+			}
+		})
 	}
 	var authz *server.Authorization
 	if f.authzFile != "" {
@@ -87,16 +125,12 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	}
 	endpoints := splitList(f.etcdEndpoints)
 	if len(endpoints) == 0 {
-		if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
-			return err
-		}
-		member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "fencer", Dir: f.dataDir})
+		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
-			return fmt.Errorf("start embedded etcd in %s: %w", f.dataDir, err)
+			return err
 		}
 		defer member.Close()
 		endpoints = []string{member.Endpoint()}
-		log.Info("embedded etcd", "data_dir", f.dataDir, "endpoint", member.Endpoint())
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
@@ -121,6 +155,8 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if f.metricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", srv.MetricsHandler())
+		mux.Handle("/healthz", srv.HealthHandler())
+		mux.Handle("/readyz", srv.HealthHandler())
 		mlis, err := net.Listen("tcp", f.metricsListen)
 		if err != nil {
 			_ = srv.Shutdown(ctx)
@@ -138,6 +174,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errs:
+	case err = <-watchErrs:
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
@@ -151,39 +188,87 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	return err
 }
 
+// logger builds the server's logger from --log-level and --log-format.
+func (f serveFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level // info, also for an unset flag
+	if f.logLevel != "" {
+		if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+			return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", f.logLevel)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch f.logFormat {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", f.logFormat)
+}
+
+// startEmbedded starts the embedded etcd member in --data-dir, reachable
+// only through the unix socket in that directory, and logs its endpoint.
+func (f serveFlags) startEmbedded(ctx context.Context, log *slog.Logger) (*embedetcd.Server, error) {
+	member, err := embedetcd.Start(ctx, embedetcd.Member{Name: "fencer", Dir: f.dataDir, Socket: true},
+		embedetcd.WithLogger(log), embedetcd.WithQuota(f.etcdQuota), embedetcd.WithCompactionRetention(f.etcdRetention))
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", f.dataDir, err)
+	}
+	log.Info("embedded etcd", "data_dir", f.dataDir, "endpoint", member.Endpoint(),
+		"quota_bytes", f.etcdQuota, "compaction_retention", f.etcdRetention.String())
+	return member, nil
+}
+
+// watchCertificate makes tlsCfg serve --tls-cert and --tls-key as they
+// are now, reloading them when they change (controller-runtime's
+// certwatcher: file events, and a poll every 10 seconds), and returns the
+// watcher to run.
+func (f serveFlags) watchCertificate(tlsCfg *tls.Config) (func(context.Context) error, error) {
+	cw, err := certwatcher.New(f.tlsCert, f.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cw.GetCertificate
+	return cw.Start, nil
+}
+
 // security builds the TLS configuration and authenticator from the flags,
-// refusing plaintext or anonymous service off loopback unless --insecure.
-func (f serveFlags) security() (*tls.Config, server.Authenticator, error) {
+// refusing plaintext or anonymous service off loopback unless --insecure,
+// and the watcher that reloads the token file when it changes (it runs
+// until its context ends).
+func (f serveFlags) security(log *slog.Logger) (*tls.Config, server.Authenticator, []func(context.Context) error, error) {
 	var tlsCfg *tls.Config
+	var watchers []func(context.Context) error
 	if f.tlsCert != "" || f.tlsKey != "" {
 		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
 		if err != nil {
-			return nil, nil, fmt.Errorf("tls: %w", err)
+			return nil, nil, nil, fmt.Errorf("tls: %w", err)
 		}
 		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	if f.tlsClientCA != "" {
 		if tlsCfg == nil {
-			return nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
+			return nil, nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 		}
 		pem, err := os.ReadFile(f.tlsClientCA)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("no certificates in %s", f.tlsClientCA)
+			return nil, nil, nil, fmt.Errorf("no certificates in %s", f.tlsClientCA)
 		}
 		tlsCfg.ClientCAs, tlsCfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
 	var auth server.Authenticator
 	switch {
 	case f.tokenFile != "":
-		b, err := server.LoadTokenFile(f.tokenFile)
+		tf, err := server.NewTokenFile(f.tokenFile, log)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		auth = b
+		watchers = append(watchers, tf.Start)
+		auth = tf
 	case f.tlsClientCA != "":
 		auth = server.ClientCertificates{}
 	default:
@@ -191,13 +276,13 @@ func (f serveFlags) security() (*tls.Config, server.Authenticator, error) {
 	}
 	if !f.insecure && !isLoopback(f.listen) {
 		if tlsCfg == nil {
-			return nil, nil, errors.New("refusing plaintext on a non-loopback address: set --tls-cert/--tls-key, or --insecure")
+			return nil, nil, nil, errors.New("refusing plaintext on a non-loopback address: set --tls-cert/--tls-key, or --insecure")
 		}
 		if f.tokenFile == "" && f.tlsClientCA == "" {
-			return nil, nil, errors.New("refusing unauthenticated service on a non-loopback address: set --token-file or --tls-client-ca, or --insecure")
+			return nil, nil, nil, errors.New("refusing unauthenticated service on a non-loopback address: set --token-file or --tls-client-ca, or --insecure")
 		}
 	}
-	return tlsCfg, auth, nil
+	return tlsCfg, auth, watchers, nil
 }
 
 func isLoopback(addr string) bool {

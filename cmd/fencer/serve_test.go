@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"flag"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,11 +74,11 @@ func TestServeSecurityFlags(t *testing.T) {
 		{"tokens over plaintext", serveFlags{listen: ":7890", tokenFile: p.tokenFile}, want{err: "refusing plaintext"}},
 		{"TLS without authentication", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey}, want{err: "refusing unauthenticated"}},
 		{"TLS and tokens", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tokenFile: p.tokenFile},
-			want{tls: true, auth: &server.BearerTokens{}}},
+			want{tls: true, auth: &server.TokenFile{}}},
 		{"mutual TLS", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile},
 			want{tls: true, clientAuth: tls.RequireAndVerifyClientCert, auth: server.ClientCertificates{}}},
 		{"mutual TLS and tokens", serveFlags{listen: ":7890", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, tokenFile: p.tokenFile},
-			want{tls: true, clientAuth: tls.RequireAndVerifyClientCert, auth: &server.BearerTokens{}}},
+			want{tls: true, clientAuth: tls.RequireAndVerifyClientCert, auth: &server.TokenFile{}}},
 		{"insecure plaintext", serveFlags{listen: ":7890", insecure: true}, anon},
 		{"insecure TLS", serveFlags{listen: ":7890", insecure: true, tlsCert: p.serverCert, tlsKey: p.serverKey}, want{tls: true, auth: server.Anonymous("")}},
 		{"cert without key", serveFlags{listen: "127.0.0.1:7890", tlsCert: p.serverCert}, want{err: "tls"}},
@@ -89,7 +90,7 @@ func TestServeSecurityFlags(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, auth, err := tc.f.security()
+			cfg, auth, _, err := tc.f.security(slog.New(slog.DiscardHandler))
 			if tc.want.err != "" {
 				require.ErrorContains(t, err, tc.want.err)
 				return
@@ -128,7 +129,16 @@ func freeAddr(t *testing.T) string {
 // address once it answers.
 func startServe(t *testing.T, f serveFlags) string {
 	t.Helper()
-	f.listen, f.metricsListen, f.grace = freeAddr(t), "", 5*time.Second
+	f.metricsListen = ""
+	addr, _ := startServeLogged(t, f)
+	return addr
+}
+
+// startServeLogged is startServe with f's --metrics-listen, and returns
+// the server's log too.
+func startServeLogged(t *testing.T, f serveFlags) (string, *safeBuffer) {
+	t.Helper()
+	f.listen, f.grace = freeAddr(t), 5*time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var stderr safeBuffer
@@ -144,7 +154,7 @@ func startServe(t *testing.T, f serveFlags) string {
 		}
 		return err == nil
 	}, 10*time.Second, 20*time.Millisecond, stderr.String())
-	return f.listen
+	return f.listen, &stderr
 }
 
 func TestServeMutualTLS(t *testing.T) {

@@ -1,0 +1,55 @@
+package embedetcd
+
+import (
+	"log/slog"
+	"time"
+)
+
+// DefaultCompactionRetention is how much history a member keeps by default.
+// A watch that reconnects within it resumes where it stopped; one that
+// was away longer sees ErrCompacted and must re-read.
+const DefaultCompactionRetention = time.Hour
+
+// DefaultQuotaBytes is the backend quota a member has by default, etcd's
+// own default. A member over its quota raises a NOSPACE alarm and refuses
+// writes until space is freed (compaction, defragmentation) and the alarm
+// is disarmed.
+const DefaultQuotaBytes = 2 << 30
+
+// Option configures the members StartCluster starts.
+type Option func(*options)
+
+type options struct {
+	retention       time.Duration
+	quota           int64
+	maxRequestBytes uint
+	log             *slog.Logger
+}
+
+func defaultOptions() options {
+	return options{retention: DefaultCompactionRetention, quota: DefaultQuotaBytes, log: slog.New(slog.DiscardHandler)}
+}
+
+// WithCompactionRetention keeps d of history: the member compacts away
+// revisions older than d, checking every d (at most every hour). d must be
+// at least a second; compaction cannot be turned off.
+func WithCompactionRetention(d time.Duration) Option {
+	return func(o *options) { o.retention = d }
+}
+
+// WithQuota sets the backend quota in bytes, which must be positive.
+func WithQuota(bytes int64) Option {
+	return func(o *options) { o.quota = bytes }
+}
+
+// WithMaxRequestBytes sets the largest request the member accepts (etcd's
+// default is 1.5 MiB). Zero keeps etcd's default.
+func WithMaxRequestBytes(n uint) Option {
+	return func(o *options) { o.maxRequestBytes = n }
+}
+
+// WithLogger sends etcd's own logs at warn level and above to log, with
+// the attribute component=etcd. Without it they are discarded.
+func WithLogger(log *slog.Logger) Option {
+	return func(o *options) { o.log = log.With(slog.String("component", "etcd")) }
+}

@@ -1,0 +1,78 @@
+package server
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+)
+
+// TestEtcdErrorsMapToCodes checks the table of etcd error classes, for
+// etcd's errors as the client returns them (rpctypes.EtcdError) and as raw
+// gRPC statuses, both wrapped as the store wraps them.
+func TestEtcdErrorsMapToCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		code   codes.Code
+		reason string
+		cause  string
+	}{
+		{rpctypes.ErrTimeout, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
+		{rpctypes.ErrTimeoutDueToLeaderFail, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
+		{rpctypes.ErrTimeoutDueToConnectionLost, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
+		{rpctypes.ErrTimeoutWaitAppliedIndex, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
+		{rpctypes.ErrNoLeader, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader"},
+		{rpctypes.ErrNotLeader, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader"},
+		{rpctypes.ErrLeaderChanged, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "leader_changed"},
+		{rpctypes.ErrNoSpace, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_space"},
+		{rpctypes.ErrStopped, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "stopped"},
+		{rpctypes.ErrUnhealthy, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "unhealthy"},
+		{rpctypes.ErrTooManyRequests, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "too_many_requests"},
+		{rpctypes.ErrInvalidAuthToken, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "auth_token_expired"},
+		{rpctypes.ErrRequestTooLarge, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large"},
+		{rpctypes.ErrTooManyOps, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "too_many_ops"},
+		{rpctypes.ErrDuplicateKey, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "duplicate_key"},
+		{rpctypes.ErrLeaseTTLTooLarge, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "ttl_too_large"},
+		{rpctypes.ErrFutureRev, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "future_revision"},
+		{rpctypes.ErrPermissionDenied, codes.Internal, fencerv1.ReasonInternal, "etcd_permission_denied"},
+		{rpctypes.ErrAuthFailed, codes.Internal, fencerv1.ReasonInternal, "etcd_auth_failed"},
+		{rpctypes.ErrCorrupt, codes.Internal, fencerv1.ReasonInternal, "corrupt"},
+		{rpctypes.ErrMemberNotFound, codes.Internal, fencerv1.ReasonInternal, "etcd_error"},
+	} {
+		raw := rpctypes.ErrGRPCTimeout
+		for _, g := range []error{
+			rpctypes.ErrGRPCTimeout, rpctypes.ErrGRPCTimeoutDueToLeaderFail, rpctypes.ErrGRPCTimeoutDueToConnectionLost,
+			rpctypes.ErrGRPCTimeoutWaitAppliedIndex, rpctypes.ErrGRPCNoLeader, rpctypes.ErrGRPCNotLeader, rpctypes.ErrGRPCLeaderChanged,
+			rpctypes.ErrGRPCNoSpace, rpctypes.ErrGRPCStopped, rpctypes.ErrGRPCUnhealthy, rpctypes.ErrGRPCRequestTooManyRequests,
+			rpctypes.ErrGRPCInvalidAuthToken, rpctypes.ErrGRPCRequestTooLarge, rpctypes.ErrGRPCTooManyOps, rpctypes.ErrGRPCDuplicateKey,
+			rpctypes.ErrGRPCLeaseTTLTooLarge, rpctypes.ErrGRPCFutureRev, rpctypes.ErrGRPCPermissionDenied, rpctypes.ErrGRPCAuthFailed,
+			rpctypes.ErrGRPCCorrupt, rpctypes.ErrGRPCMemberNotFound,
+		} {
+			if rpctypes.Error(g) == tc.err {
+				raw = g
+			}
+		}
+		for form, err := range map[string]error{"typed": tc.err, "raw status": raw} {
+			t.Run(rpctypes.ErrorDesc(tc.err)+"/"+form, func(t *testing.T) {
+				st := status.Convert(toStatus(fmt.Errorf("etcdstore: put: %w", err)))
+				require.Equal(t, tc.code, st.Code())
+				var info *errdetails.ErrorInfo
+				for _, d := range st.Details() {
+					if ei, ok := d.(*errdetails.ErrorInfo); ok {
+						info = ei
+					}
+				}
+				require.NotNil(t, info)
+				require.Equal(t, tc.reason, info.GetReason())
+				require.Equal(t, tc.cause, info.GetMetadata()["cause"])
+				require.Equal(t, rpctypes.ErrorDesc(tc.err), info.GetMetadata()["etcd_error"])
+			})
+		}
+	}
+}

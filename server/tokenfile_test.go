@@ -1,0 +1,73 @@
+package server_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
+)
+
+// writeAtomically replaces path's content the way editors and secret
+// mounts do: a new file renamed over the old.
+func writeAtomically(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(content), 0o600))
+	require.NoError(t, os.Rename(tmp, path))
+}
+
+// TestTokenFileRotation rotates a served token file: the new token is
+// accepted and the old one refused without a restart; a broken file
+// keeps the tokens in force.
+func TestTokenFileRotation(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	path := filepath.Join(t.TempDir(), "tokens")
+	const oldTok, newTok = "old-token-0123456789", "new-token-0123456789"
+	writeAtomically(t, path, oldTok+" alice\n")
+	rec := newRecorder()
+	tf, err := server.NewTokenFile(path, slog.New(rec))
+	require.NoError(t, err)
+	wctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan error, 1)
+	go func() { watching <- tf.Start(wctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-watching)
+	})
+	addr, _ := serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: tf})
+	call := func(tok string) codes.Code {
+		_, err := fencerv1.NewFencerServiceClient(dial(t, tok, addr)).ListLeases(ctx, &fencerv1.ListLeasesRequest{})
+		return status.Code(err)
+	}
+	require.Equal(t, codes.OK, call(oldTok))
+	require.Equal(t, codes.Unauthenticated, call(newTok))
+
+	writeAtomically(t, path, newTok+" alice\n")
+	require.Eventually(t, func() bool { return call(newTok) == codes.OK }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, codes.Unauthenticated, call(oldTok))
+
+	writeAtomically(t, path, "short alice\n")
+	failed := func(m map[string]any) bool { return m["level"] == slog.LevelError }
+	require.Eventually(t, func() bool { return len(rec.find(failed)) > 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, codes.OK, call(newTok))
+	require.Equal(t, codes.Unauthenticated, call("short"))
+}
+
+func TestNewTokenFileRejectsABadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte("short alice\n"), 0o600))
+	_, err := server.NewTokenFile(path, nil)
+	require.Error(t, err)
+	_, err = server.NewTokenFile(filepath.Join(t.TempDir(), "missing"), nil)
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
