@@ -133,7 +133,7 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		return codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil
 	case errors.Is(err, ErrWatchCompacted), errors.Is(err, rpctypes.ErrCompacted):
 		return codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil
-	case errors.Is(err, errStoreUnavailable):
+	case errors.Is(err, errStoreUnavailable), etcdUnavailable(err):
 		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil
 	case errors.Is(err, ErrShuttingDown):
 		return codes.Unavailable, fencerv1.ReasonShuttingDown, nil
@@ -149,4 +149,16 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		}
 	}
 	return codes.Internal, fencerv1.ReasonInternal, nil
+}
+
+// etcdUnavailable reports whether err is etcd saying that it cannot serve
+// now, as without a quorum; a write may still have committed.
+func etcdUnavailable(err error) bool {
+	for _, e := range []error{rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost,
+		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrTimeoutWaitAppliedIndex} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
