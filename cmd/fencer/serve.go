@@ -18,6 +18,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -261,7 +262,10 @@ func (e *etcdFlags) register(fs *flag.FlagSet) {
 // in plaintext only to loopback endpoints, or with insecure. It does not
 // check that the files hold what etcd will accept: the first request does.
 func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Config, error) {
-	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	cfg := clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(requireLeader)},
+	}
 	password, hasPassword := os.LookupEnv("FENCER_ETCD_PASSWORD")
 	tlsFlags := e.caFile != "" || e.certFile != "" || e.keyFile != ""
 	if len(endpoints) == 0 {
@@ -354,4 +358,15 @@ func (e etcdFlags) tlsConfig() (*tls.Config, error) {
 		cfg.RootCAs = pool
 	}
 	return cfg, nil
+}
+
+// requireLeader marks every unary etcd call as requiring a leader, as
+// clientv3.WithRequireLeader does: a member without a leader refuses it at
+// once with etcd's "no leader", instead of holding a write until etcd's
+// request timeout and a read or lease grant through the client's retries
+// of that, which last longer than any caller waits. So while etcd has no
+// quorum, fencer's callers get UNAVAILABLE, and a write refused so was not
+// proposed. Streams (keep-alives, watches) are left as they are.
+func requireLeader(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(clientv3.WithRequireLeader(ctx), method, req, reply, cc, opts...)
 }
