@@ -206,6 +206,8 @@ func TestServeEtcdCluster(t *testing.T) {
 			cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 			_, err := r[i].cli.Put(cctx, l.Token(), "quorum-key", []byte("during"))
 			require.Equal(t, codes.Unavailable, status.Code(err), "replica %d: guarded put without quorum: %v", i, err)
+			_, _, err = r[i].cli.Get(cctx, "quorum-key")
+			require.Equal(t, codes.Unavailable, status.Code(err), "replica %d: read without quorum: %v", i, err)
 			o, err := r[i].cli.NewSession()
 			require.NoError(t, err)
 			_, err = o.TryAcquire(cctx, fmt.Sprintf("quorum-%d", i))
