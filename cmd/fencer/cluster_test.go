@@ -120,9 +120,6 @@ func refused(err error) bool {
 // lost and no stale write accepted; without a quorum, writes and
 // acquisitions fail with UNAVAILABLE, and the service recovers with it.
 func TestServeEtcdCluster(t *testing.T) {
-	if !etcdproc.CanIsolate {
-		t.Skip("etcd member processes need Linux")
-	}
 	dir := t.TempDir()
 	bin := buildFencer(t, dir)
 	ca := testca.New(t, "etcd CA")
@@ -241,9 +238,10 @@ type workload struct {
 	acks    atomic.Int64 // acknowledged writes, all writers
 	refusal atomic.Int64 // stale writes refused
 	mu      sync.Mutex
-	acked   map[string]int64 // key -> greatest acknowledged value
-	tried   map[string]int64 // key -> greatest value sent
-	stale   []string         // stale writes accepted
+	acked   map[string]int64   // key -> greatest acknowledged value
+	tried   map[string]int64   // key -> greatest value sent
+	stale   []string           // stale writes accepted
+	errs    map[codes.Code]int // other errors, by gRPC code
 }
 
 // startWorkload starts n writers, each holding lease "w<i>" and writing
@@ -253,7 +251,7 @@ type workload struct {
 // replicas and must be refused.
 func startWorkload(ctx context.Context, t *testing.T, r []*replica, n int) *workload {
 	wctx, cancel := context.WithCancel(ctx)
-	w := &workload{r: r, cancel: cancel, acked: map[string]int64{}, tried: map[string]int64{}}
+	w := &workload{r: r, cancel: cancel, acked: map[string]int64{}, tried: map[string]int64{}, errs: map[codes.Code]int{}}
 	for i := range n {
 		w.wg.Add(1)
 		go func() { defer w.wg.Done(); w.writer(wctx, i) }()
@@ -279,6 +277,7 @@ func (w *workload) writer(ctx context.Context, i int) {
 		cctx, cancel := call(ctx)
 		l, err := s.Acquire(cctx, lease)
 		cancel()
+		w.record(ctx, err)
 		for err == nil && ctx.Err() == nil {
 			w.mu.Lock()
 			w.tried[key] = next
@@ -292,6 +291,7 @@ func (w *workload) writer(ctx context.Context, i int) {
 				w.mu.Unlock()
 				w.acks.Add(1)
 			}
+			w.record(ctx, err)
 			next++
 			if err != nil && !refused(err) && !errors.Is(err, etcdstore.ErrSessionExpired) {
 				err = nil // unavailable for now: the same token may write again
@@ -321,6 +321,7 @@ func (w *workload) handover(ctx context.Context) {
 			_, err = r.cli.Put(cctx, l.Token(), "h", []byte(l.Token().String()))
 		}
 		cancel()
+		w.record(ctx, err)
 		if err == nil {
 			w.mu.Lock()
 			w.acked["h"] = l.Token().Revision
@@ -334,6 +335,17 @@ func (w *workload) handover(ctx context.Context) {
 		_ = s.Close(cctx) // releases h
 		cancel()
 	}
+}
+
+// record counts err by its gRPC code unless it is nil, a fenced refusal,
+// an expired session, or the end of the workload.
+func (w *workload) record(ctx context.Context, err error) {
+	if err == nil || refused(err) || errors.Is(err, etcdstore.ErrSessionExpired) || ctx.Err() != nil {
+		return
+	}
+	w.mu.Lock()
+	w.errs[status.Code(err)]++
+	w.mu.Unlock()
 }
 
 // tryStale writes h with prev, superseded by cur, through every replica:
@@ -387,7 +399,10 @@ func (w *workload) check(ctx context.Context, t *testing.T) {
 	defer w.mu.Unlock()
 	require.Empty(t, w.stale, "stale writes accepted")
 	require.Positive(t, w.refusal.Load(), "no stale write was tried and refused")
-	t.Logf("%d writes acknowledged, %d stale writes refused", w.acks.Load(), w.refusal.Load())
+	t.Logf("%d writes acknowledged, %d stale writes refused, other errors by code: %v", w.acks.Load(), w.refusal.Load(), w.errs)
+	for code := range w.errs {
+		require.Contains(t, []codes.Code{codes.Unavailable}, code, "a fault surfaced as %s, not UNAVAILABLE", code)
+	}
 	for _, r := range w.r {
 		for key, acked := range w.acked {
 			v, found, err := r.cli.Get(ctx, key)
