@@ -270,7 +270,7 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 	tlsFlags := e.caFile != "" || e.certFile != "" || e.keyFile != ""
 	if len(endpoints) == 0 {
 		if tlsFlags || e.username != "" || e.passwordFile != "" || hasPassword {
-			return cfg, fmt.Errorf("%w: the --etcd-* credentials need --etcd-endpoints; the embedded etcd takes none", errEtcdFlags)
+			return cfg, fmt.Errorf("%w: etcd credentials (--etcd-* flags, $FENCER_ETCD_* variables) need --etcd-endpoints; the embedded etcd takes none", errEtcdFlags)
 		}
 		return cfg, nil
 	}
