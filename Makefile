@@ -42,9 +42,10 @@ proto-check: proto-lint proto
 	@out="$$(git status --porcelain proto python)"; \
 	if [ -n "$$out" ]; then echo "make proto changed generated code:"; echo "$$out"; git diff --stat proto python; exit 1; fi
 
-## test: lint, build the test kube-apiserver, run every test with the race detector
+## test: lint, build the test kube-apiserver, run every test with the race detector, and check the alert rules and dashboard (tools/promcheck)
 test: lint kube-apiserver python-deps
 	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	cd tools/promcheck && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 ## bench: run the benchmarks and print their figures
 bench: kube-apiserver

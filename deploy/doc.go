@@ -1,6 +1,18 @@
-// Package deploy carries fencer's Kubernetes manifests into Go programs, so
-// that a test suite or an installer outside this repository applies exactly
-// the files this repository tests.
+// Package deploy is the home of fencer's deployment files, whose tests
+// check them against the real tools that consume them, and carries the
+// Kubernetes manifests of fencer's library into Go programs, so that a test
+// suite or an installer outside this repository applies exactly the files
+// this repository tests.
+//
+//   - service/: kustomize manifests for fencer serve against an external
+//     etcd cluster; rendered with kustomize and applied with server-side
+//     apply to a real kube-apiserver in the tests.
+//   - admission/ and rbac/: the admission policies and the Role of fencer's
+//     Kubernetes library, embedded in FS (see Policy, LiveLease and Role).
+//   - monitoring/: Prometheus alert rules and a Grafana dashboard, checked
+//     by the PromQL test in tools/promcheck.
+//   - ../Dockerfile: the container image; the tests run its build stage's
+//     go build and check that the binary is static.
 //
 // FS holds, at the paths the constants name:
 //   - admission/policy.yaml: the ValidatingAdmissionPolicy and binding that
@@ -10,7 +22,7 @@
 //   - rbac/role.yaml: the Role fencer's Kubernetes library needs in the
 //     namespace of its fence Leases (Role).
 //
-// The files are the ones under deploy/ at the version of the module in use;
-// nothing here parses or applies them (package fencertest/kubefencertest
-// installs them into an API server).
+// The embedded files are the ones under deploy/ at the version of the module
+// in use; nothing here parses or applies them (package
+// fencertest/kubefencertest installs them into an API server).
 package deploy

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -43,6 +45,7 @@ type serveFlags struct {
 	logLevel, logFormat                                   string
 	etcdQuota                                             int64
 	etcdRetention                                         time.Duration
+	etcd                                                  etcdFlags
 }
 
 // runServe runs fencer's gRPC service until interrupted.
@@ -66,6 +69,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
+	f.etcd.register(fs)
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
@@ -124,6 +128,10 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}
 	}
 	endpoints := splitList(f.etcdEndpoints)
+	etcdCfg, err := f.etcd.clientConfig(endpoints, f.insecure)
+	if err != nil {
+		return err
+	}
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
@@ -131,8 +139,9 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}
 		defer member.Close()
 		endpoints = []string{member.Endpoint()}
+		etcdCfg.Endpoints = endpoints
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(etcdCfg)
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
@@ -305,4 +314,144 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// errEtcdFlags is wrapped by every refusal of a combination of the
+// --etcd-* flags.
+var errEtcdFlags = errors.New("etcd flags")
+
+// etcdFlags are the credentials fencer serve presents to an external etcd
+// cluster (--etcd-endpoints): a CA bundle to verify the members, a client
+// certificate and key, and a username with its password.
+type etcdFlags struct {
+	caFile, certFile, keyFile, username, passwordFile string
+}
+
+// register adds the --etcd-* credential flags to fs. Each defaults to an
+// environment variable; the password is read from --etcd-password-file or
+// $FENCER_ETCD_PASSWORD, never from the command line, where ps shows it.
+func (e *etcdFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.caFile, "etcd-ca-file", os.Getenv("FENCER_ETCD_CA_FILE"), "CA bundle (PEM) that verifies the etcd members; enables TLS to etcd ($FENCER_ETCD_CA_FILE)")
+	fs.StringVar(&e.certFile, "etcd-cert-file", os.Getenv("FENCER_ETCD_CERT_FILE"), "client certificate (PEM) for etcd, with --etcd-key-file; enables TLS to etcd ($FENCER_ETCD_CERT_FILE)")
+	fs.StringVar(&e.keyFile, "etcd-key-file", os.Getenv("FENCER_ETCD_KEY_FILE"), "client private key (PEM) for etcd, with --etcd-cert-file ($FENCER_ETCD_KEY_FILE)")
+	fs.StringVar(&e.username, "etcd-username", os.Getenv("FENCER_ETCD_USERNAME"), "etcd user, with --etcd-password-file or $FENCER_ETCD_PASSWORD ($FENCER_ETCD_USERNAME)")
+	fs.StringVar(&e.passwordFile, "etcd-password-file", os.Getenv("FENCER_ETCD_PASSWORD_FILE"), "file holding the etcd user's password ($FENCER_ETCD_PASSWORD_FILE)")
+}
+
+// clientConfig returns the etcd client configuration for endpoints, with
+// the TLS and user credentials of the flags. Endpoints empty means the
+// embedded member, which takes no credentials: any credential flag is then
+// refused rather than ignored. TLS is on when an endpoint is https:// or a
+// TLS flag is set, and then every endpoint must be https:// or unixs:// (without
+// --etcd-ca-file the system's roots verify the members). A password is sent
+// in plaintext only to loopback endpoints, or with insecure. It does not
+// check that the files hold what etcd will accept: the first request does.
+func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Config, error) {
+	cfg := clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(requireLeader)},
+	}
+	password, hasPassword := os.LookupEnv("FENCER_ETCD_PASSWORD")
+	tlsFlags := e.caFile != "" || e.certFile != "" || e.keyFile != ""
+	if len(endpoints) == 0 {
+		if tlsFlags || e.username != "" || e.passwordFile != "" || hasPassword {
+			return cfg, fmt.Errorf("%w: etcd credentials (--etcd-* flags, $FENCER_ETCD_* variables) need --etcd-endpoints; the embedded etcd takes none", errEtcdFlags)
+		}
+		return cfg, nil
+	}
+	var https, plain, remote []string // remote: plain and off this machine
+	for _, ep := range endpoints {
+		u, err := url.Parse(ep)
+		switch {
+		case err == nil && (u.Scheme == "https" && u.Host != "" || u.Scheme == "unixs"):
+			https = append(https, ep)
+		case err == nil && u.Scheme == "unix":
+			plain = append(plain, ep)
+		case err == nil && u.Scheme == "http" && u.Host != "":
+			plain = append(plain, ep)
+			if !isLoopback(u.Host) {
+				remote = append(remote, ep)
+			}
+		case strings.Contains(ep, "://"):
+			return cfg, fmt.Errorf("%w: --etcd-endpoints: %q is not http://, https://, unix:// or unixs://", errEtcdFlags, ep)
+		default: // host:port, which the etcd client dials in plaintext
+			plain = append(plain, ep)
+			if !isLoopback(ep) {
+				remote = append(remote, ep)
+			}
+		}
+	}
+	secure := tlsFlags || len(https) > 0
+	if secure && len(plain) > 0 {
+		return cfg, fmt.Errorf("%w: TLS to etcd is on, but %s would be plaintext: give every endpoint as https:// (or unixs://)", errEtcdFlags, strings.Join(plain, ","))
+	}
+	if secure {
+		tlsCfg, err := e.tlsConfig()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.TLS = tlsCfg
+	}
+	switch {
+	case e.passwordFile != "" && hasPassword:
+		return cfg, fmt.Errorf("%w: both --etcd-password-file and $FENCER_ETCD_PASSWORD are set; keep one", errEtcdFlags)
+	case e.passwordFile != "":
+		b, err := os.ReadFile(e.passwordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("%w: --etcd-password-file: %w", errEtcdFlags, err)
+		}
+		password, hasPassword = strings.TrimRight(string(b), "\r\n"), true
+	}
+	switch {
+	case e.username == "" && hasPassword:
+		return cfg, fmt.Errorf("%w: an etcd password needs --etcd-username", errEtcdFlags)
+	case e.username != "" && !hasPassword:
+		return cfg, fmt.Errorf("%w: --etcd-username needs --etcd-password-file or $FENCER_ETCD_PASSWORD", errEtcdFlags)
+	case e.username != "" && password == "":
+		return cfg, fmt.Errorf("%w: the etcd password is empty", errEtcdFlags)
+	}
+	if e.username != "" && len(remote) > 0 && !insecure {
+		return cfg, fmt.Errorf("%w: refusing to send the etcd password in plaintext to %s: use https:// endpoints, or --insecure", errEtcdFlags, strings.Join(remote, ","))
+	}
+	cfg.Username, cfg.Password = e.username, password
+	return cfg, nil
+}
+
+// tlsConfig builds the TLS configuration for etcd from the CA, certificate
+// and key files.
+func (e etcdFlags) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if (e.certFile == "") != (e.keyFile == "") {
+		return nil, fmt.Errorf("%w: --etcd-cert-file and --etcd-key-file go together", errEtcdFlags)
+	}
+	if e.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(e.certFile, e.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd client certificate: %w", errEtcdFlags, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	if e.caFile != "" {
+		pem, err := os.ReadFile(e.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --etcd-ca-file: %w", errEtcdFlags, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: --etcd-ca-file: no certificates in %s", errEtcdFlags, e.caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	return cfg, nil
+}
+
+// requireLeader marks every unary etcd call as requiring a leader, as
+// clientv3.WithRequireLeader does: a member without a leader refuses it at
+// once with etcd's "no leader", instead of holding a write until etcd's
+// request timeout and a read or lease grant through the client's retries
+// of that, which last longer than any caller waits. So while etcd has no
+// quorum, fencer's callers get UNAVAILABLE, and a write refused so was not
+// proposed. Streams (keep-alives, watches) are left as they are.
+func requireLeader(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	return invoker(clientv3.WithRequireLeader(ctx), method, req, reply, cc, opts...)
 }

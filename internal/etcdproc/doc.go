@@ -15,5 +15,8 @@
 //
 // Not simulated: a machine crash. SIGKILL ends the process, but what it
 // wrote is in the kernel's page cache and survives, synced or not. Members
-// are plain etcd: no TLS, no authentication, loopback only.
+// listen on loopback only. Clients speak plaintext unless the cluster is
+// started WithClientTLS, which serves them over TLS and requires client
+// certificates; EnableAuth then turns on etcd's users and roles. Raft
+// traffic between members is always plaintext.
 package etcdproc

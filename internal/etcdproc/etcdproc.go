@@ -2,6 +2,7 @@ package etcdproc
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/internal/testca"
 )
 
 // memberEnv marks a process started as a member; its value is the
@@ -43,6 +45,30 @@ type Cluster struct {
 	initial string // --initial-cluster
 	members []*member
 	admin   *clientv3.Client
+	tls     *clientTLS // nil: plaintext clients
+}
+
+// Option configures Start.
+type Option func(*options)
+
+type options struct {
+	ca *testca.CA
+}
+
+// WithClientTLS makes the members serve clients over TLS only, with
+// serving certificates issued by ca for 127.0.0.1, and accept only client
+// certificates issued by ca (etcd's --client-cert-auth). Endpoints then
+// returns https:// URLs. Raft traffic between members stays plaintext.
+// The cluster's own client presents a certificate for the user "root", so
+// it keeps working after EnableAuth.
+func WithClientTLS(ca *testca.CA) Option { return func(o *options) { o.ca = ca } }
+
+// clientTLS holds the files of a cluster started WithClientTLS.
+type clientTLS struct {
+	ca                *testca.CA
+	caFile            string
+	certFile, keyFile string // the members' serving key pair
+	admin             *tls.Config
 }
 
 type member struct {
@@ -61,13 +87,20 @@ type member struct {
 // Start starts an n-member cluster in temporary directories of tb, waits
 // until every member serves and a leader is elected, and stops it when tb
 // ends.
-func Start(tb testing.TB, n int) *Cluster {
+func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	tb.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	exe, err := os.Executable()
 	require.NoError(tb, err)
 	c := &Cluster{exe: exe}
 	dir := tb.TempDir()
 	tb.Cleanup(c.stop) // before the directory is removed
+	if o.ca != nil {
+		c.tls = newClientTLS(tb, o.ca, dir)
+	}
 	// Every member exists before the first proxy, whose sourceOf reads them.
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(dir, fmt.Sprintf("m%d", i+1))}
@@ -84,7 +117,7 @@ func Start(tb testing.TB, n int) *Cluster {
 	for _, m := range c.members {
 		require.NoError(tb, c.spawn(m))
 	}
-	c.admin, err = clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c.admin, err = c.client(c.Endpoints())
 	require.NoError(tb, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -111,15 +144,15 @@ func (c *Cluster) spawn(m *member) error {
 		}
 		m.log = f
 	}
-	cu := "http://" + hostPort(m.clientPort)
-	cmd := exec.Command(c.exe,
-		"--name="+m.name,
-		"--data-dir="+filepath.Join(m.dir, "data"),
-		"--listen-client-urls="+cu,
-		"--advertise-client-urls="+cu,
-		"--listen-peer-urls=http://"+hostPort(m.peerPort),
-		"--initial-advertise-peer-urls="+m.peer.Endpoint(),
-		"--initial-cluster="+c.initial,
+	cu := c.endpoint(m)
+	args := []string{
+		"--name=" + m.name,
+		"--data-dir=" + filepath.Join(m.dir, "data"),
+		"--listen-client-urls=" + cu,
+		"--advertise-client-urls=" + cu,
+		"--listen-peer-urls=http://" + hostPort(m.peerPort),
+		"--initial-advertise-peer-urls=" + m.peer.Endpoint(),
+		"--initial-cluster=" + c.initial,
 		"--initial-cluster-state=new",
 		"--initial-cluster-token=fencer-chaos",
 		// embedetcd's timing, so that elections are quick on loopback.
@@ -128,7 +161,19 @@ func (c *Cluster) spawn(m *member) error {
 		"--logger=zap",
 		"--log-level=warn",
 		"--log-outputs=stderr",
-	)
+		// The least bcrypt cost etcd takes, so that EnableAuth's users
+		// authenticate quickly.
+		"--bcrypt-cost=4",
+	}
+	if c.tls != nil {
+		args = append(args,
+			"--cert-file="+c.tls.certFile,
+			"--key-file="+c.tls.keyFile,
+			"--trusted-ca-file="+c.tls.caFile,
+			"--client-cert-auth",
+		)
+	}
+	cmd := exec.Command(c.exe, args...)
 	cmd.Env = append(os.Environ(), memberEnv+"="+m.name)
 	cmd.Stdout, cmd.Stderr = m.log, m.log
 	cmd.SysProcAttr = sysProcAttr()
@@ -183,11 +228,35 @@ func (c *Cluster) Endpoints() []string {
 	return eps
 }
 
+// CAFile returns the file of the CA certificate that verifies the
+// members, or "" for a plaintext cluster.
+func (c *Cluster) CAFile() string {
+	if c.tls == nil {
+		return ""
+	}
+	return c.tls.caFile
+}
+
 // ClientAddr returns member i's client "host:port", for a proxy in front
 // of it. It stays the same across restarts.
 func (c *Cluster) ClientAddr(i int) string { return hostPort(c.members[i].clientPort) }
 
-func (c *Cluster) endpoint(m *member) string { return "http://" + hostPort(m.clientPort) }
+func (c *Cluster) endpoint(m *member) string {
+	if c.tls != nil {
+		return "https://" + hostPort(m.clientPort)
+	}
+	return "http://" + hostPort(m.clientPort)
+}
+
+// client returns a client of endpoints that presents the cluster's root
+// certificate when the cluster has client TLS.
+func (c *Cluster) client(endpoints []string) (*clientv3.Client, error) {
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if c.tls != nil {
+		cfg.TLS = c.tls.admin.Clone()
+	}
+	return clientv3.New(cfg)
+}
 
 // Kill kills member i's process with SIGKILL and waits for it to exit.
 // Killing a stopped member does nothing.
@@ -256,7 +325,7 @@ func (c *Cluster) MoveLeader(ctx context.Context, to int) error {
 	if l == to {
 		return nil
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.endpoint(c.members[l])}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := c.client([]string{c.endpoint(c.members[l])})
 	if err != nil {
 		return err
 	}

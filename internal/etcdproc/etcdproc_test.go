@@ -2,16 +2,20 @@ package etcdproc_test
 
 import (
 	"context"
+	"crypto/tls"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/testca"
 )
 
 func TestMain(m *testing.M) {
@@ -98,4 +102,53 @@ func TestClusterFaults(t *testing.T) {
 			return err == nil && string(resp.Kvs[0].Value) == "v3"
 		}, 30*time.Second, 100*time.Millisecond, "the healed member does not catch up")
 	})
+}
+
+// TestClientTLSAndAuth starts a cluster WithClientTLS, enables
+// authentication, and checks that each guard bites: plaintext, a client
+// without a certificate, one with a certificate of another CA, a wrong
+// password, and a key outside the user's prefix are all refused, while the
+// user with its password and a certificate writes under its prefix.
+func TestClientTLSAndAuth(t *testing.T) {
+	ca := testca.New(t, "etcd CA")
+	c := etcdproc.Start(t, 3, etcdproc.WithClientTLS(ca))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.ErrorIs(t, etcdproc.Start(t, 1).EnableAuth(ctx, "u", "p", "/"), etcdproc.ErrNoClientTLS)
+	require.NoError(t, c.EnableAuth(ctx, "fencer", "pw", "/fencer/"))
+	for _, ep := range c.Endpoints() {
+		require.True(t, strings.HasPrefix(ep, "https://"), ep)
+	}
+	dir := t.TempDir()
+	certFile, keyFile := c.ClientCert(t, dir, "fencer")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	require.NoError(t, err)
+	other := testca.New(t, "another CA")
+	connect := func(t *testing.T, endpoints []string, tlsCfg *tls.Config, user, password string) error {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: tlsCfg, Username: user, Password: password, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		sctx, scancel := context.WithTimeout(ctx, 3*time.Second)
+		defer scancel()
+		_, err = cli.Put(sctx, "/fencer/k", "v")
+		return err
+	}
+	good := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	require.NoError(t, connect(t, c.Endpoints(), good, "fencer", "pw"))
+	plain := strings.Replace(c.Endpoints()[0], "https://", "http://", 1)
+	for name, err := range map[string]error{
+		"plaintext":           connect(t, []string{plain}, nil, "fencer", "pw"),
+		"no certificate":      connect(t, c.Endpoints(), &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}, "fencer", "pw"),
+		"another CA's client": connect(t, c.Endpoints(), &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{other.ClientCert(t, "fencer")}, MinVersion: tls.VersionTLS12}, "fencer", "pw"),
+		"wrong password":      connect(t, c.Endpoints(), good, "fencer", "nope"),
+	} {
+		require.Error(t, err, name)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), TLS: good, Username: "fencer", Password: "pw", DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer cli.Close()
+	_, err = cli.Put(ctx, "/other/k", "v")
+	require.ErrorIs(t, err, rpctypes.ErrPermissionDenied)
 }

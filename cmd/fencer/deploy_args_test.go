@@ -1,0 +1,35 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestDeploymentArgs checks deploy/service/deployment.yaml against fencer
+// serve itself: its arguments, followed by -h, parse (an unknown flag or a
+// bad value would fail), and each environment variable it sets is one that
+// a flag reads.
+func TestDeploymentArgs(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/service/deployment.yaml")
+	require.NoError(t, err)
+	var dep appsv1.Deployment
+	require.NoError(t, yaml.UnmarshalStrict(b, &dep))
+	require.Len(t, dep.Spec.Template.Spec.Containers, 1)
+	c := dep.Spec.Template.Spec.Containers[0]
+	require.NotEmpty(t, c.Args)
+	require.Equal(t, "serve", c.Args[0])
+	var stderr bytes.Buffer
+	code := runServe(context.Background(), append(c.Args[1:], "-h"), &bytes.Buffer{}, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	require.NotEmpty(t, c.Env)
+	for _, e := range c.Env {
+		require.Regexp(t, `\$`+regexp.QuoteMeta(e.Name)+`\b`, stderr.String(), "no flag of fencer serve reads $%s", e.Name)
+	}
+}
