@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -24,7 +25,8 @@ import (
 // endpoint, read from the log line that prints it.
 func embeddedServe(t *testing.T, dataDir string) (cli *client.Client, endpoint string, stop func()) {
 	t.Helper()
-	f := serveFlags{listen: freeAddr(t), dataDir: dataDir, prefix: etcdstore.DefaultPrefix, batch: etcdstore.DefaultBatch, grace: 5 * time.Second}
+	f := serveFlags{listen: freeAddr(t), dataDir: dataDir, prefix: etcdstore.DefaultPrefix, batch: etcdstore.DefaultBatch, grace: 5 * time.Second,
+		etcdQuota: embedetcd.DefaultQuotaBytes, etcdRetention: embedetcd.DefaultCompactionRetention}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var stderr safeBuffer
