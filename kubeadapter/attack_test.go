@@ -269,13 +269,24 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		requireStamped(t, k.configMap(t, "takeover").Annotations, s.b)
 	})
 
-	t.Run("apply creating over an object both reads missed lands without the policy", func(t *testing.T) {
+	t.Run("apply creating over an object the reads missed", func(t *testing.T) {
+		// Both reads miss the object a newer holder created: the apply
+		// that would create it is conditional on a version no object has,
+		// so it conflicts and writes nothing.
 		toks := k.tokens(t, 2)
 		newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
 		require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
+		apply := corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"})
 		blind := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(notFoundReader{}))
-		require.NoError(t, blind.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership))
-		requireStamped(t, k.configMap(t, "missed").Annotations, toks[0])
+		require.True(t, apierrors.IsConflict(blind.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership)))
+		// The live read misses it once, as when the newer holder creates
+		// it between the read and the apply: the retry reads it and finds
+		// the newer stamp.
+		late := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(&missOnce{Reader: k.crc}))
+		require.ErrorIs(t, late.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership), token.ErrStale)
+		got := k.configMap(t, "missed")
+		require.Equal(t, "newer", got.Data["by"])
+		requireStamped(t, got.Annotations, toks[1])
 	})
 
 	t.Run("a current holder's object cannot lower its stamp", func(t *testing.T) {

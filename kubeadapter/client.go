@@ -231,6 +231,14 @@ func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 // sendFunc sends a fenced patch; force adds client.ForceOwnership.
 type sendFunc func(ctx context.Context, p client.Patch, force bool) error
 
+// absentRV is the precondition of an apply that must create its object: a
+// resourceVersion no stored object has, since etcd revisions, from which
+// the API server takes resourceVersions, count up from 1 as int64 and
+// never reach it. The API server ignores an apply's resourceVersion when
+// the apply creates the object (verified on kube-apiserver v1.37 by
+// TestApplyOverAnObjectTheReadsMissed).
+const absentRV = "9223372036854775807"
+
 // prepareFunc returns the version a patch is sent over, given the version
 // read and checked. The status client stamps the object first.
 type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error)
@@ -240,11 +248,12 @@ type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object) (
 // stamp and the precondition added (fencedPatch.with).
 //
 // An apply whose object is not found, also through the API reader, creates
-// it, stamped. That apply has no precondition: the API server offers none
-// that means "create only" to an apply (a metadata.uid is refused as a
-// mismatch when no object exists). So an object that another holder
-// creates between the live read and the apply is written over, unless
-// the admission policy (deploy/admission) refuses the older stamp.
+// it, stamped, with the precondition resourceVersion absentRV: the API
+// server ignores it when the apply creates, and refuses the apply with a
+// Conflict when the object exists, since no stored object is at that
+// version. So an object that another holder creates between the live read
+// and the apply is not written over: the conflict is retried with a fresh
+// read, which checks that holder's stamp.
 //
 // An apply that conflicts with other field managers only over fencer's
 // annotations is sent again with Force, conditional on the same version:
@@ -265,11 +274,11 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 			tok, cur, err = c.readChecked(ctx, obj, p.pinned, false)
 		}
 		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && p.pinned == "" && prepare == nil {
-			body, err := p.with(tok.Stamp(nil), nil, "")
-			if err == nil {
-				err = send(ctx, client.RawPatch(p.pt, body), false)
+			body, err := p.with(tok.Stamp(nil), nil, absentRV)
+			if err != nil {
+				return false, err
 			}
-			return false, err
+			return true, send(ctx, client.RawPatch(p.pt, body), false)
 		}
 		if err != nil {
 			return false, err

@@ -6,14 +6,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
+
+	"github.com/fencer-dev/fencer/token"
 )
 
 // Elector acquires one coordination.k8s.io/v1 Lease and turns each
@@ -159,18 +165,56 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 	return e.start(ctx, got, start)
 }
 
-// Acquire calls TryAcquire every RetryPeriod, with jitter, until it
-// acquires the Lease or ctx is done, in which case it returns ctx's error
-// wrapped with the last attempt's. It returns ErrAlreadyHeld at once.
-// ctx bounds only the acquisition: the returned Held lasts until Release or
-// until the lease is lost.
+// Acquire calls TryAcquire until it acquires the Lease, ctx is done, or the
+// API server refuses in a way that waiting will not change.
+//
+//   - While another holder's lease runs, or a concurrent candidate wins a
+//     write (a conflict), it tries again every RetryPeriod, with jitter.
+//   - It returns an *AcquireError (ErrCannotAcquire) at once when the
+//     identity lacks the rights (Forbidden), the Lease's namespace does not
+//     exist, or the server finds the write invalid: a replica that can
+//     never lead says so instead of waiting forever.
+//   - Any other error (timeouts, throttling, an unavailable or
+//     unauthenticating server) is retried with exponential backoff from
+//     RetryPeriod up to LeaseDuration, with jitter.
+//
+// Every failed attempt except "held by another" is counted in
+// MetricAcquireErrors when Config.Watcher has metrics. Retried errors are
+// logged through the logr.Logger in ctx (logr.NewContext; controller-
+// runtime's log.IntoContext): the first of each reason at once, then at
+// most once per AcquireLogInterval with the number left unlogged.
+//
+// It returns ErrAlreadyHeld at once. When ctx is done it returns ctx's
+// error wrapped with the last attempt's. ctx bounds only the acquisition:
+// the returned Held lasts until Release or until the lease is lost.
 func (e *Elector) Acquire(ctx context.Context) (*Held, error) {
+	log := logr.FromContextOrDiscard(ctx).WithValues("lease", e.Lease())
+	backoff := e.backoff()
+	logs := failureLog{last: map[string]time.Time{}, suppressed: map[string]int{}}
 	for {
 		h, err := e.TryAcquire(ctx)
 		if err == nil || errors.Is(err, ErrAlreadyHeld) {
 			return h, err
 		}
-		t := e.clock.NewTimer(wait.Jitter(e.cfg.RetryPeriod, JitterFactor))
+		delay := wait.Jitter(e.cfg.RetryPeriod, JitterFactor)
+		switch reason, permanent := acquireReason(err); {
+		case ctx.Err() != nil:
+		case errors.Is(err, token.ErrHeldByAnother):
+			backoff = e.backoff()
+		case permanent:
+			e.metrics().acquireError(e.Lease(), reason)
+			return nil, &AcquireError{Lease: e.Lease(), Reason: reason, Err: err}
+		case reason == AcquireConflict:
+			e.metrics().acquireError(e.Lease(), reason)
+			backoff = e.backoff()
+		default:
+			e.metrics().acquireError(e.Lease(), reason)
+			delay = backoff.Step()
+			if n, ok := logs.due(reason, e.clock.Now()); ok {
+				log.Error(err, "acquire failed; retrying", "reason", reason, "retry_in", delay.String(), "unlogged", n)
+			}
+		}
+		t := e.clock.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -178,4 +222,60 @@ func (e *Elector) Acquire(ctx context.Context) (*Held, error) {
 		case <-t.C():
 		}
 	}
+}
+
+// backoff is the retry schedule of Acquire after errors that may pass:
+// from RetryPeriod, doubling, capped at LeaseDuration.
+func (e *Elector) backoff() wait.Backoff {
+	return wait.Backoff{Duration: e.cfg.RetryPeriod, Factor: 2, Jitter: JitterFactor, Steps: math.MaxInt32, Cap: e.cfg.LeaseDuration}
+}
+
+// AcquireLogInterval is the least time between two log lines of Acquire
+// for the same reason.
+const AcquireLogInterval = time.Minute
+
+// failureLog rate-limits Acquire's log lines per reason.
+type failureLog struct {
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+// due reports whether a failure with reason should be logged at now, and
+// how many of that reason were left unlogged since the last line.
+func (l failureLog) due(reason string, now time.Time) (int, bool) {
+	if last, ok := l.last[reason]; ok && now.Sub(last) < AcquireLogInterval {
+		l.suppressed[reason]++
+		return 0, false
+	}
+	n := l.suppressed[reason]
+	l.last[reason], l.suppressed[reason] = now, 0
+	return n, true
+}
+
+// acquireReason classifies a failed acquisition attempt by the reason
+// label of MetricAcquireErrors, and says whether waiting cannot help. A
+// NotFound is permanent only when it names the namespace: a Lease deleted
+// between the read and the write of an attempt is a race, not a fault.
+func acquireReason(err error) (reason string, permanent bool) {
+	var status apierrors.APIStatus
+	switch {
+	case apierrors.IsForbidden(err):
+		return AcquireForbidden, true
+	case apierrors.IsNotFound(err):
+		ns := errors.As(err, &status) && status.Status().Details != nil && status.Status().Details.Kind == "namespaces"
+		return AcquireNotFound, ns
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		return AcquireInvalid, true
+	case apierrors.IsConflict(err), apierrors.IsAlreadyExists(err):
+		return AcquireConflict, false
+	case apierrors.IsUnauthorized(err):
+		return AcquireUnauthorized, false
+	case apierrors.IsTooManyRequests(err):
+		return AcquireThrottled, false
+	case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err), errors.Is(err, context.DeadlineExceeded):
+		return AcquireTimeout, false
+	case apierrors.IsServiceUnavailable(err), apierrors.IsInternalError(err), utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err):
+		return AcquireUnavailable, false
+	}
+	return AcquireOther, false
 }

@@ -19,13 +19,18 @@ var (
 	// acquisitions is still held.
 	ErrAlreadyHeld = errors.New("kubeadapter: elector already holds the lease")
 	// ErrUnsupported means the fenced client refuses an operation it cannot
-	// fence, such as DeleteAllOf, server-side apply or an unknown patch
-	// type. Nothing was written.
+	// fence, such as DeleteAllOf or an unknown patch type. Nothing was
+	// written.
 	ErrUnsupported = errors.New("kubeadapter: unsupported")
 	// ErrInvalidPatch means the fenced client refuses a patch it cannot
 	// parse, or one that would write the whole object or its metadata, or
 	// move a fencer annotation. Nothing was written.
 	ErrInvalidPatch = errors.New("kubeadapter: invalid patch")
+	// ErrCannotAcquire means the API server refused an acquisition
+	// attempt in a way that waiting will not change: the identity lacks
+	// the rights, the Lease's namespace does not exist, or the server
+	// finds the Lease invalid. An *AcquireError wraps it.
+	ErrCannotAcquire = errors.New("kubeadapter: cannot acquire")
 	// ErrAlreadyStarted means Watcher.Start or Leader.Start was called on
 	// a Watcher or Leader that had already been started.
 	ErrAlreadyStarted = errors.New("kubeadapter: already started")
@@ -86,3 +91,24 @@ func (e *LostError) Error() string {
 
 // Unwrap returns token.ErrNotHeld and the reason.
 func (e *LostError) Unwrap() []error { return []error{token.ErrNotHeld, e.Reason} }
+
+// AcquireError reports an acquisition the API server refuses for a reason
+// waiting will not change. It matches ErrCannotAcquire, and the API error
+// it carries (apierrors.IsForbidden and the like work on it).
+type AcquireError struct {
+	// Lease is the Lease's "namespace/name".
+	Lease string
+	// Reason is the value of the reason label of MetricAcquireErrors:
+	// AcquireForbidden, AcquireNotFound or AcquireInvalid.
+	Reason string
+	// Err is the API server's error.
+	Err error
+}
+
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
+func (e *AcquireError) Error() string {
+	return fmt.Sprintf("kubeadapter: cannot acquire %s (%s): %v", e.Lease, e.Reason, e.Err)
+}
+
+// Unwrap returns ErrCannotAcquire and the API error.
+func (e *AcquireError) Unwrap() []error { return []error{ErrCannotAcquire, e.Err} }

@@ -91,7 +91,8 @@ func (l *Leader) NeedLeaderElection() bool { return false }
 // Start runs the acquire-run-release cycle until ctx is done, then stops
 // the runnables, waits for them, releases the Lease and returns nil. It
 // returns the error of a runnable that failed while its lease was held,
-// and ErrAlreadyStarted when called a second time.
+// the *AcquireError of an acquisition the API server refuses for good
+// (see Elector.Acquire), and ErrAlreadyStarted when called a second time.
 func (l *Leader) Start(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyStarted

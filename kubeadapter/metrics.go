@@ -38,6 +38,36 @@ const (
 	// While they fail the Watcher may see a loss late; renewals still fail
 	// closed at RenewDeadline.
 	MetricWatchErrors = "fencer_lease_watch_errors_total"
+	// MetricAcquireErrors counts an Elector's failed acquisition attempts,
+	// by lease and reason (the Acquire* constants). An attempt that finds
+	// the lease held by another is not an error and is not counted.
+	MetricAcquireErrors = "fencer_lease_acquire_errors_total"
+)
+
+// Values of the reason label of MetricAcquireErrors. Acquire returns an
+// *AcquireError at once for AcquireForbidden, AcquireInvalid and an
+// AcquireNotFound that names the namespace, and retries the others.
+const (
+	// AcquireForbidden: the identity lacks the rights (RBAC or admission).
+	AcquireForbidden = "forbidden"
+	// AcquireNotFound: the namespace does not exist, or the Lease was
+	// deleted during the attempt.
+	AcquireNotFound = "not_found"
+	// AcquireInvalid: the server finds the write invalid or malformed.
+	AcquireInvalid = "invalid"
+	// AcquireConflict: a concurrent candidate wrote the Lease first.
+	AcquireConflict = "conflict"
+	// AcquireUnauthorized: the server did not accept the credentials;
+	// retried, since credentials are rotated in place.
+	AcquireUnauthorized = "unauthorized"
+	// AcquireThrottled: the server answered 429 Too Many Requests.
+	AcquireThrottled = "throttled"
+	// AcquireTimeout: the server or the client timed out.
+	AcquireTimeout = "timeout"
+	// AcquireUnavailable: the server failed (5xx) or could not be reached.
+	AcquireUnavailable = "unavailable"
+	// AcquireOther: any other error.
+	AcquireOther = "other"
 )
 
 // Values of the kind label of MetricWatchErrors.
@@ -68,6 +98,7 @@ type metrics struct {
 	renewals        *prometheus.CounterVec
 	renewalFailures *prometheus.CounterVec
 	watchErrors     *prometheus.CounterVec
+	acquireErrors   *prometheus.CounterVec
 }
 
 // newMetrics creates the collectors and registers them with reg. It fails
@@ -104,8 +135,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricWatchErrors,
 			Help: "Failed Lease lists and watches of the watcher, by kind (expired: listed again; failed: retried with backoff).",
 		}, []string{"kind"}),
+		acquireErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricAcquireErrors,
+			Help: "Failed Lease acquisition attempts of an elector, by reason (held by another is not counted).",
+		}, []string{"lease", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors} {
+	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.acquireErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
 		}
@@ -125,6 +160,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) watchError(kind string) {
 	if m != nil {
 		m.watchErrors.WithLabelValues(kind).Inc()
+	}
+}
+
+// acquireError records a failed acquisition attempt of lease.
+func (m *metrics) acquireError(lease, reason string) {
+	if m != nil {
+		m.acquireErrors.WithLabelValues(lease, reason).Inc()
 	}
 }
 

@@ -155,8 +155,7 @@ func (p *fencedPatch) noDirectives(obj map[string]any, what string) error {
 // with returns the patch to send over a stored object whose annotations
 // are stored: the caller's patch, whose writes of fencer's annotations are
 // dropped, with stamp (the protocol annotations to store, from
-// token.Restamp) set, and conditional on resourceVersion rv. An empty rv
-// adds no precondition (an apply that creates the object).
+// token.Restamp) set, and conditional on resourceVersion rv.
 func (p *fencedPatch) with(stamp, stored map[string]string, rv string) ([]byte, error) {
 	if p.pt == types.JSONPatchType {
 		return json.Marshal(p.opsWith(stamp, stored, rv))
@@ -188,9 +187,7 @@ func (p *fencedPatch) with(stamp, stored map[string]string, rv string) ([]byte, 
 		out[k] = v
 	}
 	meta["annotations"] = out
-	if rv != "" {
-		meta["resourceVersion"] = rv
-	}
+	meta["resourceVersion"] = rv
 	return json.Marshal(doc)
 }
 
@@ -266,10 +263,7 @@ func (p *fencedPatch) opsWith(stamp, stored map[string]string, rv string) []map[
 	} else {
 		out = append(out, jsonOp("add", annotationsPath, stamp))
 	}
-	if rv != "" {
-		out = append(out, jsonOp("replace", rvPath, rv))
-	}
-	return out
+	return append(out, jsonOp("replace", rvPath, rv))
 }
 
 const (

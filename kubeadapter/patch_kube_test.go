@@ -3,6 +3,7 @@ package kubeadapter_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -192,11 +193,12 @@ func TestApply(t *testing.T) {
 	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
 }
 
-// TestApplyOverAnObjectTheReadsMissed is the lagging-cache attack on an
-// apply that creates: both reads say the object does not exist while a
-// newer holder has created it. An apply that creates has no precondition,
-// so the admission policy is what refuses it (TestSupersededHolderAttacks
-// shows it landing without the policy).
+// TestApplyOverAnObjectTheReadsMissed checks, with the admission policy
+// installed, that an apply whose reads say the object does not exist
+// neither writes over the object a newer holder created nor trips the
+// policy: fencer's own create-only precondition refuses it first, and the
+// retry finds the newer stamp. TestSupersededHolderAttacks runs the same
+// without the policy.
 func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
@@ -206,10 +208,28 @@ func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
 	require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
 
-	blind := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(notFoundReader{}))
-	err := blind.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
-	require.True(t, apierrors.IsInvalid(err) || apierrors.IsForbidden(err), "the policy refuses the older stamp: %v", err)
+	late := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(&missOnce{Reader: k.crc}))
+	err := late.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
+	require.ErrorIs(t, err, token.ErrStale)
 	got := k.configMap(t, "missed")
 	require.Equal(t, "newer", got.Data["by"])
 	requireStamped(t, got.Annotations, toks[1])
+
+	// An apply of an object that does not exist creates it, stamped.
+	require.NoError(t, late.Apply(ctx, corev1ac.ConfigMap("fresh", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older")))
+	requireStamped(t, k.configMap(t, "fresh").Annotations, toks[0])
+}
+
+// missOnce is a Reader whose first Get finds nothing, as a read made just
+// before another writer creates the object.
+type missOnce struct {
+	client.Reader
+	missed atomic.Bool
+}
+
+func (m *missOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if m.missed.CompareAndSwap(false, true) {
+		return notFoundReader{}.Get(ctx, key, obj, opts...)
+	}
+	return m.Reader.Get(ctx, key, obj, opts...)
 }
