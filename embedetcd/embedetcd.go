@@ -109,6 +109,7 @@ func StartCluster(ctx context.Context, members []Member, opts ...Option) ([]*Ser
 	}
 	members = append([]Member(nil), members...)
 	var initial []string
+	var unset []*int
 	for i := range members {
 		m := &members[i]
 		if m.Name == "" || m.Dir == "" {
@@ -129,18 +130,20 @@ func StartCluster(ctx context.Context, members []Member, opts ...Option) ([]*Ser
 				return nil, fmt.Errorf("%w: data directory %s: path too long for a unix socket inside it", ErrConfig, dir)
 			}
 			m.Dir = dir
-			initial = append(initial, m.Name+"="+m.peerURL().String())
 			continue
 		}
 		for _, p := range []*int{&m.ClientPort, &m.PeerPort} {
 			if *p == 0 {
-				port, err := freePort()
-				if err != nil {
-					return nil, err
-				}
-				*p = port
+				unset = append(unset, p)
 			}
 		}
+	}
+	// All free ports are chosen while every one of them is still held, so
+	// that the kernel cannot hand out one port twice.
+	if err := pickFreePorts(unset); err != nil {
+		return nil, err
+	}
+	for _, m := range members {
 		initial = append(initial, m.Name+"="+m.peerURL().String())
 	}
 	servers := make([]*Server, 0, len(members))
@@ -327,11 +330,16 @@ func loopbackURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", fmt.Sprint(port))}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("embedetcd: pick a free port: %w", err)
+// pickFreePorts sets each of ports to a distinct loopback port that was free
+// a moment ago. Every listener stays open until all ports are chosen.
+func pickFreePorts(ports []*int) error {
+	for _, p := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("embedetcd: pick a free port: %w", err)
+		}
+		defer l.Close()
+		*p = l.Addr().(*net.TCPAddr).Port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return nil
 }

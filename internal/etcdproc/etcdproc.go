@@ -102,9 +102,10 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		c.tls = newClientTLS(tb, o.ca, dir)
 	}
 	// Every member exists before the first proxy, whose sourceOf reads them.
+	ports := freePorts(tb, 2*n)
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(dir, fmt.Sprintf("m%d", i+1))}
-		m.clientPort, m.peerPort = freePort(tb), freePort(tb)
+		m.clientPort, m.peerPort = ports[2*i], ports[2*i+1]
 		require.NoError(tb, os.MkdirAll(m.dir, 0o700))
 		c.members = append(c.members, m)
 	}
@@ -393,10 +394,16 @@ func hostPort(port int) string {
 	return (&url.URL{Host: net.JoinHostPort("127.0.0.1", fmt.Sprint(port))}).Host
 }
 
-func freePort(tb testing.TB) int {
+// freePorts returns n distinct loopback ports that were free a moment ago.
+// Every listener stays open until all are chosen, so none is handed out twice.
+func freePorts(tb testing.TB, n int) []int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(tb, err)
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
 }
