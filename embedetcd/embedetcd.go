@@ -16,6 +16,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/fencer-dev/fencer/internal/freeport"
 )
 
 // ErrConfig reports an invalid member or option.
@@ -138,8 +140,6 @@ func StartCluster(ctx context.Context, members []Member, opts ...Option) ([]*Ser
 			}
 		}
 	}
-	// All free ports are chosen while every one of them is still held, so
-	// that the kernel cannot hand out one port twice.
 	if err := pickFreePorts(unset); err != nil {
 		return nil, err
 	}
@@ -330,16 +330,15 @@ func loopbackURL(port int) *url.URL {
 	return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", fmt.Sprint(port))}
 }
 
-// pickFreePorts sets each of ports to a distinct loopback port that was free
-// a moment ago. Every listener stays open until all ports are chosen.
+// pickFreePorts sets each of ports to a distinct free loopback port.
 func pickFreePorts(ports []*int) error {
-	for _, p := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("embedetcd: pick a free port: %w", err)
-		}
-		defer l.Close()
-		*p = l.Addr().(*net.TCPAddr).Port
+	free, release, err := freeport.Take(len(ports))
+	if err != nil {
+		return fmt.Errorf("embedetcd: %w", err)
+	}
+	release()
+	for i, p := range ports {
+		*p = free[i]
 	}
 	return nil
 }

@@ -384,7 +384,8 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 	if err != nil {
 		return fmt.Errorf("kubeadapter: apply: encode %T: %w", config, err)
 	}
-	target, err := c.applyTarget(data)
+	_, unstructuredConfig := config.(runtime.Unstructured)
+	target, err := c.applyTarget(data, unstructuredConfig)
 	if err != nil {
 		return fmt.Errorf("kubeadapter: apply: %w", err)
 	}
@@ -406,8 +407,10 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 }
 
 // applyTarget returns the object an apply configuration names: of its Go
-// type when the scheme knows its kind, else unstructured.
-func (c *Client) applyTarget(data []byte) (client.Object, error) {
+// type when the scheme knows its kind, else unstructured. An unstructured
+// configuration gets an unstructured target, so that the object the API
+// server returns reaches it whole, with fields the Go type lacks.
+func (c *Client) applyTarget(data []byte, unstructuredConfig bool) (client.Object, error) {
 	var head struct {
 		APIVersion string `json:"apiVersion"`
 		Kind       string `json:"kind"`
@@ -421,7 +424,7 @@ func (c *Client) applyTarget(data []byte) (client.Object, error) {
 	}
 	gvk := schema.FromAPIVersionAndKind(head.APIVersion, head.Kind)
 	var obj client.Object = &unstructured.Unstructured{}
-	if typed, err := c.inner.Scheme().New(gvk); err == nil {
+	if typed, err := c.inner.Scheme().New(gvk); err == nil && !unstructuredConfig {
 		if o, ok := typed.(client.Object); ok {
 			obj = o
 		}

@@ -44,13 +44,23 @@ func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 		{"json patch", func(*widget) client.Patch {
 			return client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/spec/known","value":"json patch"}]`))
 		}},
+		{"apply patch", func(*widget) client.Patch {
+			return client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"test.fencer.dev/v1","kind":"Widget","spec":{"known":"apply patch"}}`))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := sanitize(tc.name)
 			newWidget(t, k, name)
 			w := &widget{}
 			require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, w))
-			require.NoError(t, c.Patch(ctx, w, tc.patch(w)))
+			patch := tc.patch(w)
+			opts := []client.PatchOption{client.FieldOwner("controller")}
+			if patch.Type() == types.ApplyPatchType {
+				// The creator owns spec.known: take it over, as an
+				// apply by a new controller must.
+				opts = append(opts, client.ForceOwnership)
+			}
+			require.NoError(t, c.Patch(ctx, w, patch, opts...))
 			require.Equal(t, tc.name, w.Spec.Known)
 
 			got := storedWidget(t, k, name)
@@ -232,4 +242,35 @@ func (m *missOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 		return notFoundReader{}.Get(ctx, key, obj, opts...)
 	}
 	return m.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestApplyKeepsFieldsTheTypeDoesNotKnow applies a Widget through a client
+// whose scheme knows a Go type that lacks spec.extra: the stored field,
+// owned by another manager, survives, and the configuration holds the
+// object as the API server returned it, with that field.
+func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	ctx := t.Context()
+	tok := k.tokens(t, 1)[0]
+	c, err := kubeadapter.NewClient(widgets(t, k), staticHolder{tok})
+	require.NoError(t, err)
+	newWidget(t, k, "applied")
+
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": widgetGV.String(), "kind": "Widget",
+		"metadata": map[string]any{"namespace": k.ns, "name": "applied"},
+		"spec":     map[string]any{"known": "applied"},
+	}}
+	config := client.ApplyConfigurationFromUnstructured(u)
+	require.NoError(t, c.Apply(ctx, config, client.FieldOwner("controller"), client.ForceOwnership))
+
+	got := storedWidget(t, k, "applied")
+	extra, _, _ := unstructured.NestedString(got.Object, "spec", "extra")
+	require.Equal(t, "keep me", extra, "a field the Go type lacks was erased")
+	known, _, _ := unstructured.NestedString(got.Object, "spec", "known")
+	require.Equal(t, "applied", known)
+	requireStamped(t, got.GetAnnotations(), tok)
+	returned, _, _ := unstructured.NestedString(u.Object, "spec", "extra")
+	require.Equal(t, "keep me", returned, "the configuration does not hold the object the API server returned")
 }

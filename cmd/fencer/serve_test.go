@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/freeport"
 	"github.com/fencer-dev/fencer/internal/testca"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -114,15 +115,13 @@ func TestServeRejectsABatchSizeOutOfRange(t *testing.T) {
 	}
 }
 
-// freeAddr returns a loopback address with a port that was free a moment
-// ago.
+// freeAddr returns a free loopback address (see freeport).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, release, err := freeport.Take(1)
 	require.NoError(t, err)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close())
-	return addr
+	release()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 }
 
 // startServe runs fencer serve with f until the test ends and returns its

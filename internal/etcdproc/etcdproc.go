@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/internal/freeport"
 	"github.com/fencer-dev/fencer/internal/testca"
 )
 
@@ -102,7 +103,8 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		c.tls = newClientTLS(tb, o.ca, dir)
 	}
 	// Every member exists before the first proxy, whose sourceOf reads them.
-	ports := freePorts(tb, 2*n)
+	ports, release, err := freeport.Take(2 * n)
+	require.NoError(tb, err)
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(dir, fmt.Sprintf("m%d", i+1))}
 		m.clientPort, m.peerPort = ports[2*i], ports[2*i+1]
@@ -114,6 +116,9 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 		m.peer = faultproxy.New(tb, hostPort(m.peerPort), faultproxy.WithSource(c.sourceOf))
 		initial = append(initial, m.name+"="+m.peer.Endpoint())
 	}
+	// The proxies listen while the members' ports are still held, so that
+	// none of them can take a member's port.
+	release()
 	c.initial = strings.Join(initial, ",")
 	for _, m := range c.members {
 		require.NoError(tb, c.spawn(m))
@@ -123,7 +128,10 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, m := range c.members {
-		require.NoError(tb, c.waitServing(ctx, m), "member %s did not start; its log is %s", m.name, m.log.Name())
+		if err := c.waitServing(ctx, m); err != nil {
+			log, _ := os.ReadFile(m.log.Name())
+			require.NoError(tb, err, "member %s did not start; its log:\n%s", m.name, log)
+		}
 	}
 	_, err = c.Leader(ctx)
 	require.NoError(tb, err)
@@ -392,18 +400,4 @@ func (c *Cluster) stop() {
 
 func hostPort(port int) string {
 	return (&url.URL{Host: net.JoinHostPort("127.0.0.1", fmt.Sprint(port))}).Host
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-// Every listener stays open until all are chosen, so none is handed out twice.
-func freePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(tb, err)
-		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
 }

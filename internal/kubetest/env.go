@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/fencer-dev/fencer/embedetcd"
+	"github.com/fencer-dev/fencer/internal/freeport"
 )
 
 // Namespace is the namespace that Start creates and in which the Limited
@@ -87,10 +87,12 @@ func (e *Env) start(ctx context.Context, bin, dir string) error {
 		return err
 	}
 	e.creds = creds
-	port, err := freePort()
+	ports, release, err := freeport.Take(1)
 	if err != nil {
-		return err
+		return fmt.Errorf("kubetest: %w", err)
 	}
+	release()
+	port := ports[0]
 	e.host = "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	e.logPath = filepath.Join(dir, "kube-apiserver.log")
 	e.logFile, err = os.Create(e.logPath)
@@ -303,23 +305,4 @@ func (e *Env) logTail() string {
 		lines = lines[len(lines)-maxLines:]
 	}
 	return "kube-apiserver log (" + e.logPath + ", last lines):\n" + string(bytes.Join(lines, []byte("\n")))
-}
-
-// freePort returns a loopback port that was free a moment ago, chosen at
-// random below the kernel's default ephemeral range (32768-60999), so that
-// outgoing connections of this and other processes do not take it before
-// kube-apiserver binds it.
-func freePort() (int, error) {
-	const lo, hi = 20000, 32768
-	var err error
-	for range 100 {
-		port := lo + rand.IntN(hi-lo)
-		var l net.Listener
-		l, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err == nil {
-			l.Close()
-			return port, nil
-		}
-	}
-	return 0, fmt.Errorf("kubetest: no free loopback port: %w", err)
 }
