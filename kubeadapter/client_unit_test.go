@@ -98,3 +98,48 @@ func TestNewClientRejects(t *testing.T) {
 		t.Run(name, func(t *testing.T) { require.ErrorIs(t, f(), ErrInvalidConfig) })
 	}
 }
+
+// TestUpdateFencedNeverWritesIntoTheReadersObject gives UpdateFenced a get
+// that returns the same object every time, as a client-go lister does
+// (its objects are the informer's cache): neither mutate nor fencer's
+// stamp may change that object, whether the write fails or lands.
+func TestUpdateFencedNeverWritesIntoTheReadersObject(t *testing.T) {
+	h := &flagHolder{tok: token.Token{Lease: "ns/fence", Epoch: 2, Revision: 20}}
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{name: "the write lands"},
+		{name: "the write fails", err: errors.New("refused in test")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cached := &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o", ResourceVersion: "7", Annotations: map[string]string{"team": "a"}},
+				Data:       map[string]string{"by": "cache"},
+			}
+			before := cached.DeepCopy()
+			var sent *corev1.ConfigMap
+			_, err := UpdateFenced(t.Context(), h,
+				func(context.Context) (*corev1.ConfigMap, error) { return cached, nil },
+				func(cm *corev1.ConfigMap) error { cm.Data["by"] = "mutate"; return nil },
+				func(_ context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) { sent = cm; return cm, tc.err },
+				WithMaxAttempts(1))
+			if tc.err != nil {
+				require.ErrorIs(t, err, tc.err)
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, before, cached, "the reader's object was changed")
+			require.Equal(t, "mutate", sent.Data["by"])
+			requireStampedWith(t, sent.Annotations, h.tok)
+		})
+	}
+}
+
+func requireStampedWith(t *testing.T, ann map[string]string, tok token.Token) {
+	t.Helper()
+	got, ok, err := token.FromAnnotations(ann)
+	require.NoError(t, err)
+	require.True(t, ok, "no stamp in %v", ann)
+	require.Equal(t, tok, got)
+}

@@ -6,6 +6,7 @@ import (
 	"maps"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/fencer-dev/fencer/token"
 )
@@ -18,6 +19,13 @@ import (
 // it retries from a fresh read, at most WithMaxAttempts times and only
 // while h holds the lease, so mutate must be safe to run again on a newer
 // object. It returns update's result.
+//
+// mutate gets a deep copy of what get returned (T must be a
+// runtime.Object, as every API type is), so neither mutate nor the stamp
+// changes an object get shares, such as a lister's. The check itself
+// trusts get: an object whose shared copy the caller changed by hand is
+// checked as it was changed; the admission policy (deploy/admission) still
+// refuses a stale stamp in the API server.
 //
 // UpdateFenced restores the read resourceVersion and the read fencer
 // annotations (token.Restamp) after mutate, so mutate can change neither
@@ -38,7 +46,11 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		return out, err
 	}
 	err = retry(ctx, h, o.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		tok, cur, err := readChecked(ctx, h, get, o)
+		tok, read, err := readChecked(ctx, h, get, o)
+		if err != nil {
+			return false, err
+		}
+		cur, err := deepCopy(read)
 		if err != nil {
 			return false, err
 		}
@@ -81,6 +93,22 @@ func DeleteFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		return fmt.Errorf("kubeadapter: fenced delete: %w", err)
 	}
 	return nil
+}
+
+// deepCopy returns a deep copy of obj, so that neither mutate nor the stamp
+// writes into an object the reader shares, such as a lister's, which is
+// the informer's cache.
+func deepCopy[T metav1.Object](obj T) (T, error) {
+	var zero T
+	ro, ok := any(obj).(runtime.Object)
+	if !ok {
+		return zero, fmt.Errorf("%w: %T is not a runtime.Object, so it cannot be copied before it is changed", ErrUnsupported, obj)
+	}
+	out, ok := ro.DeepCopyObject().(T)
+	if !ok {
+		return zero, fmt.Errorf("%w: a deep copy of %T is not a %T", ErrUnsupported, obj, zero)
+	}
+	return out, nil
 }
 
 // readChecked reads with get and checks the stamp of what it read. It
