@@ -482,6 +482,13 @@ func (c *Client) readChecked(ctx context.Context, obj client.Object, want string
 
 // read reads the object obj names, into a new object of obj's type,
 // through the API reader when live, else through the reader.
+//
+// A reader whose objects share memory with what it handed the caller (a
+// controller-runtime cache with UnsafeDisableDeepCopy) returns the
+// caller's own annotations, hand edits included, as the stored ones. When
+// the read's annotations are obj's own map, read reads live instead, so
+// that a stamp the caller wrote into that memory is never checked as the
+// store's.
 func (c *Client) read(ctx context.Context, obj client.Object, live bool) (client.Object, error) {
 	cur, err := emptyLike(obj)
 	if err != nil {
@@ -494,7 +501,15 @@ func (c *Client) read(ctx context.Context, obj client.Object, live bool) (client
 	if err := r.Get(ctx, client.ObjectKeyFromObject(obj), cur); err != nil {
 		return nil, err
 	}
+	if !live && sameMap(cur.GetAnnotations(), obj.GetAnnotations()) {
+		return c.read(ctx, obj, true)
+	}
 	return cur, nil
+}
+
+// sameMap reports whether a and b are one non-nil map.
+func sameMap(a, b map[string]string) bool {
+	return a != nil && b != nil && reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 // pinnedConflict is the Conflict error of a write that fencer did not send

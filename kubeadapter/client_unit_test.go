@@ -143,3 +143,45 @@ func requireStampedWith(t *testing.T, ann map[string]string, tok token.Token) {
 	require.True(t, ok, "no stamp in %v", ann)
 	require.Equal(t, tok, got)
 }
+
+// sharingReader hands out its object without a deep copy, as a
+// controller-runtime cache with UnsafeDisableDeepCopy does: the struct is
+// copied, its maps are shared.
+type sharingReader struct{ obj *corev1.ConfigMap }
+
+func (r sharingReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	*obj.(*corev1.ConfigMap) = *r.obj
+	return nil
+}
+
+func (sharingReader) List(context.Context, client.ObjectList, ...client.ListOption) error {
+	panic("not used")
+}
+
+// TestUpdateChecksTheStoreNotTheCallersSharedMemory is a superseded holder
+// whose reader shares memory with the objects it hands out: it reads the
+// newer holder's version, stamps its own token into the annotations it got
+// (so into the reader's memory) and updates. The fenced Update must see
+// through it: the shared map is not evidence of what is stored, so it reads
+// live, finds the newer stamp and writes nothing.
+func TestUpdateChecksTheStoreNotTheCallersSharedMemory(t *testing.T) {
+	older := token.Token{Lease: "ns/fence", Epoch: 1, Revision: 10}
+	newer := token.Token{Lease: "ns/fence", Epoch: 2, Revision: 20}
+	stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o", Annotations: newer.Stamp(nil)}, Data: map[string]string{"by": "newer"}}
+	inner := fake.NewClientBuilder().WithObjects(stored).Build()
+	cached := &corev1.ConfigMap{}
+	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(stored), cached))
+
+	c, err := NewClient(inner, &flagHolder{tok: older}, WithReader(sharingReader{cached}))
+	require.NoError(t, err)
+	var obj corev1.ConfigMap
+	require.NoError(t, sharingReader{cached}.Get(t.Context(), client.ObjectKeyFromObject(stored), &obj))
+	older.Stamp(obj.Annotations) // a hand edit, into the reader's memory
+	obj.Data = map[string]string{"by": "older"}
+	require.ErrorIs(t, c.Update(t.Context(), &obj), token.ErrStale)
+
+	got := &corev1.ConfigMap{}
+	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(stored), got))
+	require.Equal(t, "newer", got.Data["by"])
+	requireStampedWith(t, got.Annotations, newer)
+}

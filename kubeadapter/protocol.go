@@ -61,6 +61,15 @@ func WithLiveRead() Option { return func(o *options) { o.liveRead = true } }
 // conditional on the resourceVersion of the very copy whose stamp was
 // checked, so a stale copy costs a conflict and a live re-read, never a
 // write.
+//
+// The check trusts the reader's copy to be what the API server stored at
+// its resourceVersion. A reader that shares memory with the objects it
+// hands out (a cache with controller-runtime's UnsafeDisableDeepCopy)
+// breaks that when its objects are changed in place: when the object
+// passed to a write is that memory, Client reads it live instead, but an
+// object changed in the reader's memory and then copied is checked as
+// changed. Never change such a reader's objects; the admission policy
+// (deploy/admission) refuses a stale stamp in the API server regardless.
 func WithReader(r client.Reader) Option { return func(o *options) { o.reader = r } }
 
 // WithAPIReader sets the reader Client uses when the first read did not
