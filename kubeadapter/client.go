@@ -129,6 +129,9 @@ var bindingKind = schema.GroupKind{Kind: "Binding"}
 // mode (docs/protocol.md) to refuse that too. On error obj's annotations
 // are restored.
 func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if err := checkMetadata(obj); err != nil {
+		return c.fail("create", obj, err)
+	}
 	if gvk, err := c.inner.GroupVersionKindFor(obj); err == nil && gvk.GroupKind() == bindingKind {
 		return c.fail("create", obj, fmt.Errorf("%w: a Binding's create writes its Pod, whose stamp cannot be checked first; bind through the pods/binding subresource", ErrUnsupported))
 	}
@@ -168,6 +171,9 @@ func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.C
 // drop a stamp. obj's other annotations are written as given. On error
 // obj's annotations and resourceVersion are restored.
 func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if err := checkMetadata(obj); err != nil {
+		return c.fail("update", obj, err)
+	}
 	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
 	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
 		tok, cur, err := c.readChecked(ctx, obj, callerRV, first)
@@ -219,7 +225,7 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 // Patch options pass through. On success obj holds the object the API
 // server returned.
 func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-	return c.patch(ctx, "patch", obj, patch, nil, func(ctx context.Context, p client.Patch, force bool) error {
+	return c.patch(ctx, "patch", obj, patch, nil, func(ctx context.Context, p client.Patch, force, _ bool) error {
 		o := opts
 		if force {
 			o = append(slices.Clone(opts), client.ForceOwnership)
@@ -228,8 +234,10 @@ func (c *Client) Patch(ctx context.Context, obj client.Object, patch client.Patc
 	})
 }
 
-// sendFunc sends a fenced patch; force adds client.ForceOwnership.
-type sendFunc func(ctx context.Context, p client.Patch, force bool) error
+// sendFunc sends a fenced patch; force adds client.ForceOwnership. A
+// dry run adds client.DryRunAll and decodes the result into a copy of the
+// object, never into the caller's.
+type sendFunc func(ctx context.Context, p client.Patch, force, dryRun bool) error
 
 // absentRV is the precondition of an apply that must create its object: a
 // resourceVersion no stored object has, since etcd revisions, from which
@@ -240,8 +248,10 @@ type sendFunc func(ctx context.Context, p client.Patch, force bool) error
 const absentRV = "9223372036854775807"
 
 // prepareFunc returns the version a patch is sent over, given the version
-// read and checked. The status client stamps the object first.
-type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error)
+// read and checked. The status client stamps the object first; before a
+// stamping write it calls probe, which sends the patch over cur as a dry
+// run, so that a patch the API server refuses stores no stamp either.
+type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object, probe func(context.Context) error) (client.Object, error)
 
 // patch runs one fenced patch of obj: it reads and checks the object,
 // prepares it when prepare is set, and sends the caller's patch with the
@@ -278,13 +288,20 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 			if err != nil {
 				return false, err
 			}
-			return true, send(ctx, client.RawPatch(p.pt, body), false)
+			return true, send(ctx, client.RawPatch(p.pt, body), false, false)
 		}
 		if err != nil {
 			return false, err
 		}
 		if prepare != nil {
-			if cur, err = prepare(ctx, tok, cur); err != nil {
+			probe := func(ctx context.Context) error {
+				body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+				if err != nil {
+					return err
+				}
+				return send(ctx, client.RawPatch(p.pt, body), false, true)
+			}
+			if cur, err = prepare(ctx, tok, cur, probe); err != nil {
 				if p.pinned != "" && apierrors.IsConflict(err) {
 					return false, c.conflictOrStale(ctx, obj, tok, err)
 				}
@@ -295,9 +312,9 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 		if err != nil {
 			return false, err
 		}
-		err = send(ctx, client.RawPatch(p.pt, body), false)
+		err = send(ctx, client.RawPatch(p.pt, body), false, false)
 		if stampConflictsOnly(err) {
-			err = send(ctx, client.RawPatch(p.pt, body), true)
+			err = send(ctx, client.RawPatch(p.pt, body), true, false)
 		}
 		switch {
 		case fieldConflict(err):
@@ -505,6 +522,25 @@ func (c *Client) read(ctx context.Context, obj client.Object, live bool) (client
 		return c.read(ctx, obj, true)
 	}
 	return cur, nil
+}
+
+// checkMetadata refuses, with ErrInvalidObject, an unstructured object
+// whose annotations or resourceVersion fencer could not read exactly: their
+// getters return nothing for a value of the wrong type, and fencer's write
+// would then replace it instead of failing.
+func checkMetadata(obj client.Object) error {
+	u, ok := obj.(runtime.Unstructured)
+	if !ok {
+		return nil
+	}
+	content := u.UnstructuredContent()
+	if _, _, err := unstructured.NestedStringMap(content, "metadata", "annotations"); err != nil {
+		return fmt.Errorf("%w: metadata.annotations: %v", ErrInvalidObject, err)
+	}
+	if _, _, err := unstructured.NestedString(content, "metadata", "resourceVersion"); err != nil {
+		return fmt.Errorf("%w: metadata.resourceVersion: %v", ErrInvalidObject, err)
+	}
+	return nil
 }
 
 // sameMap reports whether a and b are one non-nil map.

@@ -3,6 +3,7 @@ package kubeadapter
 import (
 	"context"
 	"errors"
+	"maps"
 	"sync/atomic"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -184,4 +186,51 @@ func TestUpdateChecksTheStoreNotTheCallersSharedMemory(t *testing.T) {
 	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(stored), got))
 	require.Equal(t, "newer", got.Data["by"])
 	requireStampedWith(t, got.Annotations, newer)
+}
+
+// TestInvalidUnstructuredMetadataIsRefused gives every fenced write that
+// takes an object an unstructured object whose annotations or
+// resourceVersion have the wrong type: each is refused with
+// ErrInvalidObject and writes nothing.
+func TestInvalidUnstructuredMetadataIsRefused(t *testing.T) {
+	tok := token.Token{Lease: "ns/fence", Epoch: 1, Revision: 10}
+	for _, tc := range []struct {
+		name string
+		meta map[string]any
+	}{
+		{"an annotation that is a number", map[string]any{"annotations": map[string]any{"n": int64(5)}}},
+		{"annotations that are a string", map[string]any{"annotations": "keep"}},
+		{"a resourceVersion that is a number", map[string]any{"resourceVersion": int64(1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stored := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o", Annotations: map[string]string{"keep": "me"}}}
+			var writes atomic.Int32
+			count := func() { writes.Add(1) }
+			inner := fake.NewClientBuilder().WithObjects(stored).WithInterceptorFuncs(interceptor.Funcs{
+				Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					count()
+					return c.Create(ctx, obj, opts...)
+				},
+				Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+					count()
+					return c.Update(ctx, obj, opts...)
+				},
+				SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+					count()
+					return c.SubResource(sub).Update(ctx, obj, opts...)
+				},
+			}).Build()
+			c, err := NewClient(inner, &flagHolder{tok: tok})
+			require.NoError(t, err)
+			obj := func(name string) *unstructured.Unstructured {
+				meta := map[string]any{"namespace": "ns", "name": name}
+				maps.Copy(meta, tc.meta)
+				return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}}
+			}
+			require.ErrorIs(t, c.Create(t.Context(), obj("new")), ErrInvalidObject)
+			require.ErrorIs(t, c.Update(t.Context(), obj("o")), ErrInvalidObject)
+			require.ErrorIs(t, c.Status().Update(t.Context(), obj("o")), ErrInvalidObject)
+			require.Zero(t, writes.Load())
+		})
+	}
 }

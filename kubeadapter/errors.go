@@ -26,6 +26,13 @@ var (
 	// parse, or one that would write the whole object or its metadata, or
 	// move a fencer annotation. Nothing was written.
 	ErrInvalidPatch = errors.New("kubeadapter: invalid patch")
+	// ErrInvalidObject means the fenced client refuses an object whose
+	// metadata it cannot read exactly: an unstructured object whose
+	// metadata.annotations is not a map of strings, or whose
+	// metadata.resourceVersion is not a string. Writing fencer's stamp over
+	// such an object would drop the caller's annotations or version
+	// instead of failing as a plain write does. Nothing was written.
+	ErrInvalidObject = errors.New("kubeadapter: invalid object")
 	// ErrCannotAcquire means the API server refused an acquisition
 	// attempt in a way that waiting will not change: the identity lacks
 	// the rights, the Lease's namespace does not exist, or the server

@@ -20,9 +20,12 @@ import (
 // It is fenced instead by its resourceVersion precondition: the write is
 // conditional on a version of the object that carries the holder's own
 // stamp. When the object does not carry it yet (no stamp, or an older
-// token of the lease), the main resource is first stamped with a
-// conditional Update of the freshly read object, and the status write is
-// conditional on that write's resourceVersion. So a newer holder's status
+// token of the lease), the status write is first sent as a dry run, so
+// that a write the API server refuses stores nothing; then the main
+// resource is stamped with a conditional merge patch of the freshly read
+// object's annotations, and the status write is conditional on that
+// write's resourceVersion. A dry run (client.DryRunAll) sends no stamping
+// write. So a newer holder's status
 // write, which stamps first, fences an older holder's status writes.
 type subResourceClient struct {
 	c    *Client
@@ -69,9 +72,21 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 	if (&client.SubResourceUpdateOptions{}).ApplyOptions(opts).SubResourceBody != nil {
 		return s.c.fail("update status", obj, fmt.Errorf("%w: a status update with a separate body", ErrUnsupported))
 	}
+	if err := checkMetadata(obj); err != nil {
+		return s.c.fail("update status", obj, err)
+	}
 	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
+	dryRun := len((&client.SubResourceUpdateOptions{}).ApplyOptions(opts).DryRun) > 0
 	err := retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, cur, err := s.readStamped(ctx, obj, callerRV, first)
+		probe := func(ctx context.Context, tok token.Token, cur client.Object) func(context.Context) error {
+			return func(ctx context.Context) error {
+				o := obj.DeepCopyObject().(client.Object)
+				o.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
+				o.SetResourceVersion(cur.GetResourceVersion())
+				return s.c.inner.Status().Update(ctx, o, append(slices.Clone(opts), client.DryRunAll)...)
+			}
+		}
+		tok, cur, err := s.readStamped(ctx, obj, callerRV, first, dryRun, probe)
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, s.c.conflictOrStale(ctx, obj, tok, err)
 		}
@@ -108,35 +123,49 @@ func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch 
 	if (&client.SubResourcePatchOptions{}).ApplyOptions(opts).SubResourceBody != nil {
 		return s.c.fail("patch status", obj, fmt.Errorf("%w: a status patch with a separate body", ErrUnsupported))
 	}
-	return s.c.patch(ctx, "patch status", obj, patch, s.stamp, func(ctx context.Context, p client.Patch, force bool) error {
-		o := opts
+	dryRun := len((&client.SubResourcePatchOptions{}).ApplyOptions(opts).DryRun) > 0
+	prepare := func(ctx context.Context, tok token.Token, cur client.Object, probe func(context.Context) error) (client.Object, error) {
+		return s.stamp(ctx, tok, cur, dryRun, probe)
+	}
+	return s.c.patch(ctx, "patch status", obj, patch, prepare, func(ctx context.Context, p client.Patch, force, probe bool) error {
+		o, target := slices.Clone(opts), obj
 		if force {
-			o = append(slices.Clone(opts), client.ForceOwnership)
+			o = append(o, client.ForceOwnership)
 		}
-		return s.c.inner.Status().Patch(ctx, obj, p, o...)
+		if probe {
+			o, target = append(o, client.DryRunAll), obj.DeepCopyObject().(client.Object)
+		}
+		return s.c.inner.Status().Patch(ctx, target, p, o...)
 	})
 }
 
 // readStamped reads and checks the object (Client.readChecked, which
-// requires version want when set) and stamps it if needed (stamp). It
-// returns the token and the object as stored after the check or the
-// stamping write; its resourceVersion is the status write's precondition.
-func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, want string, first bool) (token.Token, client.Object, error) {
+// requires version want when set) and stamps it if needed (stamp, with the
+// probe that probeFor returns). It returns the token and the object as
+// stored after the check or the stamping write; its resourceVersion is the
+// status write's precondition.
+func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, want string, first, dryRun bool,
+	probeFor func(ctx context.Context, tok token.Token, cur client.Object) func(context.Context) error) (token.Token, client.Object, error) {
 	tok, cur, err := s.c.readChecked(ctx, obj, want, first)
 	if err != nil {
 		return tok, nil, err
 	}
-	cur, err = s.stamp(ctx, tok, cur)
+	cur, err = s.stamp(ctx, tok, cur, dryRun, probeFor(ctx, tok, cur))
 	return tok, cur, err
 }
 
-// stamp returns cur, checked, when it carries exactly tok's stamp, and
-// otherwise stamps the main resource with a merge patch of its
-// annotations conditional on cur's resourceVersion, and returns the stored
-// result.
-func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur client.Object) (client.Object, error) {
-	if stampedWith(cur.GetAnnotations(), tok) {
+// stamp returns cur, checked, when it carries exactly tok's stamp, or when
+// the status write is a dry run, which must store nothing. Otherwise it
+// sends the status write as a dry run over cur (probe), so that a write
+// the API server refuses stores no stamp either, then stamps the main
+// resource with a merge patch of its annotations conditional on cur's
+// resourceVersion, and returns the stored result.
+func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur client.Object, dryRun bool, probe func(context.Context) error) (client.Object, error) {
+	if stampedWith(cur.GetAnnotations(), tok) || dryRun {
 		return cur, nil
+	}
+	if err := probe(ctx); err != nil {
+		return nil, err
 	}
 	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
 	if err == nil {
