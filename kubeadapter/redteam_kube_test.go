@@ -121,7 +121,12 @@ func runHolderPatches(t *testing.T, cases []patchCase) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newHopScene(t, k, fmt.Sprintf("p%d", i))
 			obj := s.k.configMap(t, s.name)
-			err := k.client(t, staticHolder{s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(strings.ReplaceAll(tc.patch, "{ns}", k.ns))))
+			body := strings.ReplaceAll(strings.ReplaceAll(tc.patch, "{ns}", k.ns), "NAME", s.name)
+			var opts []client.PatchOption
+			if tc.typ == types.ApplyYAMLPatchType {
+				opts = append(opts, client.FieldOwner("red"), client.ForceOwnership)
+			}
+			err := k.client(t, staticHolder{s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(body)), opts...)
 			t.Logf("fenced patch by the current holder: err=%v", err)
 			s.requireFenced(t)
 		})
@@ -164,5 +169,85 @@ func TestRedTeamJSONPatchOnTheStamp(t *testing.T) {
 		{"cased op member", j, `[{"op":"test","path":"/data/by","value":"b","OP":"remove","path":"` + tokP + `"}]`},
 		{"unicode-escaped pointer", j, `[{"op":"remove","path":"\u002fmetadata\u002fannotations\u002ffencer.dev\u007e1token"}]`},
 		{"duplicate op member", j, `[{"op":"test","value":"b","path":"` + tokP + `","op":"remove"}]`},
+	})
+}
+
+// TestRedTeamMergePatchOnTheStamp sends JSON merge patches that null or
+// lower the protocol annotations, plainly, through JSON string escapes
+// that a byte-level filter would miss, through duplicated members, and
+// with a resourceVersion of their own.
+func TestRedTeamMergePatchOnTheStamp(t *testing.T) {
+	m := types.MergePatchType
+	runHolderPatches(t, []patchCase{
+		{"null annotations", m, `{"metadata":{"annotations":null}}`},
+		{"null token", m, `{"metadata":{"annotations":{"fencer.dev/token":null}}}`},
+		{"null mark", m, `{"metadata":{"annotations":{"{ns}.other.mark.fencer.dev/token":null}}}`},
+		{"low token", m, `{"metadata":{"annotations":{"fencer.dev/token":"1"}}}`},
+		{"escaped slash token", m, `{"metadata":{"annotations":{"fencer.dev\/token":null,"fencer.dev\u002flease":"x/y"}}}`},
+		{"escaped mark", m, `{"metadata":{"annotations":{"{ns}.other.mark.fencer.dev\u002ftoken":null}}}`},
+		{"duplicate metadata last null", m, `{"metadata":{"annotations":{"keep":"x"}},"metadata":{"annotations":null}}`},
+		{"duplicate metadata first null", m, `{"metadata":{"annotations":null},"metadata":{"labels":{"a":"b"}}}`},
+		{"duplicate annotations", m, `{"metadata":{"annotations":{"keep":"y"},"annotations":null}}`},
+		{"duplicate token", m, `{"metadata":{"annotations":{"fencer.dev/token":"1","fencer.dev/token":null}}}`},
+		{"null metadata", m, `{"metadata":null}`},
+		{"annotations not an object", m, `{"metadata":{"annotations":"x"}}`},
+		{"annotations a list", m, `{"metadata":{"annotations":["fencer.dev/token"]}}`},
+		{"null resourceVersion", m, `{"metadata":{"resourceVersion":null,"annotations":null}}`},
+		{"empty resourceVersion", m, `{"metadata":{"resourceVersion":"","annotations":null}}`},
+		{"numeric resourceVersion", m, `{"metadata":{"resourceVersion":1,"annotations":null}}`},
+		{"top-level null", m, `null`},
+		{"top-level list", m, `[{"metadata":{"annotations":null}}]`},
+		{"trailing document", m, `{"data":{"z":"1"}} {"metadata":{"annotations":null}}`},
+		{"cased metadata", m, `{"Metadata":{"annotations":null},"METADATA":{"Annotations":null}}`},
+	})
+}
+
+// TestRedTeamStrategicPatchOnTheStamp sends strategic merge patches with
+// the directives that replace, delete or prune maps, hidden behind JSON
+// string escapes, at the object, metadata and annotations levels, and
+// directives the docs do not name.
+func TestRedTeamStrategicPatchOnTheStamp(t *testing.T) {
+	s := types.StrategicMergePatchType
+	runHolderPatches(t, []patchCase{
+		{"replace annotations", s, `{"metadata":{"annotations":{"$patch":"replace","keep":"x"}}}`},
+		{"delete annotations", s, `{"metadata":{"annotations":{"$patch":"delete"}}}`},
+		{"replace metadata", s, `{"metadata":{"$patch":"replace","name":"x"}}`},
+		{"retainKeys metadata", s, `{"metadata":{"$retainKeys":["name","namespace"]}}`},
+		{"retainKeys object", s, `{"$retainKeys":["data"],"data":{"by":"x"}}`},
+		{"replace object", s, `{"$patch":"replace","data":{"by":"x"}}`},
+		{"escaped replace annotations", s, `{"metadata":{"annotations":{"\u0024patch":"replace","keep":"x"}}}`},
+		{"escaped delete annotations", s, `{"metadata":{"annotations":{"\u0024patch":"delete"}}}`},
+		{"escaped replace metadata", s, `{"metadata":{"\u0024patch":"replace","name":"x"}}`},
+		{"escaped retainKeys metadata", s, `{"metadata":{"\u0024retainKeys":["name","namespace"]}}`},
+		{"escaped replace object", s, `{"\u0024patch":"replace","data":{"by":"x"}}`},
+		{"duplicate patch directive", s, `{"metadata":{"annotations":{"$patch":"merge","$patch":"replace"}}}`},
+		{"deleteFromPrimitiveList annotations", s, `{"metadata":{"$deleteFromPrimitiveList/annotations":["fencer.dev/token"]}}`},
+		{"setElementOrder annotations", s, `{"metadata":{"$setElementOrder/annotations":[]}}`},
+		{"null annotations", s, `{"metadata":{"annotations":null}}`},
+		{"null token and mark", s, `{"metadata":{"annotations":{"fencer.dev/token":null,"{ns}.other.mark.fencer.dev/token":null}}}`},
+		{"delete metadata", s, `{"metadata":{"$patch":"delete"}}`},
+		{"duplicate metadata", s, `{"metadata":{"annotations":{"keep":"y"}},"metadata":{"annotations":{"$patch":"replace"}}}`},
+	})
+}
+
+// TestRedTeamApplyPatchOnTheStamp sends server-side apply bodies (JSON and
+// YAML) through Patch with the apply type: ones that state protocol keys,
+// YAML that hides them behind anchors, merge keys, escapes and duplicated
+// keys, and managedFields.
+func TestRedTeamApplyPatchOnTheStamp(t *testing.T) {
+	a := types.ApplyYAMLPatchType
+	head := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: NAME\n"
+	runHolderPatches(t, []patchCase{
+		{"json low token", a, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","annotations":{"fencer.dev/token":"1","fencer.dev/lease":"x/y","{ns}.other.mark.fencer.dev/token":"1"}}}`},
+		{"json empty annotations", a, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","annotations":{}}}`},
+		{"yaml escaped key", a, head + "  annotations:\n    \"fencer.dev\\x2ftoken\": \"1\"\n    \"{ns}.other.mark.fencer.dev\\u002ftoken\": \"1\"\n"},
+		{"yaml merge key", a, head + "  annotations:\n    <<: {\"fencer.dev/token\": \"1\", \"{ns}.other.mark.fencer.dev/token\": \"1\"}\n"},
+		{"yaml anchor", a, "x: &low \"1\"\n" + head + "  annotations:\n    fencer.dev/token: *low\n"},
+		{"yaml duplicate key", a, head + "  annotations:\n    keep: a\n    keep: b\n    fencer.dev/token: \"1\"\n"},
+		{"yaml flow duplicate metadata", a, "{apiVersion: v1, kind: ConfigMap, metadata: {name: NAME}, metadata: {name: NAME, annotations: {fencer.dev/token: \"1\"}}}"},
+		{"yaml tagged string", a, head + "  annotations:\n    !!str fencer.dev/token: !!str 1\n"},
+		{"yaml null annotations", a, head + "  annotations: ~\n"},
+		{"managedFields", a, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","managedFields":[{"manager":"x","operation":"Apply","apiVersion":"v1","fieldsType":"FieldsV1","fieldsV1":{"f:metadata":{"f:annotations":{"f:fencer.dev/token":{}}}}}]}}`},
+		{"resourceVersion of its own", a, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","resourceVersion":"1","annotations":{"fencer.dev/token":"1"}}}`},
 	})
 }
