@@ -251,3 +251,79 @@ func TestRedTeamApplyPatchOnTheStamp(t *testing.T) {
 		{"resourceVersion of its own", a, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","resourceVersion":"1","annotations":{"fencer.dev/token":"1"}}}`},
 	})
 }
+
+// takeoverScene is newHopScene with the takeover by "fence" done by write
+// instead of a plain Update, so that every write path must keep the mark
+// of the lease it replaces.
+func takeoverScene(t *testing.T, k *kube, name string, write func(c *kubeadapter.Client, obj *corev1.ConfigMap) error) *hopScene {
+	t.Helper()
+	ctx := t.Context()
+	fence := k.leaseTokens(t, "fence", 2)
+	other := k.leaseTokens(t, "other", 2)
+	s := &hopScene{k: k, a: fence[0], b: fence[1], m0: other[0], m: other[1], name: name}
+	obj := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
+		Data:       map[string]string{"by": "m", "extra": "keep me"},
+	}
+	require.NoError(t, k.client(t, staticHolder{s.m}).Create(ctx, obj))
+	require.NoError(t, write(k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()), obj))
+	s.wantAnnot = map[string]string{
+		token.AnnotationLease:    s.b.Lease,
+		token.AnnotationToken:    fmt.Sprint(s.b.Revision),
+		token.MarkKey(s.m.Lease): fmt.Sprint(s.m.Revision),
+	}
+	return s
+}
+
+// TestRedTeamTakeoverKeepsTheMarkOnEveryPath takes an object over from
+// another lease by each fenced write (JSON, merge and strategic patches,
+// apply, two applies by one field manager), then checks that the mark of
+// the replaced lease is there and that the superseded holders of both
+// leases are refused.
+func TestRedTeamTakeoverKeepsTheMarkOnEveryPath(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	apply := func(c *kubeadapter.Client, obj *corev1.ConfigMap, data string) error {
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + obj.Name + `"},"data":{"by":"` + data + `"}}`
+		return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("red-applier"), client.ForceOwnership)
+	}
+	for name, write := range map[string]func(c *kubeadapter.Client, obj *corev1.ConfigMap) error{
+		"json": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/data/by","value":"b"}]`)))
+		},
+		"merge": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"b"}}`)))
+		},
+		"strategic": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"b"}}`)))
+		},
+		"apply": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error { return apply(c, obj, "b") },
+		"apply twice": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			if err := apply(c, obj, "b1"); err != nil {
+				return err
+			}
+			return apply(c, obj, "b2")
+		},
+		"json remove annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
+		},
+		"merge null annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":null}}`)))
+		},
+		"update without annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			o := obj.DeepCopy()
+			o.Annotations = nil
+			o.ResourceVersion = ""
+			return c.Update(ctx, o)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := takeoverScene(t, k, sanitize(name), write)
+			s.requireFenced(t)
+			// The holder's own next plain write keeps the mark too.
+			obj := k.configMap(t, s.name)
+			require.NoError(t, apply(k.client(t, staticHolder{s.b}), obj, "again"))
+			s.requireFenced(t)
+		})
+	}
+}
