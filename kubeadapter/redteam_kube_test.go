@@ -327,3 +327,114 @@ func TestRedTeamTakeoverKeepsTheMarkOnEveryPath(t *testing.T) {
 		})
 	}
 }
+
+// podScene is a Pod, whose /status stores the annotations of its body,
+// that the stale holder a stamped, then the current holder b.
+type podScene struct {
+	k    *kube
+	a, b token.Token
+	name string
+}
+
+func newPodScene(t *testing.T, k *kube, name string) *podScene {
+	t.Helper()
+	toks := k.leaseTokens(t, "fence", 2)
+	s := &podScene{k: k, a: toks[0], b: toks[1], name: name}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+	}
+	require.NoError(t, k.client(t, staticHolder{s.a}).Create(t.Context(), pod))
+	pod.Labels = map[string]string{"by": "b"}
+	require.NoError(t, k.client(t, staticHolder{s.b}).Update(t.Context(), pod))
+	return s
+}
+
+func (s *podScene) pod(t *testing.T) *corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	require.NoError(t, s.k.crc.Get(t.Context(), client.ObjectKey{Namespace: s.k.ns, Name: s.name}, &pod))
+	return &pod
+}
+
+// requireFenced checks that the Pod carries b's stamp and that a's fenced
+// writes, through the main resource and /status, are refused.
+func (s *podScene) requireFenced(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	cur := s.pod(t)
+	requireStamped(t, cur.Annotations, s.b)
+	ca := s.k.client(t, staticHolder{s.a})
+	late := cur.DeepCopy()
+	late.Status.Message = "late a"
+	require.ErrorIs(t, ca.Status().Update(ctx, late), token.ErrStale)
+	late = cur.DeepCopy()
+	late.Labels = map[string]string{"by": "late a"}
+	require.ErrorIs(t, ca.Update(ctx, late), token.ErrStale)
+	require.Equal(t, cur.ResourceVersion, s.pod(t).ResourceVersion, "a superseded holder's write landed")
+}
+
+// TestRedTeamPodStatusOnTheStamp sends, as the current holder, writes of
+// Pod /status that drop or lower the stamp: a status Update without
+// annotations or with a's stamp, and JSON, merge and strategic patches of
+// /status on the annotations. pods/status stores the body's annotations,
+// so the fenced status writer must keep the stamp. It also sends a's
+// status writes, stale, in every form.
+func TestRedTeamPodStatusOnTheStamp(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	const tokP = "/metadata/annotations/fencer.dev~1token"
+	for i, tc := range []struct {
+		name  string
+		write func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error
+	}{
+		{"update without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			pod.Annotations = nil
+			pod.Status.Message = "b"
+			return c.Status().Update(ctx, pod)
+		}},
+		{"update with the stale stamp", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+			pod.Annotations = s.a.Stamp(map[string]string{})
+			pod.Status.Message = "b"
+			return c.Status().Update(ctx, pod)
+		}},
+		{"json remove token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"`+tokP+`"}]`)))
+		}},
+		{"json prefix-segment remove token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"x`+tokP+`"}]`)))
+		}},
+		{"json remove annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
+		}},
+		{"merge null annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":null},"status":{"message":"b"}}`)))
+		}},
+		{"merge low token", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"`+fmt.Sprint(s.a.Revision)+`"}}}`)))
+		}},
+		{"strategic escaped replace annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"\u0024patch":"replace"}}}`)))
+		}},
+		{"strategic null token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":null}}}`)))
+		}},
+		{"apply empty annotations", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+			body := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + s.name + `","annotations":{}},"status":{"message":"b"}}`
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("red"), client.ForceOwnership)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newPodScene(t, k, fmt.Sprintf("pod%d", i))
+			err := tc.write(k.client(t, staticHolder{s.b}), s, s.pod(t))
+			t.Logf("fenced status write by the current holder: err=%v", err)
+			s.requireFenced(t)
+			// The same write by the superseded holder must be refused.
+			before := s.pod(t)
+			err = tc.write(k.client(t, staticHolder{s.a}), s, s.pod(t))
+			require.Error(t, err, "the superseded holder's status write was accepted")
+			t.Logf("fenced status write by the superseded holder: err=%v", err)
+			require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion, "the superseded holder's status write landed")
+		})
+	}
+}
