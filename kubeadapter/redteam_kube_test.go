@@ -1,15 +1,20 @@
 package kubeadapter_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
@@ -437,4 +442,81 @@ func TestRedTeamPodStatusOnTheStamp(t *testing.T) {
 			require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion, "the superseded holder's status write landed")
 		})
 	}
+}
+
+// TestRedTeamSharedCacheMemory is a careless caller whose reader shares
+// memory with the objects it hands out: a controller-runtime cache with
+// UnsafeDisableDeepCopy (a documented option of controller-runtime) as
+// WithReader, and a client-go lister as UpdateFenced's get. The
+// superseded holder a reads the object (b's version) from the cache and
+// stamps its own token into the annotations it got (a hand-edited stamp),
+// which writes into the cache's copy; then it writes through the fenced
+// client. The fenced client must not take the caller's annotations for
+// the stored ones: the write must be refused and b's stamp must stay.
+func TestRedTeamSharedCacheMemory(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+
+	t.Run("controller-runtime cache without deep copy", func(t *testing.T) {
+		s := newSuperseded(t, k, "unsafe-cache")
+		unsafe := true
+		c, err := cache.New(k.env.Admin(), cache.Options{
+			Scheme:                       clientgoscheme.Scheme,
+			DefaultNamespaces:            map[string]cache.Config{k.ns: {}},
+			DefaultUnsafeDisableDeepCopy: &unsafe,
+		})
+		require.NoError(t, err)
+		cctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Start(cctx) }()
+		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+		_, err = c.GetInformer(ctx, &corev1.ConfigMap{})
+		require.NoError(t, err)
+		require.True(t, c.WaitForCacheSync(ctx))
+		key := client.ObjectKey{Namespace: k.ns, Name: s.current.Name}
+		require.Eventually(t, func() bool {
+			var cm corev1.ConfigMap
+			return c.Get(ctx, key, &cm) == nil && cm.ResourceVersion == s.current.ResourceVersion
+		}, 10*time.Second, 10*time.Millisecond)
+
+		var obj corev1.ConfigMap
+		require.NoError(t, c.Get(ctx, key, &obj))
+		s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
+		obj.Data = map[string]string{"by": "a-late"}
+		fenced := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(c))
+		err = fenced.Update(ctx, &obj)
+		stored := k.configMap(t, s.current.Name)
+		t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
+		require.ErrorIs(t, err, token.ErrStale)
+		s.requireIntact(t)
+	})
+
+	t.Run("client-go lister as UpdateFenced get", func(t *testing.T) {
+		s := newSuperseded(t, k, "lister")
+		factory := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns))
+		lister := factory.Core().V1().ConfigMaps().Lister()
+		stop := make(chan struct{})
+		factory.Start(stop)
+		t.Cleanup(func() { close(stop); factory.Shutdown() })
+		factory.WaitForCacheSync(stop)
+		require.Eventually(t, func() bool {
+			cm, err := lister.ConfigMaps(k.ns).Get(s.current.Name)
+			return err == nil && cm.ResourceVersion == s.current.ResourceVersion
+		}, 10*time.Second, 10*time.Millisecond)
+
+		cached, err := lister.ConfigMaps(k.ns).Get(s.current.Name)
+		require.NoError(t, err)
+		s.a.Stamp(cached.Annotations) // hand-edited, in the lister's memory
+		cms := k.cs.CoreV1().ConfigMaps(k.ns)
+		_, err = kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+			func(context.Context) (*corev1.ConfigMap, error) { return lister.ConfigMaps(k.ns).Get(s.current.Name) },
+			func(cm *corev1.ConfigMap) error { cm.Data = map[string]string{"by": "a-late"}; return nil },
+			func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+				return cms.Update(ctx, cm, metav1.UpdateOptions{})
+			})
+		stored := k.configMap(t, s.current.Name)
+		t.Logf("UpdateFenced of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
+		require.ErrorIs(t, err, token.ErrStale)
+		s.requireIntact(t)
+	})
 }
