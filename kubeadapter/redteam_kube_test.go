@@ -2,6 +2,7 @@ package kubeadapter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -519,4 +524,223 @@ func TestRedTeamSharedCacheMemory(t *testing.T) {
 		require.ErrorIs(t, err, token.ErrStale)
 		s.requireIntact(t)
 	})
+}
+
+// gadgetGV is the group of the Gadget custom resource: like the Widget,
+// but with a status subresource, and spec.extra and status.extra that the
+// Go type below does not know.
+var gadgetGV = schema.GroupVersion{Group: "redteam.fencer.dev", Version: "v1"}
+
+type gadgetFields struct {
+	Known string `json:"known,omitempty"`
+}
+
+type gadget struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              gadgetFields `json:"spec,omitempty"`
+	Status            gadgetFields `json:"status,omitempty"`
+}
+
+func (g *gadget) DeepCopyObject() runtime.Object {
+	out := *g
+	g.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	return &out
+}
+
+type gadgetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []gadget `json:"items"`
+}
+
+func (l *gadgetList) DeepCopyObject() runtime.Object {
+	out := *l
+	out.Items = make([]gadget, len(l.Items))
+	for i := range l.Items {
+		out.Items[i] = *l.Items[i].DeepCopyObject().(*gadget)
+	}
+	return &out
+}
+
+// gadgets installs the Gadget CRD (if needed) and returns a client whose
+// scheme knows the gadget Go type.
+func gadgets(t *testing.T, k *kube) client.Client {
+	t.Helper()
+	ctx := t.Context()
+	str := map[string]any{"type": "string"}
+	fields := map[string]any{"type": "object", "properties": map[string]any{"known": str, "extra": str}}
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1",
+		"kind":       "CustomResourceDefinition",
+		"metadata":   map[string]any{"name": "gadgets." + gadgetGV.Group},
+		"spec": map[string]any{
+			"group": gadgetGV.Group,
+			"scope": "Namespaced",
+			"names": map[string]any{"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+			"versions": []any{map[string]any{
+				"name": gadgetGV.Version, "served": true, "storage": true,
+				"subresources": map[string]any{"status": map[string]any{}},
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{
+					"type":       "object",
+					"properties": map[string]any{"spec": fields, "status": fields},
+				}},
+			}},
+		},
+	}}
+	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
+	probe := &unstructured.UnstructuredList{}
+	probe.SetGroupVersionKind(gadgetGV.WithKind("GadgetList"))
+	require.Eventually(t, func() bool { return k.crc.List(ctx, probe, client.InNamespace(k.ns)) == nil }, time.Minute, 100*time.Millisecond)
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	scheme.AddKnownTypeWithName(gadgetGV.WithKind("Gadget"), &gadget{})
+	scheme.AddKnownTypeWithName(gadgetGV.WithKind("GadgetList"), &gadgetList{})
+	metav1.AddToGroupVersion(scheme, gadgetGV)
+	c, err := client.New(k.env.Admin(), client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	return c
+}
+
+// newGadget creates a Gadget with both fields in spec and status, stamped
+// by holder (if not nil), through unstructured objects.
+func newGadget(t *testing.T, k *kube, name string, holder kubeadapter.Holder) {
+	t.Helper()
+	ctx := t.Context()
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gadgetGV.String(), "kind": "Gadget",
+		"metadata": map[string]any{"namespace": k.ns, "name": name, "annotations": map[string]any{"keep": "me"}},
+		"spec":     map[string]any{"known": "k0", "extra": "keep me"},
+	}}
+	if holder != nil {
+		require.NoError(t, k.client(t, holder).Create(ctx, u))
+	} else {
+		require.NoError(t, k.crc.Create(ctx, u))
+	}
+	require.NoError(t, unstructured.SetNestedStringMap(u.Object, map[string]string{"known": "s0", "extra": "keep me too"}, "status"))
+	require.NoError(t, k.crc.Status().Update(ctx, u))
+}
+
+func storedGadget(t *testing.T, k *kube, name string) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gadgetGV.WithKind("Gadget"))
+	require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: k.ns, Name: name}, u))
+	return u
+}
+
+// TestRedTeamDataLossThroughTheFencedClient writes a Gadget through a Go
+// type that lacks spec.extra and status.extra, with every fenced write,
+// and the same write through the plain client on a twin Gadget. A fenced
+// write must lose no field that the plain one keeps, and patches, applies
+// and status writes must keep the fields the type does not know (a status
+// write must never touch spec). The holder's token is newer than the one
+// the Gadget was created with, so status writes also stamp the main
+// resource first.
+func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	gc := gadgets(t, k)
+	toks := k.leaseTokens(t, "fence", 2)
+	older, tok := toks[0], toks[1]
+	fenced, err := kubeadapter.NewClient(gc, staticHolder{tok})
+	require.NoError(t, err)
+
+	type write func(c client.Client, g *gadget) error
+	for _, tc := range []struct {
+		name             string
+		write            write
+		specKept, status bool // what the docs promise: spec.extra kept; status.extra kept
+	}{
+		{"update", func(c client.Client, g *gadget) error {
+			g.Spec.Known = "k1"
+			return c.Update(ctx, g)
+		}, false, true},
+		{"merge patch", func(c client.Client, g *gadget) error {
+			base := g.DeepCopyObject().(*gadget)
+			g.Spec.Known = "k1"
+			return c.Patch(ctx, g, client.MergeFrom(base))
+		}, true, true},
+		{"optimistic merge patch", func(c client.Client, g *gadget) error {
+			base := g.DeepCopyObject().(*gadget)
+			g.Spec.Known = "k1"
+			return c.Patch(ctx, g, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		}, true, true},
+		{"json patch", func(c client.Client, g *gadget) error {
+			return c.Patch(ctx, g, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/spec/known","value":"k1"}]`)))
+		}, true, true},
+		{"json patch emptying annotations", func(c client.Client, g *gadget) error {
+			return c.Patch(ctx, g, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"},{"op":"replace","path":"/spec/known","value":"k1"}]`)))
+		}, true, true},
+		{"apply unstructured", func(c client.Client, g *gadget) error {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": gadgetGV.String(), "kind": "Gadget",
+				"metadata": map[string]any{"namespace": g.Namespace, "name": g.Name},
+				"spec":     map[string]any{"known": "k1"},
+			}}
+			return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("red"), client.ForceOwnership)
+		}, true, true},
+		{"metadata-only patch", func(c client.Client, g *gadget) error {
+			pm := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: gadgetGV.String(), Kind: "Gadget"}, ObjectMeta: *g.ObjectMeta.DeepCopy()}
+			return c.Patch(ctx, pm, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`)))
+		}, true, true},
+		{"status update", func(c client.Client, g *gadget) error {
+			g.Status.Known = "s1"
+			return c.Status().Update(ctx, g)
+		}, true, false},
+		{"status merge patch", func(c client.Client, g *gadget) error {
+			base := g.DeepCopyObject().(*gadget)
+			g.Status.Known = "s1"
+			return c.Status().Patch(ctx, g, client.MergeFrom(base))
+		}, true, true},
+		{"status json patch", func(c client.Client, g *gadget) error {
+			return c.Status().Patch(ctx, g, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/status/known","value":"s1"}]`)))
+		}, true, true},
+		{"status apply", func(c client.Client, g *gadget) error {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": gadgetGV.String(), "kind": "Gadget",
+				"metadata": map[string]any{"namespace": g.Namespace, "name": g.Name},
+				"status":   map[string]any{"known": "s1"},
+			}}
+			return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("red"), client.ForceOwnership)
+		}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := sanitize(tc.name)
+			newGadget(t, k, name, staticHolder{older})
+			newGadget(t, k, name+"-plain", nil)
+			outcome := func(c client.Client, name string) (error, *unstructured.Unstructured) {
+				g := &gadget{}
+				require.NoError(t, gc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, g))
+				err := tc.write(c, g)
+				return err, storedGadget(t, k, name)
+			}
+			plainErr, plain := outcome(gc, name+"-plain")
+			fencedErr, got := outcome(fenced, name)
+			require.NoError(t, plainErr, "the plain write")
+			if errors.Is(fencedErr, kubeadapter.ErrUnsupported) {
+				t.Logf("fenced %s: %v", tc.name, fencedErr)
+				return
+			}
+			require.NoError(t, fencedErr)
+			for _, f := range [][]string{{"spec", "extra"}, {"status", "extra"}, {"spec", "known"}, {"status", "known"}} {
+				want, _, _ := unstructured.NestedString(plain.Object, f...)
+				have, _, _ := unstructured.NestedString(got.Object, f...)
+				require.Equal(t, want, have, "%s after the fenced write (plain write keeps %q)", strings.Join(f, "."), want)
+			}
+			spec, _, _ := unstructured.NestedString(got.Object, "spec", "extra")
+			status, _, _ := unstructured.NestedString(got.Object, "status", "extra")
+			if tc.specKept {
+				require.Equal(t, "keep me", spec, "spec.extra erased")
+			}
+			if tc.status {
+				require.Equal(t, "keep me too", status, "status.extra erased")
+			}
+			requireStamped(t, got.GetAnnotations(), tok)
+			wantKeep := plain.GetAnnotations()["keep"]
+			require.Equal(t, wantKeep, got.GetAnnotations()["keep"], "annotation keep")
+		})
+	}
 }
