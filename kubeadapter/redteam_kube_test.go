@@ -744,3 +744,104 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 		})
 	}
 }
+
+// policyKube is the shared API server with fencer's admission policy.
+func policyKube(t *testing.T) *kube {
+	t.Helper()
+	k := newKube(t)
+	installPolicy(t, k)
+	return k
+}
+
+// requireDenied checks that the API server refused a raw write, and that
+// the object did not change.
+func requireDenied(t *testing.T, k *kube, name, rv string, err error) {
+	t.Helper()
+	require.Error(t, err, "the raw write was admitted")
+	require.True(t, apierrors.IsForbidden(err) || apierrors.IsInvalid(err), "not an admission denial: %v", err)
+	require.Equal(t, rv, k.configMap(t, name).ResourceVersion, "the object changed")
+	t.Logf("denied: %v", err)
+}
+
+// TestRedTeamRawWriterWithPolicy sends, with the admission policy
+// installed, raw writes (the plain controller-runtime client, as kubectl
+// would) that carry the superseded token a over an object b stamped, drop
+// or lower the stamp or a mark, hop leases, or use JSON-pointer prefixes,
+// escapes and SSA field ownership to reach the annotations. Each must be
+// denied by the API server and change nothing.
+func TestRedTeamRawWriterWithPolicy(t *testing.T) {
+	k := policyKube(t)
+	ctx := t.Context()
+	aTok := func(s *hopScene) string { return fmt.Sprint(s.a.Revision) }
+	raw := func(typ types.PatchType, body string) func(s *hopScene, obj *corev1.ConfigMap) error {
+		return func(s *hopScene, obj *corev1.ConfigMap) error {
+			b := strings.NewReplacer("{ns}", k.ns, "NAME", s.name, "{a}", aTok(s), "{m}", fmt.Sprint(s.m.Revision), "{b}", fmt.Sprint(s.b.Revision)).Replace(body)
+			var opts []client.PatchOption
+			if typ == types.ApplyYAMLPatchType {
+				opts = append(opts, client.FieldOwner("raw"), client.ForceOwnership)
+			}
+			return k.crc.Patch(ctx, obj, client.RawPatch(typ, []byte(b)), opts...)
+		}
+	}
+	j, m, sm, ap := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType, types.ApplyYAMLPatchType
+	for _, tc := range []struct {
+		name  string
+		write func(s *hopScene, obj *corev1.ConfigMap) error
+	}{
+		{"update with the stale stamp and the current resourceVersion", func(s *hopScene, obj *corev1.ConfigMap) error {
+			obj.Annotations = s.a.Stamp(map[string]string{token.MarkKey(s.m.Lease): fmt.Sprint(s.m.Revision)})
+			obj.Data["by"] = "a-late"
+			return k.crc.Update(ctx, obj)
+		}},
+		{"update without annotations", func(_ *hopScene, obj *corev1.ConfigMap) error {
+			obj.Annotations = nil
+			return k.crc.Update(ctx, obj)
+		}},
+		{"merge patch stale token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":"{a}"}},"data":{"by":"a-late"}}`)},
+		{"merge patch null annotations", raw(m, `{"metadata":{"annotations":null}}`)},
+		{"merge patch null mark", raw(m, `{"metadata":{"annotations":{"{ns}.other.mark.fencer.dev/token":null}}}`)},
+		{"merge patch low mark", raw(m, `{"metadata":{"annotations":{"{ns}.other.mark.fencer.dev/token":"1"}}}`)},
+		{"json patch prefix-segment stale token", raw(j, `[{"op":"replace","path":"x/metadata/annotations/fencer.dev~1token","value":"{a}"}]`)},
+		{"json patch remove annotations", raw(j, `[{"op":"remove","path":"/metadata/annotations"}]`)},
+		{"json patch copy over token", raw(j, `[{"op":"add","path":"/metadata/annotations/low","value":"{a}"},{"op":"move","from":"/metadata/annotations/low","path":"/metadata/annotations/fencer.dev~1token"}]`)},
+		{"strategic replace annotations", raw(sm, `{"metadata":{"annotations":{"$patch":"replace","keep":"x"}}}`)},
+		{"strategic delete annotations", raw(sm, `{"metadata":{"annotations":{"$patch":"delete"}}}`)},
+		{"apply stale token by another manager", raw(ap, `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","annotations":{"fencer.dev/token":"{a}"}},"data":{"by":"a-late"}}`)},
+		{"non-canonical token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":"0{b}"}}}`)},
+		{"signed token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":"+{b}"}}}`)},
+		{"spaced token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":" {b}"}}}`)},
+		{"overflowing token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":"9223372036854775808"}}}`)},
+		{"takeover without mark", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/third","fencer.dev/token":"1"}}}`)},
+		{"takeover dropping the older mark", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/third","fencer.dev/token":"1","{ns}.fence.mark.fencer.dev/token":"{b}","{ns}.other.mark.fencer.dev/token":null}}}`)},
+		{"hop back to other below its mark", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/other","fencer.dev/token":"1","{ns}.fence.mark.fencer.dev/token":"{b}"}}}`)},
+		{"hop back to other below its mark, mark dropped", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/other","fencer.dev/token":"1","{ns}.fence.mark.fencer.dev/token":"{b}","{ns}.other.mark.fencer.dev/token":null}}}`)},
+		{"mark under a malformed key", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/third","fencer.dev/token":"1","{ns}.Fence.mark.fencer.dev/token":"{b}"}}}`)},
+		{"lease with a trailing dot", raw(m, `{"metadata":{"annotations":{"fencer.dev/lease":"{ns}/fence.","fencer.dev/token":"1","{ns}.fence.mark.fencer.dev/token":"{b}"}}}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newHopScene(t, k, sanitize(tc.name))
+			obj := k.configMap(t, s.name)
+			err := tc.write(s, obj.DeepCopy())
+			requireDenied(t, k, s.name, obj.ResourceVersion, err)
+			s.requireFenced(t)
+		})
+	}
+
+	t.Run("apply by the field manager that owns the stamp", func(t *testing.T) {
+		toks := k.leaseTokens(t, "fence", 1)
+		name := "ssa-owner"
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `"},"data":{"by":"b-apply"}}`
+		// The fenced apply creates the object: "ctrl" alone owns the
+		// protocol keys.
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
+		require.NoError(t, k.client(t, staticHolder{toks[0]}).Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl")))
+		obj = k.configMap(t, name)
+		requireStamped(t, obj.Annotations, toks[0])
+		t.Logf("managed fields: %+v", obj.ManagedFields)
+		// The same manager's raw apply, without them: SSA removes fields a
+		// manager owned alone and no longer applies.
+		err := k.crc.Patch(ctx, obj.DeepCopy(), client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl"))
+		requireDenied(t, k, name, obj.ResourceVersion, err)
+		requireStamped(t, k.configMap(t, name).Annotations, toks[0])
+	})
+}
