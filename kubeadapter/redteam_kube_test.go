@@ -845,3 +845,149 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 		requireStamped(t, k.configMap(t, name).Annotations, toks[0])
 	})
 }
+
+// TestRedTeamCarelessCaller is a superseded holder a that writes, through
+// the fenced client and without the admission policy, objects it built
+// carelessly: a forged stamp greater than b's, a copy of b's own stamp and
+// resourceVersion, a retry after its refusal, deletes pinned to b's
+// version, a status apply, and a create of b's object under b's stamp
+// after b deleted it. Each must be refused, and b's object unchanged.
+func TestRedTeamCarelessCaller(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	forged := func(s superseded) map[string]string {
+		return map[string]string{
+			token.AnnotationLease: s.b.Lease, token.AnnotationToken: "9223372036854775807", token.AnnotationEpoch: "99",
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		write func(s superseded, c *kubeadapter.Client) error
+	}{
+		{"update with a forged greater stamp", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.handBuilt()
+			obj.Annotations = forged(s)
+			return c.Update(ctx, obj)
+		}},
+		{"update with a forged greater stamp and no resourceVersion", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.handBuilt()
+			obj.ResourceVersion, obj.Annotations = "", forged(s)
+			return c.Update(ctx, obj)
+		}},
+		{"update with b's stamp and resourceVersion copied", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.current.DeepCopy()
+			obj.Data["by"] = "a-late"
+			return c.Update(ctx, obj)
+		}},
+		{"update retried after its refusal", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.aView.DeepCopy()
+			obj.Data["by"] = "a-late"
+			err := c.Update(ctx, obj)
+			if !errors.Is(err, token.ErrStale) {
+				return fmt.Errorf("first attempt: %w", err)
+			}
+			obj.ResourceVersion = ""
+			if err := c.Update(ctx, obj); err == nil || !errors.Is(err, token.ErrStale) {
+				return fmt.Errorf("retry without resourceVersion: %w", err)
+			}
+			obj.ResourceVersion = s.current.ResourceVersion
+			return c.Update(ctx, obj)
+		}},
+		{"merge patch with a forged stamp", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.current.DeepCopy()
+			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"9223372036854775807"}},"data":{"by":"a-late"}}`)))
+		}},
+		{"optimistic patch from b's version", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.current.DeepCopy()
+			base := obj.DeepCopy()
+			obj.Data["by"] = "a-late"
+			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		}},
+		{"json patch pinning b's version", func(s superseded, c *kubeadapter.Client) error {
+			obj := s.current.DeepCopy()
+			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"test","path":"/metadata/resourceVersion","value":"`+s.current.ResourceVersion+`"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
+		}},
+		{"apply forced", func(s superseded, c *kubeadapter.Client) error {
+			body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + s.current.Name + `"},"data":{"by":"a-late"}}`
+			return c.Patch(ctx, s.current.DeepCopy(), client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a"), client.ForceOwnership)
+		}},
+		{"delete with b's preconditions", func(s superseded, c *kubeadapter.Client) error {
+			return c.Delete(ctx, s.current.DeepCopy(), client.Preconditions{UID: &s.current.UID, ResourceVersion: &s.current.ResourceVersion})
+		}},
+		{"delete of a hand-built object", func(s superseded, c *kubeadapter.Client) error {
+			return c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: s.current.Namespace, Name: s.current.Name}})
+		}},
+		{"DeleteFenced with b's copy", func(s superseded, _ *kubeadapter.Client) error {
+			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			return kubeadapter.DeleteFenced(ctx, staticHolder{s.a},
+				func(ctx context.Context) (*corev1.ConfigMap, error) {
+					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
+				},
+				func(ctx context.Context, p metav1.Preconditions) error {
+					return cms.Delete(ctx, s.current.Name, metav1.DeleteOptions{Preconditions: &p})
+				})
+		}},
+		{"UpdateFenced with a mutate that restamps", func(s superseded, _ *kubeadapter.Client) error {
+			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			_, err := kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+				func(ctx context.Context) (*corev1.ConfigMap, error) {
+					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
+				},
+				func(cm *corev1.ConfigMap) error {
+					cm.Annotations = s.a.Stamp(nil)
+					cm.Data["by"] = "a-late"
+					return nil
+				},
+				func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+					return cms.Update(ctx, cm, metav1.UpdateOptions{})
+				})
+			return err
+		}},
+		{"UpdateFenced with a get that returns a's old copy", func(s superseded, _ *kubeadapter.Client) error {
+			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			_, err := kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+				func(context.Context) (*corev1.ConfigMap, error) { return s.aView.DeepCopy(), nil },
+				func(cm *corev1.ConfigMap) error { cm.Data["by"] = "a-late"; return nil },
+				func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+					return cms.Update(ctx, cm, metav1.UpdateOptions{})
+				})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSuperseded(t, k, sanitize(tc.name))
+			err := tc.write(s, k.client(t, staticHolder{s.a}))
+			t.Logf("superseded holder: %v", err)
+			require.Error(t, err, "the superseded holder's write was accepted")
+			s.requireIntact(t)
+			require.Equal(t, s.current.ResourceVersion, k.configMap(t, s.current.Name).ResourceVersion)
+		})
+	}
+
+	t.Run("create of an object b deleted, with b's stamp copied", func(t *testing.T) {
+		s := newSuperseded(t, k, "recreate")
+		require.NoError(t, k.client(t, staticHolder{s.b}).Delete(ctx, s.current.DeepCopy()))
+		obj := s.current.DeepCopy()
+		obj.ResourceVersion, obj.UID = "", ""
+		obj.Data["by"] = "a-late"
+		err := k.client(t, staticHolder{s.a}).Create(ctx, obj)
+		t.Logf("superseded holder: %v", err)
+		require.ErrorIs(t, err, token.ErrStale)
+		require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(obj), &corev1.ConfigMap{})))
+	})
+
+	t.Run("status apply", func(t *testing.T) {
+		s := newPodScene(t, k, "status-apply")
+		before := s.pod(t)
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"namespace": k.ns, "name": s.name},
+			"status":   map[string]any{"message": "a-late"},
+		}}
+		err := k.client(t, staticHolder{s.a}).Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("a"), client.ForceOwnership)
+		t.Logf("superseded holder: %v", err)
+		require.Error(t, err)
+		require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion)
+		s.requireFenced(t)
+	})
+}
