@@ -991,3 +991,163 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 		s.requireFenced(t)
 	})
 }
+
+// interposingReader reads through the API and then, once, lets another
+// holder write the object before the read returns: the newer holder's
+// write lands exactly between the fenced client's check and its write.
+type interposingReader struct {
+	client.Reader
+	once  bool
+	write func()
+}
+
+func (r *interposingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.Reader.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if !r.once {
+		r.once = true
+		r.write()
+	}
+	return nil
+}
+
+// TestRedTeamWriteBetweenCheckAndWrite makes the newer holder b write the
+// object after holder a's fenced client has read and checked it (a's own
+// stamp, so the check passes) and before a's write is sent, for every
+// fenced write. a's write must not land: the newer stamp must stay.
+func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name  string
+		write func(c *kubeadapter.Client, obj *corev1.ConfigMap) error
+	}{
+		{"update pinned", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			obj.Data["by"] = "a-late"
+			return c.Update(ctx, obj)
+		}},
+		{"update unpinned", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			obj.ResourceVersion = ""
+			obj.Data["by"] = "a-late"
+			return c.Update(ctx, obj)
+		}},
+		{"json patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/data/by","value":"a-late"}]`)))
+		}},
+		{"merge patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
+		}},
+		{"strategic patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			return c.Patch(ctx, obj, client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
+		}},
+		{"apply", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+			body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + obj.Name + `"},"data":{"by":"a-late"}}`
+			return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a"), client.ForceOwnership)
+		}},
+		{"delete", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error { return c.Delete(ctx, obj) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			toks := k.leaseTokens(t, "fence", 2)
+			a, b := toks[0], toks[1]
+			name := sanitize(tc.name)
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
+			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+			var bRV string
+			hook := &interposingReader{Reader: k.crc, write: func() {
+				cur := k.configMap(t, name)
+				cur.Data["by"] = "b"
+				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+				bRV = cur.ResourceVersion
+			}}
+			ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+			err := tc.write(ca, obj.DeepCopy())
+			t.Logf("a's write after b's: %v", err)
+			require.True(t, hook.once, "the fenced client did not read")
+			require.Error(t, err, "a's write landed after b's")
+			cur := k.configMap(t, name)
+			requireStamped(t, cur.Annotations, b)
+			require.Equal(t, "b", cur.Data["by"])
+			require.Equal(t, bRV, cur.ResourceVersion)
+		})
+	}
+
+	for _, tc := range []struct {
+		name  string
+		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+	}{
+		{"status update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			pod.Status.Message = "a-late"
+			return c.Status().Update(ctx, pod)
+		}},
+		{"status merge patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"message":"a-late"}}`)))
+		}},
+		{"status json patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"add","path":"/status/message","value":"a-late"}]`)))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			toks := k.leaseTokens(t, "fence", 2)
+			a, b := toks[0], toks[1]
+			name := sanitize(tc.name)
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+			}
+			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, pod))
+			get := func() *corev1.Pod {
+				var p corev1.Pod
+				require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
+				return &p
+			}
+			var bRV string
+			hook := &interposingReader{Reader: k.crc, write: func() {
+				cur := get()
+				cur.Status.Message = "b"
+				require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
+				bRV = cur.ResourceVersion
+			}}
+			ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+			err := tc.write(ca, get())
+			t.Logf("a's write after b's: %v", err)
+			require.True(t, hook.once)
+			require.Error(t, err, "a's status write landed after b's")
+			cur := get()
+			requireStamped(t, cur.Annotations, b)
+			require.Equal(t, "b", cur.Status.Message)
+			require.Equal(t, bRV, cur.ResourceVersion)
+		})
+	}
+
+	t.Run("UpdateFenced with b writing during mutate", func(t *testing.T) {
+		toks := k.leaseTokens(t, "fence", 2)
+		a, b := toks[0], toks[1]
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "mutate"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		cms := k.cs.CoreV1().ConfigMaps(k.ns)
+		first := true
+		_, err := kubeadapter.UpdateFenced(ctx, staticHolder{a},
+			func(ctx context.Context) (*corev1.ConfigMap, error) {
+				return cms.Get(ctx, "mutate", metav1.GetOptions{})
+			},
+			func(cm *corev1.ConfigMap) error {
+				if first {
+					first = false
+					cur := k.configMap(t, "mutate")
+					cur.Data["by"] = "b"
+					require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+				}
+				cm.Data["by"] = "a-late"
+				return nil
+			},
+			func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+				return cms.Update(ctx, cm, metav1.UpdateOptions{})
+			})
+		t.Logf("a's write after b's: %v", err)
+		require.ErrorIs(t, err, token.ErrStale)
+		cur := k.configMap(t, "mutate")
+		requireStamped(t, cur.Annotations, b)
+		require.Equal(t, "b", cur.Data["by"])
+	})
+}
