@@ -463,35 +463,7 @@ func TestRedTeamSharedCacheMemory(t *testing.T) {
 	ctx := t.Context()
 
 	t.Run("controller-runtime cache without deep copy", func(t *testing.T) {
-		s := newSuperseded(t, k, "unsafe-cache")
-		unsafe := true
-		c, err := cache.New(k.env.Admin(), cache.Options{
-			Scheme:                       clientgoscheme.Scheme,
-			DefaultNamespaces:            map[string]cache.Config{k.ns: {}},
-			DefaultUnsafeDisableDeepCopy: &unsafe,
-		})
-		require.NoError(t, err)
-		cctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- c.Start(cctx) }()
-		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-		_, err = c.GetInformer(ctx, &corev1.ConfigMap{})
-		require.NoError(t, err)
-		require.True(t, c.WaitForCacheSync(ctx))
-		key := client.ObjectKey{Namespace: k.ns, Name: s.current.Name}
-		require.Eventually(t, func() bool {
-			var cm corev1.ConfigMap
-			return c.Get(ctx, key, &cm) == nil && cm.ResourceVersion == s.current.ResourceVersion
-		}, 10*time.Second, 10*time.Millisecond)
-
-		var obj corev1.ConfigMap
-		require.NoError(t, c.Get(ctx, key, &obj))
-		s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
-		obj.Data = map[string]string{"by": "a-late"}
-		fenced := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(c))
-		err = fenced.Update(ctx, &obj)
-		stored := k.configMap(t, s.current.Name)
-		t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
+		s, err := unsafeCacheWrite(t, k, "unsafe-cache")
 		require.ErrorIs(t, err, token.ErrStale)
 		s.requireIntact(t)
 	})
@@ -711,14 +683,14 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 			name := sanitize(tc.name)
 			newGadget(t, k, name, staticHolder{older})
 			newGadget(t, k, name+"-plain", nil)
-			outcome := func(c client.Client, name string) (error, *unstructured.Unstructured) {
+			outcome := func(c client.Client, name string) (*unstructured.Unstructured, error) {
 				g := &gadget{}
 				require.NoError(t, gc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, g))
 				err := tc.write(c, g)
-				return err, storedGadget(t, k, name)
+				return storedGadget(t, k, name), err
 			}
-			plainErr, plain := outcome(gc, name+"-plain")
-			fencedErr, got := outcome(fenced, name)
+			plain, plainErr := outcome(gc, name+"-plain")
+			got, fencedErr := outcome(fenced, name)
 			require.NoError(t, plainErr, "the plain write")
 			if errors.Is(fencedErr, kubeadapter.ErrUnsupported) {
 				t.Logf("fenced %s: %v", tc.name, fencedErr)
@@ -1150,4 +1122,53 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 		requireStamped(t, cur.Annotations, b)
 		require.Equal(t, "b", cur.Data["by"])
 	})
+}
+
+// unsafeCacheWrite is the write of TestRedTeamSharedCacheMemory through a
+// controller-runtime cache without deep copies: the superseded holder a
+// stamps its token into the annotations the cache handed it and updates
+// through the fenced client reading from that cache.
+func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
+	t.Helper()
+	ctx := t.Context()
+	s := newSuperseded(t, k, name)
+	unsafe := true
+	c, err := cache.New(k.env.Admin(), cache.Options{
+		Scheme:                       clientgoscheme.Scheme,
+		DefaultNamespaces:            map[string]cache.Config{k.ns: {}},
+		DefaultUnsafeDisableDeepCopy: &unsafe,
+	})
+	require.NoError(t, err)
+	cctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Start(cctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	_, err = c.GetInformer(ctx, &corev1.ConfigMap{})
+	require.NoError(t, err)
+	require.True(t, c.WaitForCacheSync(ctx))
+	key := client.ObjectKey{Namespace: k.ns, Name: s.current.Name}
+	require.Eventually(t, func() bool {
+		var cm corev1.ConfigMap
+		return c.Get(ctx, key, &cm) == nil && cm.ResourceVersion == s.current.ResourceVersion
+	}, 10*time.Second, 10*time.Millisecond)
+
+	var obj corev1.ConfigMap
+	require.NoError(t, c.Get(ctx, key, &obj))
+	s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
+	obj.Data = map[string]string{"by": "a-late"}
+	fenced := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(c))
+	err = fenced.Update(ctx, &obj)
+	stored := k.configMap(t, s.current.Name)
+	t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
+	return s, err
+}
+
+// TestRedTeamSharedCacheMemoryWithPolicy is the write of
+// TestRedTeamSharedCacheMemory with the admission policy installed: the
+// API server must refuse what the fenced client let through.
+func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
+	k := policyKube(t)
+	s, err := unsafeCacheWrite(t, k, "unsafe-cache-policy")
+	require.True(t, apierrors.IsForbidden(err), "not denied by the policy: %v", err)
+	s.requireIntact(t)
 }
