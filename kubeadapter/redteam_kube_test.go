@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
@@ -1171,4 +1172,74 @@ func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
 	s, err := unsafeCacheWrite(t, k, "unsafe-cache-policy")
 	require.True(t, apierrors.IsForbidden(err), "not denied by the policy: %v", err)
 	s.requireIntact(t)
+}
+
+// TestRedTeamResurrectionWithLiveLease installs both admission policies
+// and lets holder a, superseded (kubefencertest.Supersede) but not
+// noticing, write objects the new holder has not written and recreate one
+// the new holder deleted: through the fenced client (Create, Apply,
+// Update) and raw, with and without the epoch. The live-Lease policy must
+// refuse every one.
+func TestRedTeamResurrectionWithLiveLease(t *testing.T) {
+	k := liveKube(t)
+	ctx := t.Context()
+	ha := acquire(t, k.elector(t, "replica-a"))
+	ta := ha.Token()
+	a := k.client(t, staticHolder{ta})
+	for _, name := range []string{"deleted", "untouched"} {
+		require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}))
+	}
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, k.env.InstallPolicy(pctx))
+	installLiveLease(t, k)
+	taken := kubefencertest.Supersede(t, k.env.Admin(), ha)
+	b := k.client(t, taken)
+	require.NoError(t, b.Delete(ctx, k.configMap(t, "deleted")))
+	untouched := k.configMap(t, "untouched").ResourceVersion
+	// The live check reads the API server's Lease cache: wait until it has
+	// the takeover, so that each write below comes after it.
+	require.Eventually(t, func() bool {
+		probe := k.configMap(t, "untouched")
+		return apierrors.IsForbidden(k.crc.Update(ctx, probe, client.DryRunAll))
+	}, 10*time.Second, 5*time.Millisecond)
+
+	requireRefused := func(t *testing.T, err error) {
+		t.Helper()
+		t.Logf("a's write: %v", err)
+		require.True(t, apierrors.IsForbidden(err), "not refused by the API server: %v", err)
+		require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "deleted"}, &corev1.ConfigMap{})), "resurrected")
+		require.Equal(t, untouched, k.configMap(t, "untouched").ResourceVersion, "the untouched object changed")
+	}
+	t.Run("fenced create", func(t *testing.T) {
+		requireRefused(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted"}, Data: map[string]string{"by": "a-late"}}))
+	})
+	t.Run("fenced apply", func(t *testing.T) {
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"deleted"},"data":{"by":"a-late"}}`
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted"}}
+		requireRefused(t, a.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a")))
+	})
+	t.Run("fenced update of an untouched object", func(t *testing.T) {
+		obj := k.configMap(t, "untouched")
+		obj.Data["by"] = "a-late"
+		requireRefused(t, a.Update(ctx, obj))
+	})
+	t.Run("fenced merge patch of an untouched object", func(t *testing.T) {
+		obj := k.configMap(t, "untouched")
+		requireRefused(t, a.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`))))
+	})
+	t.Run("raw create with a's stamp", func(t *testing.T) {
+		requireRefused(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted", Annotations: ta.Stamp(nil)}}))
+	})
+	t.Run("raw create with a's stamp without the epoch", func(t *testing.T) {
+		ann := ta.Stamp(nil)
+		delete(ann, token.AnnotationEpoch)
+		requireRefused(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted", Annotations: ann}}))
+	})
+	t.Run("raw update of an untouched object dropping the epoch", func(t *testing.T) {
+		obj := k.configMap(t, "untouched")
+		delete(obj.Annotations, token.AnnotationEpoch)
+		obj.Data["by"] = "a-late"
+		requireRefused(t, k.crc.Update(ctx, obj))
+	})
 }
