@@ -1243,3 +1243,166 @@ func TestRedTeamResurrectionWithLiveLease(t *testing.T) {
 		requireRefused(t, k.crc.Update(ctx, obj))
 	})
 }
+
+// bindingAlias is a Go type of its own that a scheme registers as core/v1
+// Binding: a fenced client that recognizes Bindings by Go type would not
+// know it.
+type bindingAlias corev1.Binding
+
+func (b *bindingAlias) DeepCopyObject() runtime.Object {
+	out := (*corev1.Binding)(b).DeepCopy()
+	return (*bindingAlias)(out)
+}
+
+// TestRedTeamBindingCopiesTheStampOntoThePod creates, as the superseded
+// holder a and without the admission policy, a Binding of an unscheduled
+// Pod that b stamped, in every form a caller can: the typed Binding, an
+// unstructured one, a Go type of its own registered as v1 Binding, and a
+// pods/binding subresource create. The API server copies a Binding's
+// annotations onto its Pod, so a stamped Binding would overwrite b's
+// stamp with a's: each must be refused and the Pod keep b's stamp.
+func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	aliasScheme := runtime.NewScheme()
+	aliasScheme.AddKnownTypeWithName(corev1.SchemeGroupVersion.WithKind("Binding"), &bindingAlias{})
+	metav1.AddToGroupVersion(aliasScheme, corev1.SchemeGroupVersion)
+	aliasClient, err := client.New(k.env.Admin(), client.Options{Scheme: aliasScheme})
+	require.NoError(t, err)
+
+	for i, tc := range []struct {
+		name  string
+		inner client.Client
+		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+	}{
+		{"typed binding", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Create(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
+		}},
+		{"unstructured binding", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "Binding",
+				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name},
+				"target":   map[string]any{"kind": "Node", "name": "n1"},
+			}})
+		}},
+		{"own Go type registered as v1 Binding", aliasClient, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Create(ctx, &bindingAlias{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
+		}},
+		{"pods/binding subresource", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.SubResource("binding").Create(ctx, pod, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newPodScene(t, k, fmt.Sprintf("bind%d", i))
+			c, err := kubeadapter.NewClient(tc.inner, staticHolder{s.a})
+			require.NoError(t, err)
+			err = tc.write(c, s.pod(t))
+			t.Logf("a's binding: %v", err)
+			pod := s.pod(t)
+			t.Logf("pod annotations %v, node %q", pod.Annotations, pod.Spec.NodeName)
+			requireStamped(t, pod.Annotations, s.b)
+			require.Empty(t, pod.Spec.NodeName, "a's binding landed")
+		})
+	}
+}
+
+// TestRedTeamUnstructuredAnnotationsNotStrings updates, as the current
+// holder, an unstructured object whose annotations hold a value that is
+// not a string (a caller's bug). A plain client's update is refused by
+// the API server and writes nothing; a fenced one must not instead write
+// the object with the caller's other annotations, and the stored ones,
+// erased.
+func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	tok := k.leaseTokens(t, "fence", 1)[0]
+	c := k.client(t, staticHolder{tok})
+	for i, tc := range []struct {
+		name string
+		edit func(u *unstructured.Unstructured)
+	}{
+		{"a number among the annotations", func(u *unstructured.Unstructured) {
+			ann := u.Object["metadata"].(map[string]any)["annotations"].(map[string]any)
+			ann["n"] = int64(5)
+		}},
+		{"annotations not a map", func(u *unstructured.Unstructured) {
+			u.Object["metadata"].(map[string]any)["annotations"] = "keep"
+		}},
+		{"resourceVersion a number", func(u *unstructured.Unstructured) {
+			u.Object["metadata"].(map[string]any)["resourceVersion"] = int64(1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := fmt.Sprintf("u%d", i)
+			require.NoError(t, c.Create(ctx, &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}},
+				Data:       map[string]string{"by": "0"},
+			}))
+			before := k.configMap(t, name)
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
+			require.NoError(t, k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, u))
+			require.NoError(t, unstructured.SetNestedField(u.Object, tc.name, "data", "by"))
+			tc.edit(u)
+			plainErr := k.crc.Update(ctx, u.DeepCopy(), client.DryRunAll)
+			err := c.Update(ctx, u)
+			after := k.configMap(t, name)
+			t.Logf("plain (dry run): %v; fenced: %v; stored annotations %v", plainErr, err, after.Annotations)
+			require.Equal(t, "me", after.Annotations["keep"], "a stored annotation the caller did not touch was erased")
+			require.Equal(t, "me", after.Annotations["also"], "a stored annotation the caller did not touch was erased")
+			if plainErr != nil {
+				require.Error(t, err, "the fenced update wrote what the API server refuses from a plain client")
+				require.Equal(t, before.ResourceVersion, after.ResourceVersion)
+			}
+		})
+	}
+}
+
+// TestRedTeamDryRunWritesNothing sends fenced writes with DryRunAll over an
+// object stamped by an older token, so that a status write would first
+// stamp the main resource: a dry run must store nothing.
+func TestRedTeamDryRunWritesNothing(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	toks := k.leaseTokens(t, "fence", 2)
+	for i, tc := range []struct {
+		name  string
+		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+	}{
+		{"status update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			pod.Status.Message = "dry"
+			return c.Status().Update(ctx, pod, client.DryRunAll)
+		}},
+		{"status patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"message":"dry"}}`)), client.DryRunAll)
+		}},
+		{"update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			pod.Labels = map[string]string{"dry": "run"}
+			return c.Update(ctx, pod, client.DryRunAll)
+		}},
+		{"patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"dry":"run"}}}`)), client.DryRunAll)
+		}},
+		{"delete", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			return c.Delete(ctx, pod, client.DryRunAll)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := fmt.Sprintf("dry%d", i)
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+			}
+			require.NoError(t, k.client(t, staticHolder{toks[0]}).Create(ctx, pod))
+			var before corev1.Pod
+			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &before))
+			err := tc.write(k.client(t, staticHolder{toks[1]}), before.DeepCopy())
+			var after corev1.Pod
+			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &after))
+			t.Logf("dry run: %v; stored annotations %v", err, after.Annotations)
+			require.Equal(t, before.ResourceVersion, after.ResourceVersion, "a dry run stored a write")
+		})
+	}
+}
