@@ -1360,9 +1360,10 @@ func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 	}
 }
 
-// TestRedTeamDryRunWritesNothing sends fenced writes with DryRunAll over an
-// object stamped by an older token, so that a status write would first
-// stamp the main resource: a dry run must store nothing.
+// TestRedTeamDryRunWritesNothing sends fenced writes with DryRunAll, and
+// status writes the API server refuses as invalid, over an object stamped
+// by an older token, so that a status write would first stamp the main
+// resource: a dry run, and a refused write, must store nothing.
 func TestRedTeamDryRunWritesNothing(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
@@ -1387,6 +1388,21 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 		}},
 		{"delete", func(c *kubeadapter.Client, pod *corev1.Pod) error {
 			return c.Delete(ctx, pod, client.DryRunAll)
+		}},
+		{"status update the API server refuses as invalid", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			pod.Status.PodIP = "not an IP"
+			err := c.Status().Update(ctx, pod)
+			if err == nil {
+				return errors.New("an invalid status was accepted")
+			}
+			return nil
+		}},
+		{"status patch the API server refuses as invalid", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+			err := c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"podIP":"not an IP"}}`)))
+			if err == nil {
+				return errors.New("an invalid status was accepted")
+			}
+			return nil
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
