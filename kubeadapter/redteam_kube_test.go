@@ -1422,3 +1422,24 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestRedTeamPatchContentTypes sends, as the current holder, patches that
+// drop the stamp under content types the API server takes for a known
+// patch type although they are not spelled as one (a charset parameter,
+// the CBOR apply type), and multi-document YAML applies whose later
+// documents null the annotations. Whatever the fenced client does with
+// them, the stamp and marks must survive.
+func TestRedTeamPatchContentTypes(t *testing.T) {
+	mark := "{ns}.other.mark.fencer.dev/token"
+	runHolderPatches(t, []patchCase{
+		{"merge patch with charset", types.PatchType(string(types.MergePatchType) + "; charset=utf-8"), `{"metadata":{"annotations":null}}`},
+		{"json patch with charset", types.PatchType(string(types.JSONPatchType) + ";charset=utf-8"), `[{"op":"remove","path":"/metadata/annotations"}]`},
+		{"strategic patch with charset", types.PatchType(string(types.StrategicMergePatchType) + "; charset=utf-8"), `{"metadata":{"annotations":{"$patch":"replace"}}}`},
+		{"apply with charset", types.PatchType(string(types.ApplyYAMLPatchType) + "; charset=utf-8"), `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"NAME","annotations":{"fencer.dev/token":"1","` + mark + `":"1"}}}`},
+		{"cbor apply", types.ApplyCBORPatchType, "\xa3japiVersionbv1dkindiConfigMaphmetadata\xa1dnamedNAME"},
+		{"multi-document apply", types.ApplyYAMLPatchType, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: NAME\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: NAME\n  annotations:\n    fencer.dev/token: \"1\"\n"},
+		{"apply with a leading document separator", types.ApplyYAMLPatchType, "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: NAME\n  annotations:\n    fencer.dev/token: \"1\"\n    " + mark + ": \"1\"\n"},
+		{"merge patch with a byte order mark", types.MergePatchType, "\ufeff" + `{"metadata":{"annotations":null}}`},
+		{"json patch with a byte order mark", types.JSONPatchType, "\ufeff" + `[{"op":"remove","path":"/metadata/annotations/fencer.dev~1token"}]`},
+	})
+}
