@@ -1443,3 +1443,77 @@ func TestRedTeamPatchContentTypes(t *testing.T) {
 		{"json patch with a byte order mark", types.JSONPatchType, "\ufeff" + `[{"op":"remove","path":"/metadata/annotations/fencer.dev~1token"}]`},
 	})
 }
+
+// TestRedTeamPatchMeansWhatItSays sends each patch twice: through the
+// plain client to an unstamped twin, and through the fenced client, as the
+// current holder, to the stamped object. Apart from the protocol
+// annotations the two results must be the same: a fenced patch that
+// erases what the plain one keeps loses data, and one that drops what the
+// plain one writes loses the caller's write. A patch the fenced client
+// refuses as documented (ErrInvalidPatch) writes nothing.
+func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	tok := k.leaseTokens(t, "fence", 1)[0]
+	fenced := k.client(t, staticHolder{tok})
+	j, m, sm := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType
+	for i, tc := range []patchCase{
+		{"json remove then add annotations", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{"x":"1"}}]`},
+		{"json add annotations map", j, `[{"op":"add","path":"/metadata/annotations","value":{"x":"1"}}]`},
+		{"json replace annotations map", j, `[{"op":"replace","path":"/metadata/annotations","value":{"x":"1","keep":"changed"}}]`},
+		{"json remove annotations then add one", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{}},{"op":"add","path":"/metadata/annotations/y","value":"2"}]`},
+		{"json copy annotations to labels", j, `[{"op":"copy","from":"/metadata/annotations/keep","path":"/metadata/labels/keep"}]`},
+		{"json test then replace", j, `[{"op":"test","path":"/metadata/annotations/keep","value":"me"},{"op":"replace","path":"/metadata/annotations/keep","value":"tested"}]`},
+		{"json failing test", j, `[{"op":"test","path":"/metadata/annotations/keep","value":"other"},{"op":"replace","path":"/data/a","value":"should not land"}]`},
+		{"json move data to annotations", j, `[{"op":"move","from":"/data/a","path":"/metadata/annotations/moved"}]`},
+		{"json remove then re-add keep", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{"keep":"again"}}]`},
+		{"merge null annotations then data", m, `{"metadata":{"annotations":null},"data":{"a":"2"}}`},
+		{"merge annotations", m, `{"metadata":{"annotations":{"keep":null,"x":"1"}}}`},
+		{"strategic null annotations", sm, `{"metadata":{"annotations":null}}`},
+		{"strategic annotations", sm, `{"metadata":{"annotations":{"keep":null,"x":"1"}}}`},
+		{"strategic retainKeys data", sm, `{"data":{"$retainKeys":["a"],"a":"3"}}`},
+		{"strategic replace data", sm, `{"data":{"$patch":"replace","b":"4"}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			build := func(name string) *corev1.ConfigMap {
+				return &corev1.ConfigMap{
+					ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}, Labels: map[string]string{"l": "1"}},
+					Data:       map[string]string{"a": "1", "b": "1"},
+				}
+			}
+			twin, obj := build(fmt.Sprintf("twin%d", i)), build(fmt.Sprintf("obj%d", i))
+			require.NoError(t, k.crc.Create(ctx, twin))
+			require.NoError(t, fenced.Create(ctx, obj))
+			before := k.configMap(t, obj.Name).ResourceVersion
+			plainErr := k.crc.Patch(ctx, twin, client.RawPatch(tc.typ, []byte(tc.patch)))
+			fencedErr := fenced.Patch(ctx, obj, client.RawPatch(tc.typ, []byte(tc.patch)))
+			gotTwin, got := k.configMap(t, twin.Name), k.configMap(t, obj.Name)
+			t.Logf("plain: %v; fenced: %v", plainErr, fencedErr)
+			t.Logf("plain result: annotations %v labels %v data %v", gotTwin.Annotations, gotTwin.Labels, gotTwin.Data)
+			t.Logf("fenced result: annotations %v labels %v data %v", got.Annotations, got.Labels, got.Data)
+			if errors.Is(fencedErr, kubeadapter.ErrInvalidPatch) {
+				require.Equal(t, before, got.ResourceVersion, "a refused patch wrote")
+				return
+			}
+			requireStamped(t, got.Annotations, tok)
+			if plainErr != nil {
+				require.Error(t, fencedErr, "the plain patch fails, the fenced one did not")
+				require.Equal(t, before, got.ResourceVersion)
+				return
+			}
+			require.NoError(t, fencedErr)
+			unprotocol := func(ann map[string]string) map[string]string {
+				out := map[string]string{}
+				for k, v := range ann {
+					if !token.IsProtocolKey(k) {
+						out[k] = v
+					}
+				}
+				return out
+			}
+			require.Equal(t, unprotocol(gotTwin.Annotations), unprotocol(got.Annotations), "annotations differ from the plain patch's")
+			require.Equal(t, gotTwin.Labels, got.Labels, "labels differ from the plain patch's")
+			require.Equal(t, gotTwin.Data, got.Data, "data differs from the plain patch's")
+		})
+	}
+}
