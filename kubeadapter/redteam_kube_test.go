@@ -1517,3 +1517,98 @@ func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 		})
 	}
 }
+
+// TestRedTeamSubResourceBody writes Pod /status through the fenced client
+// with controller-runtime's WithSubResourceBody, which makes the inner
+// client send another object than the one passed. First the current holder
+// b sends a body without annotations or with a's stamp (pods/status
+// stores the body's annotations); then a, whose check passes because b
+// writes only after a's read, sends a body without a resourceVersion
+// (an unconditional PUT). The stamp must stay b's and a's write must not
+// land.
+func TestRedTeamSubResourceBody(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	for i, tc := range []struct {
+		name  string
+		write func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error
+	}{
+		{"status update, body without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			body := pod.DeepCopy()
+			body.Annotations = nil
+			body.Status.Message = "body"
+			return c.Status().Update(ctx, pod, client.WithSubResourceBody(body))
+		}},
+		{"status update, body with a's stamp", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+			body := pod.DeepCopy()
+			body.Annotations = s.a.Stamp(nil)
+			body.Status.Message = "body"
+			return c.Status().Update(ctx, pod, client.WithSubResourceBody(body))
+		}},
+		{"status merge patch from the object, body without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+			base := pod.DeepCopy()
+			body := pod.DeepCopy()
+			body.Annotations = nil
+			body.Status.Message = "body"
+			return c.Status().Patch(ctx, pod, client.MergeFrom(base), client.WithSubResourceBody(body))
+		}},
+		{"status apply, body without annotations", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+			u := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "Pod",
+				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name},
+				"status":   map[string]any{"message": "cfg"},
+			}}
+			body := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "Pod",
+				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name, "annotations": map[string]any{}},
+				"status":   map[string]any{"message": "body"},
+			}}
+			return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), &client.SubResourceApplyOptions{SubResourceBody: client.ApplyConfigurationFromUnstructured(body)}, client.FieldOwner("red"), client.ForceOwnership)
+		}},
+	} {
+		t.Run("current holder "+tc.name, func(t *testing.T) {
+			s := newPodScene(t, k, fmt.Sprintf("body%d", i))
+			err := tc.write(k.client(t, staticHolder{s.b}), s, s.pod(t))
+			pod := s.pod(t)
+			t.Logf("b's write: %v; stored annotations %v, message %q", err, pod.Annotations, pod.Status.Message)
+			s.requireFenced(t)
+		})
+	}
+
+	t.Run("superseded holder, unconditional body, b writes after a's check", func(t *testing.T) {
+		toks := k.leaseTokens(t, "fence", 2)
+		a, b := toks[0], toks[1]
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "body-late"},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+		}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, pod))
+		get := func() *corev1.Pod {
+			var p corev1.Pod
+			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
+			return &p
+		}
+		hook := &interposingReader{Reader: k.crc, write: func() {
+			cur := get()
+			cur.Status.Message = "b"
+			require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
+		}}
+		ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+		obj := get()
+		body := obj.DeepCopy()
+		body.ResourceVersion = ""
+		body.Status.Message = "a-late"
+		err := ca.Status().Update(ctx, obj, client.WithSubResourceBody(body))
+		cur := get()
+		t.Logf("a's write: %v; stored annotations %v, message %q", err, cur.Annotations, cur.Status.Message)
+		require.Error(t, err, "a's status write landed")
+		if errors.Is(err, kubeadapter.ErrUnsupported) {
+			require.False(t, hook.once, "refused after reading")
+			requireStamped(t, cur.Annotations, a)
+			return
+		}
+		require.True(t, hook.once)
+		requireStamped(t, cur.Annotations, b)
+		require.Equal(t, "b", cur.Status.Message)
+	})
+}
