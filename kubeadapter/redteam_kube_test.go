@@ -1612,3 +1612,56 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 		require.Equal(t, "b", cur.Status.Message)
 	})
 }
+
+// clearPreconditions is a caller's DeleteOption that drops whatever
+// preconditions the options carry when it is applied.
+type clearPreconditions struct{ empty bool }
+
+func (c clearPreconditions) ApplyToDelete(o *client.DeleteOptions) {
+	if c.empty {
+		o.Preconditions = &metav1.Preconditions{}
+		return
+	}
+	o.Preconditions = nil
+	if o.Raw != nil {
+		o.Raw.Preconditions = nil
+	}
+}
+
+// TestRedTeamDeleteOptionsDropThePreconditions deletes, as holder a, with
+// caller options that clear the preconditions (nil, or empty ones, or a
+// Raw metav1.DeleteOptions), while b writes the object between a's check
+// and a's delete. The delete must not remove b's object.
+func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	empty := ""
+	for i, tc := range []struct {
+		name string
+		opts []client.DeleteOption
+	}{
+		{"option clearing preconditions", []client.DeleteOption{clearPreconditions{}}},
+		{"option setting empty preconditions", []client.DeleteOption{clearPreconditions{empty: true}}},
+		{"raw options with empty preconditions", []client.DeleteOption{&client.DeleteOptions{Raw: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{}}}}},
+		{"preconditions with an empty resourceVersion", []client.DeleteOption{client.Preconditions{ResourceVersion: &empty}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			toks := k.leaseTokens(t, "fence", 2)
+			a, b := toks[0], toks[1]
+			name := fmt.Sprintf("del%d", i)
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
+			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+			hook := &interposingReader{Reader: k.crc, write: func() {
+				cur := k.configMap(t, name)
+				cur.Data["by"] = "b"
+				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+			}}
+			err := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
+			t.Logf("a's delete: %v", err)
+			require.Error(t, err, "a's delete was accepted")
+			cur := &corev1.ConfigMap{}
+			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(obj), cur), "b's object was deleted")
+			requireStamped(t, cur.Annotations, b)
+		})
+	}
+}
