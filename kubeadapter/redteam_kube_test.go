@@ -1665,3 +1665,33 @@ func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
 		})
 	}
 }
+
+// TestRedTeamApplyForcesOnlyProtocolKeys makes a fenced apply conflict
+// both over the protocol annotations (another manager applied an older
+// stamp) and over a label whose key looks like a protocol key
+// (fencer.dev/token, x.mark.fencer.dev/token as labels), owned by another
+// manager. The fenced client forces conflicts over protocol keys alone;
+// a label is not one, so the apply must fail with a conflict and the
+// other manager's label must keep its value.
+func TestRedTeamApplyForcesOnlyProtocolKeys(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	toks := k.leaseTokens(t, "fence", 2)
+	for i, label := range []string{"fencer.dev/token", "fencer.dev/lease", "x.mark.fencer.dev/token", "fencer.dev/epoch"} {
+		t.Run(label, func(t *testing.T) {
+			name := fmt.Sprintf("force%d", i)
+			apply := func(c client.Client, manager, value string, opts ...client.PatchOption) error {
+				body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `","labels":{"` + label + `":"` + value + `"}}}`
+				obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
+				return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), append(opts, client.FieldOwner(manager))...)
+			}
+			// "other" owns the stamp of the older token and the label.
+			require.NoError(t, apply(k.client(t, staticHolder{toks[0]}), "other", "1"))
+			err := apply(k.client(t, staticHolder{toks[1]}), "ctrl", "2")
+			cur := k.configMap(t, name)
+			t.Logf("ctrl's apply: %v; labels %v", err, cur.Labels)
+			require.Error(t, err, "the apply forced a conflict over a label")
+			require.Equal(t, "1", cur.Labels[label], "the other manager's label was overwritten")
+		})
+	}
+}
