@@ -1327,6 +1327,10 @@ func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 			ann := u.Object["metadata"].(map[string]any)["annotations"].(map[string]any)
 			ann["n"] = int64(5)
 		}},
+		{"a null among the annotations (YAML `note:`)", func(u *unstructured.Unstructured) {
+			ann := u.Object["metadata"].(map[string]any)["annotations"].(map[string]any)
+			ann["note"] = nil
+		}},
 		{"annotations not a map", func(u *unstructured.Unstructured) {
 			u.Object["metadata"].(map[string]any)["annotations"] = "keep"
 		}},
