@@ -1699,3 +1699,72 @@ func TestRedTeamApplyForcesOnlyProtocolKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestRedTeamRawStatusAndLeaseRecreate sends, with the admission policy,
+// raw Pod /status writes that carry the superseded token or drop the
+// stamp, and raw writes of a holder whose Lease was deleted and recreated
+// (its epoch restarts, its revision does not) after the new holder wrote.
+func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
+	k := policyKube(t)
+	ctx := t.Context()
+
+	t.Run("pod status", func(t *testing.T) {
+		s := newPodScene(t, k, "raw-status")
+		for _, write := range []func(pod *corev1.Pod) error{
+			func(pod *corev1.Pod) error {
+				pod.Annotations = s.a.Stamp(map[string]string{})
+				pod.Status.Message = "a-late"
+				return k.crc.Status().Update(ctx, pod)
+			},
+			func(pod *corev1.Pod) error {
+				pod.Annotations = nil
+				return k.crc.Status().Update(ctx, pod)
+			},
+			func(pod *corev1.Pod) error {
+				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
+			},
+			func(pod *corev1.Pod) error {
+				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"`+fmt.Sprint(s.a.Revision)+`"}}}`)))
+			},
+			func(pod *corev1.Pod) error {
+				body := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + s.name + `","annotations":{"fencer.dev/token":"` + fmt.Sprint(s.a.Revision) + `"}},"status":{"message":"a-late"}}`
+				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("raw"), client.ForceOwnership)
+			},
+		} {
+			before := s.pod(t)
+			err := write(before.DeepCopy())
+			t.Logf("raw status write: %v", err)
+			require.True(t, apierrors.IsForbidden(err), "not denied: %v", err)
+			require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion)
+		}
+		s.requireFenced(t)
+	})
+
+	t.Run("lease deleted and recreated", func(t *testing.T) {
+		ea := k.elector(t, "replica-a")
+		ha := acquire(t, ea)
+		a := ha.Token()
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "recreated-lease"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
+		hb := acquire(t, k.elector(t, "replica-b"))
+		b := hb.Token()
+		requireGreater(t, b, a)
+		t.Logf("a %v, b %v", a, b)
+		cur := k.configMap(t, obj.Name)
+		cur.Data["by"] = "b"
+		require.NoError(t, k.client(t, hb).Update(ctx, cur))
+
+		late := k.configMap(t, obj.Name)
+		late.Annotations = a.Stamp(nil)
+		late.Data["by"] = "a-late"
+		err := k.crc.Update(ctx, late)
+		require.True(t, apierrors.IsForbidden(err), "raw stale write not denied: %v", err)
+		late = k.configMap(t, obj.Name)
+		late.Data["by"] = "a-late"
+		require.ErrorIs(t, k.client(t, staticHolder{a}).Update(ctx, late), token.ErrStale)
+		got := k.configMap(t, obj.Name)
+		requireStamped(t, got.Annotations, b)
+		require.Equal(t, "b", got.Data["by"])
+	})
+}
