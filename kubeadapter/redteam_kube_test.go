@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -1766,5 +1767,57 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 		got := k.configMap(t, obj.Name)
 		requireStamped(t, got.Annotations, b)
 		require.Equal(t, "b", got.Data["by"])
+	})
+}
+
+// TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites is
+// TestRedTeamUnstructuredAnnotationsNotStrings for a fenced Create and for
+// UpdateFenced through a dynamic client, whose mutate leaves a number among
+// the annotations: the plain writes are refused by the API server, so the
+// fenced ones must not instead store the object with the caller's other
+// annotations erased.
+func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	tok := k.leaseTokens(t, "fence", 1)[0]
+	gvr := corev1.SchemeGroupVersion.WithResource("configmaps")
+
+	t.Run("create", func(t *testing.T) {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"namespace": k.ns, "name": "create", "annotations": map[string]any{"keep": "me", "n": int64(5)}},
+		}}
+		plainErr := k.crc.Create(ctx, u.DeepCopy(), client.DryRunAll)
+		err := k.client(t, staticHolder{tok}).Create(ctx, u)
+		t.Logf("plain (dry run): %v; fenced: %v", plainErr, err)
+		require.Error(t, plainErr)
+		if err == nil {
+			got := k.configMap(t, "create")
+			t.Logf("stored annotations %v", got.Annotations)
+			require.Equal(t, "me", got.Annotations["keep"], "the caller's annotation was dropped")
+		}
+	})
+
+	t.Run("UpdateFenced with a dynamic client", func(t *testing.T) {
+		require.NoError(t, k.client(t, staticHolder{tok}).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "dyn", Annotations: map[string]string{"keep": "me"}},
+		}))
+		dyn, err := dynamic.NewForConfig(k.env.Admin())
+		require.NoError(t, err)
+		res := dyn.Resource(gvr).Namespace(k.ns)
+		_, err = kubeadapter.UpdateFenced(ctx, staticHolder{tok},
+			func(ctx context.Context) (*unstructured.Unstructured, error) {
+				return res.Get(ctx, "dyn", metav1.GetOptions{})
+			},
+			func(u *unstructured.Unstructured) error {
+				u.Object["metadata"].(map[string]any)["annotations"].(map[string]any)["n"] = int64(5)
+				return unstructured.SetNestedField(u.Object, "x", "data", "by")
+			},
+			func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+				return res.Update(ctx, u, metav1.UpdateOptions{})
+			})
+		got := k.configMap(t, "dyn")
+		t.Logf("UpdateFenced: %v; stored annotations %v", err, got.Annotations)
+		require.Equal(t, "me", got.Annotations["keep"], "a stored annotation the caller did not touch was erased")
 	})
 }
