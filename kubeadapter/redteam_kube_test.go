@@ -1821,3 +1821,65 @@ func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 		require.Equal(t, "me", got.Annotations["keep"], "a stored annotation the caller did not touch was erased")
 	})
 }
+
+// TestRedTeamWholeObjectPatches sends controller-runtime's client.Merge
+// (the whole object as a merge patch, its resourceVersion included) and
+// client.Apply (the whole object as an apply): as the superseded holder a
+// with its own old copy, and with b's current copy and a's stamp written
+// in, and, as the current holder, with a typed Widget that lacks
+// spec.extra.
+func TestRedTeamWholeObjectPatches(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name  string
+		patch client.Patch
+		obj   func(s superseded) *corev1.ConfigMap
+	}{
+		{"merge of a's copy", client.Merge, func(s superseded) *corev1.ConfigMap { return s.aView.DeepCopy() }},
+		{"merge of b's copy with a's stamp", client.Merge, func(s superseded) *corev1.ConfigMap {
+			obj := s.current.DeepCopy()
+			obj.Annotations = s.a.Stamp(nil)
+			return obj
+		}},
+		{"merge of b's copy without resourceVersion", client.Merge, func(s superseded) *corev1.ConfigMap {
+			obj := s.current.DeepCopy()
+			obj.ResourceVersion = ""
+			obj.ManagedFields = nil
+			return obj
+		}},
+		{"apply of b's copy", client.Apply, func(s superseded) *corev1.ConfigMap {
+			obj := s.current.DeepCopy()
+			obj.ResourceVersion, obj.ManagedFields = "", nil
+			obj.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"}
+			return obj
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSuperseded(t, k, sanitize(tc.name))
+			obj := tc.obj(s)
+			obj.Data = map[string]string{"by": "a-late"}
+			err := k.client(t, staticHolder{s.a}).Patch(ctx, obj, tc.patch, client.FieldOwner("a"), client.ForceOwnership)
+			t.Logf("a's patch: %v", err)
+			require.Error(t, err)
+			s.requireIntact(t)
+			require.Equal(t, s.current.ResourceVersion, k.configMap(t, s.current.Name).ResourceVersion)
+		})
+	}
+
+	t.Run("merge of a typed widget by the current holder", func(t *testing.T) {
+		wc := widgets(t, k)
+		tok := k.leaseTokens(t, "fence", 1)[0]
+		c, err := kubeadapter.NewClient(wc, staticHolder{tok})
+		require.NoError(t, err)
+		newWidget(t, k, "whole")
+		w := &widget{}
+		require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "whole"}, w))
+		w.Spec.Known = "k1"
+		require.NoError(t, c.Patch(ctx, w, client.Merge))
+		got := storedWidget(t, k, "whole")
+		extra, _, _ := unstructured.NestedString(got.Object, "spec", "extra")
+		require.Equal(t, "keep me", extra, "a field the Go type lacks was erased")
+		requireStamped(t, got.GetAnnotations(), tok)
+	})
+}
