@@ -528,7 +528,7 @@ func (c *Client) read(ctx context.Context, obj client.Object, live bool) (client
 // whose annotations or resourceVersion fencer could not read exactly: their
 // getters return nothing for a value of the wrong type, and fencer's write
 // would then replace it instead of failing.
-func checkMetadata(obj client.Object) error {
+func checkMetadata(obj any) error {
 	u, ok := obj.(runtime.Unstructured)
 	if !ok {
 		return nil

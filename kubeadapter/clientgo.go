@@ -29,7 +29,9 @@ import (
 //
 // UpdateFenced restores the read resourceVersion and the read fencer
 // annotations (token.Restamp) after mutate, so mutate can change neither
-// the version written over nor the stamp. WithLiveRead and WithReader have no effect
+// the version written over nor the stamp. An unstructured object that
+// mutate leaves with annotations that are not a map of strings is refused
+// with ErrInvalidObject, and nothing is written. WithLiveRead and WithReader have no effect
 // here. Like Client.Update, UpdateFenced only fences against writes that
 // stamped a greater token on this object.
 //
@@ -56,6 +58,9 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		}
 		rv, stored := cur.GetResourceVersion(), maps.Clone(cur.GetAnnotations())
 		if err := mutate(cur); err != nil {
+			return false, err
+		}
+		if err := checkMetadata(cur); err != nil {
 			return false, err
 		}
 		restamp(cur, stored, tok)
