@@ -8,10 +8,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -70,6 +72,10 @@ func widgets(t *testing.T, k *kube) client.Client {
 	metav1.AddToGroupVersion(scheme, widgetGV)
 	c, err := client.New(k.env.Admin(), client.Options{Scheme: scheme})
 	require.NoError(t, err)
+	require.NoError(t, untilDiscovered(t.Context(), func() error {
+		_, err := c.RESTMapper().RESTMapping(widgetGV.WithKind("Widget").GroupKind(), widgetGV.Version)
+		return err
+	}))
 	return c
 }
 
@@ -119,7 +125,27 @@ func newWidget(t *testing.T, k *kube, name string) {
 		"metadata": map[string]any{"namespace": k.ns, "name": name},
 		"spec":     map[string]any{"known": "k0", "extra": "keep me"},
 	}}
-	require.NoError(t, k.crc.Create(t.Context(), u))
+	require.NoError(t, untilDiscovered(t.Context(), func() error { return k.crc.Create(t.Context(), u) }))
+}
+
+// untilDiscovered runs f until it returns anything but a discovery error.
+// Just after a CRD is established, the API server's discovery can still
+// miss its group for a moment, and a client's REST mapper then refuses
+// the kind.
+func untilDiscovered(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := f()
+		_, discovering := discovery.GroupDiscoveryFailedErrorGroups(err)
+		if !meta.IsNoMatchError(err) && !discovering || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // storedWidget reads a Widget as stored, with every field.
