@@ -531,17 +531,7 @@ func gadgets(t *testing.T, k *kube) client.Client {
 	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
-	probe := &unstructured.UnstructuredList{}
-	probe.SetGroupVersionKind(gadgetGV.WithKind("GadgetList"))
-	require.Eventually(t, func() bool { return k.crc.List(ctx, probe, client.InNamespace(k.ns)) == nil }, time.Minute, 100*time.Millisecond)
-	scheme := runtime.NewScheme()
-	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	scheme.AddKnownTypeWithName(gadgetGV.WithKind("Gadget"), &gadget{})
-	scheme.AddKnownTypeWithName(gadgetGV.WithKind("GadgetList"), &gadgetList{})
-	metav1.AddToGroupVersion(scheme, gadgetGV)
-	c, err := client.New(k.env.Admin(), client.Options{Scheme: scheme})
-	require.NoError(t, err)
-	return c
+	return crdClient(t, k, gadgetGV.WithKind("Gadget"), &gadget{}, &gadgetList{})
 }
 
 // newGadget creates a Gadget with both fields in spec and status, stamped

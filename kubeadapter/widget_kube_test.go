@@ -2,6 +2,8 @@ package kubeadapter_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -65,18 +67,56 @@ func widgets(t *testing.T, k *kube) client.Client {
 	t.Helper()
 	widgetCRD.once.Do(func() { widgetCRD.err = installWidgetCRD(t.Context(), k) })
 	require.NoError(t, widgetCRD.err)
+	return crdClient(t, k, widgetGV.WithKind("Widget"), &widget{}, &widgetList{})
+}
+
+// crdClient returns an admin client whose scheme knows obj and list as
+// gvk and its list, once the API server's discovery serves gvk. A client's
+// REST mapper keeps what discovery first told it about a group, so each
+// attempt takes a new client.
+func crdClient(t *testing.T, k *kube, gvk schema.GroupVersionKind, obj, list runtime.Object) client.Client {
+	t.Helper()
+	require.NoError(t, waitDiscovered(t.Context(), k, gvk))
 	scheme := runtime.NewScheme()
 	require.NoError(t, clientgoscheme.AddToScheme(scheme))
-	scheme.AddKnownTypeWithName(widgetGV.WithKind("Widget"), &widget{})
-	scheme.AddKnownTypeWithName(widgetGV.WithKind("WidgetList"), &widgetList{})
-	metav1.AddToGroupVersion(scheme, widgetGV)
-	c, err := client.New(k.env.Admin(), client.Options{Scheme: scheme})
-	require.NoError(t, err)
+	scheme.AddKnownTypeWithName(gvk, obj)
+	scheme.AddKnownTypeWithName(gvk.GroupVersion().WithKind(gvk.Kind+"List"), list)
+	metav1.AddToGroupVersion(scheme, gvk.GroupVersion())
+	var c client.Client
 	require.NoError(t, untilDiscovered(t.Context(), func() error {
-		_, err := c.RESTMapper().RESTMapping(widgetGV.WithKind("Widget").GroupKind(), widgetGV.Version)
+		var err error
+		if c, err = client.New(k.env.Admin(), client.Options{Scheme: scheme}); err != nil {
+			return err
+		}
+		_, err = c.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
 		return err
 	}))
 	return c
+}
+
+// waitDiscovered waits until the API server's discovery serves gvk, which
+// lags a moment behind a CRD's creation. A REST mapper that asks earlier
+// keeps the answer, so no client should map the kind before.
+func waitDiscovered(ctx context.Context, k *kube, gvk schema.GroupVersionKind) error {
+	dc, err := discovery.NewDiscoveryClientForConfig(k.env.Admin())
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		list, err := dc.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
+		if err == nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == gvk.Kind }) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kind %s is not discovered: %v", gvk, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func installWidgetCRD(ctx context.Context, k *kube) error {
@@ -104,16 +144,7 @@ func installWidgetCRD(ctx context.Context, k *kube) error {
 	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	probe := &unstructured.UnstructuredList{}
-	probe.SetGroupVersionKind(widgetGV.WithKind("WidgetList"))
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := k.crc.List(ctx, probe, client.InNamespace(k.ns))
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return waitDiscovered(ctx, k, widgetGV.WithKind("Widget"))
 }
 
 // newWidget creates a Widget with both fields through an unstructured
