@@ -128,8 +128,15 @@ type proc struct {
 // startFencer starts the fencer binary with args against s.
 func (s *serveProc) startFencer(env []string, args ...string) *proc {
 	s.t.Helper()
+	return s.startFencerIn(nil, env, args...)
+}
+
+// startFencerIn is startFencer with stdin as standard input.
+func (s *serveProc) startFencerIn(stdin io.Reader, env []string, args ...string) *proc {
+	s.t.Helper()
 	p := &proc{stdout: &safeBuffer{}, stderr: &safeBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(s.bin, args...)
+	p.cmd.Stdin = stdin
 	p.cmd.Env = cleanEnv(append([]string{"FENCER_SERVER=" + s.addr}, env...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	require.NoError(s.t, p.cmd.Start())

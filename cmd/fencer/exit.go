@@ -120,7 +120,7 @@ func describe(err error, server string, tls bool) failure {
 	case errors.As(err, &foreign):
 		return failure{exitForeign, fmt.Sprintf("foreign lease: the key belongs to lease %q, not %q; nothing was written (--take-over takes it over)", foreign.Got, foreign.Want)}
 	case errors.As(err, &malformed):
-		return failure{exitUsage, fmt.Sprintf("malformed token %q: %s: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Input, malformed.Field, malformed.Reason)}
+		return failure{exitUsage, fmt.Sprintf("malformed token: %s %q: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Field, malformed.Input, malformed.Reason)}
 	case errors.As(err, &arg):
 		return failure{exitUsage, fmt.Sprintf("invalid %s %q: %s", arg.Arg, arg.Value, arg.Reason)}
 	case errors.Is(err, etcdstore.ErrSessionExpired):
