@@ -39,12 +39,12 @@ type benchResult struct {
 var benchWorkloads = map[string]func(ctx context.Context, w *benchWorker) error{
 	// put: a guarded Put of the client's own key with its lease's token.
 	"put": func(ctx context.Context, w *benchWorker) error {
-		_, err := w.c.Put(ctx, w.lease.Token(), w.key, w.value)
+		_, err := w.c.Put(ctx, w.held.Token(), w.key, w.value)
 		return err
 	},
 	// acquire: an Acquire of the client's own lease and its Release.
 	"acquire": func(ctx context.Context, w *benchWorker) error {
-		l, err := w.sess.Acquire(ctx, w.key+"/cycle")
+		l, err := w.sess.Acquire(ctx, w.lease+"-cycle")
 		if err != nil {
 			return err
 		}
@@ -52,11 +52,13 @@ var benchWorkloads = map[string]func(ctx context.Context, w *benchWorker) error{
 	},
 }
 
-// benchWorker is one bench client: its own connection, session and lease.
+// benchWorker is one bench client: its own connection, session, lease
+// (held, named lease) and data key.
 type benchWorker struct {
 	c     *client.Client
 	sess  *client.Session
-	lease *client.Lease
+	held  *client.Lease
+	lease string
 	key   string
 	value []byte
 }
@@ -72,8 +74,9 @@ its own connection and session, for --duration per workload, and prints
 throughput and latency percentiles:
   put      a guarded put of the client's own key, with its lease's token
   acquire  an acquire of the client's own lease, then its release
-Each client uses leases and keys under bench/<start time>/; the keys are
-deleted and the leases released afterwards. Like etcdctl check perf, it
+Each client uses leases named bench-<start time>-<workload>-<client> and
+keys under bench/; the keys are deleted and the leases released
+afterwards. Like etcdctl check perf, it
 measures the whole path: this process, the network, the server and etcd.`,
 		Example: `  fencer bench --clients 64 --duration 10s`,
 		Args:    nArgs(0),
@@ -116,7 +119,7 @@ measures the whole path: this process, the network, the server and etcd.`,
 
 // bench runs workload op with f.clients clients for f.duration.
 func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, error) {
-	prefix := fmt.Sprintf("bench/%d/%s", time.Now().UnixNano(), op)
+	run := fmt.Sprintf("bench-%d-%s", time.Now().UnixNano(), op)
 	workers := make([]*benchWorker, f.clients)
 	var conns []*grpc.ClientConn
 	defer func() {
@@ -125,7 +128,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, 
 				continue
 			}
 			cctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
-			_, _ = w.c.Delete(cctx, w.lease.Token(), w.key)
+			_, _ = w.c.Delete(cctx, w.held.Token(), w.key)
 			_ = w.sess.Close(cctx)
 			cancel()
 		}
@@ -139,12 +142,12 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, 
 			return benchResult{}, err
 		}
 		conns = append(conns, cc)
-		w := &benchWorker{c: client.New(cc), key: fmt.Sprintf("%s/%d", prefix, i), value: make([]byte, f.size)}
+		w := &benchWorker{c: client.New(cc), lease: fmt.Sprintf("%s-%d", run, i), key: fmt.Sprintf("bench/%s/%d", run, i), value: make([]byte, f.size)}
 		if w.sess, err = w.c.NewSession(); err != nil {
 			return benchResult{}, err
 		}
 		sctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
-		w.lease, err = w.sess.Acquire(sctx, w.key)
+		w.held, err = w.sess.Acquire(sctx, w.lease)
 		cancel()
 		if err != nil {
 			_ = w.sess.Close(context.Background())
@@ -152,7 +155,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, 
 		}
 		workers[i] = w
 	}
-	run := benchWorkloads[op]
+	do := benchWorkloads[op]
 	lat := make([][]time.Duration, len(workers))
 	errs := make([]int, len(workers))
 	var firstErr error
@@ -166,7 +169,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, 
 			for rctx.Err() == nil {
 				t0 := time.Now()
 				cctx, ccancel := context.WithTimeout(ctx, a.conn.timeout)
-				err := run(cctx, w)
+				err := do(cctx, w)
 				ccancel()
 				if err != nil {
 					errs[i]++

@@ -124,3 +124,32 @@ func TestVersionAndCompletion(t *testing.T) {
 	require.Contains(t, string(out), "--wait-timeout")
 	require.Contains(t, string(out), "[$FENCER_SERVER]")
 }
+
+// TestBench runs fencer bench briefly against fencer serve: each workload
+// reports calls, throughput and ordered percentiles, and no call failed.
+func TestBench(t *testing.T) {
+	s := startServeProc(t)
+	code, stdout, stderr := s.fencer(nil, "bench", "--clients", "2", "--duration", "500ms", "-o", "json")
+	require.Equal(t, 0, code, stderr)
+	var results []benchResult
+	require.NoError(t, json.Unmarshal([]byte(stdout), &results))
+	require.Len(t, results, 2)
+	for i, op := range []string{"put", "acquire"} {
+		r := results[i]
+		require.Equal(t, op, r.Op)
+		require.Equal(t, 2, r.Clients)
+		require.Positive(t, r.Ops)
+		require.Zero(t, r.Errors)
+		require.Positive(t, r.PerSecond)
+		require.Positive(t, r.P50)
+		require.LessOrEqual(t, r.P50, r.P90)
+		require.LessOrEqual(t, r.P90, r.P99)
+	}
+	code, stdout, stderr = s.fencer(nil, "status", "-o", "json")
+	require.Equal(t, 0, code, stderr)
+	var rows []statusRow
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rows))
+	for _, r := range rows {
+		require.False(t, r.Held, "bench left %s held", r.Name)
+	}
+}
