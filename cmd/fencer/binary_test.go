@@ -230,7 +230,7 @@ func TestAcquireWaitsVisiblyAndBounded(t *testing.T) {
 	require.True(t, strings.HasPrefix(first, "v1:1:"), first)
 
 	start := time.Now()
-	code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "1s", "jobs", "--", "true")
+	code, _, stderr := s.fencer(nil, "acquire", "jobs", "--wait-timeout", "1s", "--", "true") // flags after NAME too
 	require.Equal(t, exitHeld, code, stderr)
 	require.GreaterOrEqual(t, time.Since(start), time.Second)
 	require.Regexp(t, `waiting for jobs, held by \S+`, stderr)
