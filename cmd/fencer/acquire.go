@@ -38,9 +38,11 @@ CMD never outlives the lease:
     after --grace, and acquire exits 9;
   - SIGINT, SIGTERM and SIGHUP sent to fencer are passed on to CMD's
     process group (SIGKILL after --grace), and the lease is released;
-  - on Linux, if fencer itself dies (SIGKILL, the OOM killer), the kernel
-    kills CMD (a parent-death signal). Processes that CMD started in the
-    background are not covered: use exec in sh -c scripts.
+  - if fencer itself dies (SIGKILL, the OOM killer), CMD's whole process
+    group is killed: by a watchdog process in the group, which sees fencer's
+    end of a pipe close, and on Linux also by the kernel's parent-death
+    signal to CMD;
+  - when CMD exits, what it left running in its process group is killed.
 When standard input is the terminal, CMD runs in the foreground, so
 interactive commands and commands that read standard input work.
 
@@ -241,6 +243,13 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []stri
 	}
 	if foreground {
 		defer reclaimTerminal()
+	}
+	wd, err := startWatchdog(cmd.Process.Pid)
+	switch {
+	case err == nil:
+		defer wd.fire() // after CMD: what it left in its group goes too
+	case !errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.ESRCH): // else CMD and its group are gone already
+		fmt.Fprintf(a.stderr, "fencer acquire: cannot start the watchdog (%v): processes %s starts may outlive fencer if it is killed\n", err, argv[0])
 	}
 	var waitErr error
 	lost := false

@@ -186,34 +186,41 @@ func alive(pid int) bool {
 }
 
 // TestAcquireChildDiesWithFencer kills fencer acquire while its command
-// runs, with SIGKILL (the kernel's parent-death signal must kill the
-// command) and with SIGHUP and SIGTERM (fencer must pass them on): the
-// command is gone within the TTL, and the lease is free again.
+// runs, with SIGKILL (the kernel's parent-death signal and the watchdog
+// must kill the command) and with SIGHUP and SIGTERM (fencer must pass
+// them on): the command is gone within the TTL, and the lease is free
+// again. The command is a shell that waits for a sleep it started, so the
+// sleep, a grandchild of fencer, must be gone too.
 func TestAcquireChildDiesWithFencer(t *testing.T) {
 	s := startServeProc(t)
 	const ttl = 2 * time.Second
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGHUP, syscall.SIGTERM} {
-		t.Run(sig.String(), func(t *testing.T) {
-			name := "child-" + strconv.Itoa(int(sig))
-			p := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", name, "--", "sh", "-c", "echo $$; exec sleep 30")
-			require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
-			pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
-			require.NoError(t, err)
-			require.True(t, alive(pid))
+		for _, tc := range []struct{ name, script string }{
+			{"command", "echo $$; exec sleep 30"},
+			{"grandchild", "sleep 30 & echo $!; wait"},
+		} {
+			t.Run(sig.String()+"/"+tc.name, func(t *testing.T) {
+				name := "child-" + strconv.Itoa(int(sig)) + "-" + tc.name
+				p := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", name, "--", "sh", "-c", tc.script)
+				require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+				pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
+				require.NoError(t, err)
+				require.True(t, alive(pid))
 
-			require.NoError(t, p.cmd.Process.Signal(sig))
-			code := p.wait(t, 10*time.Second)
-			if sig != syscall.SIGKILL {
-				require.Equal(t, 128+int(sig), code, "fencer exits with its command's status: %s", p.stderr)
-			}
-			require.Eventually(t, func() bool { return !alive(pid) }, ttl, 10*time.Millisecond,
-				"the command outlived fencer acquire, killed with %s", sig)
+				require.NoError(t, p.cmd.Process.Signal(sig))
+				code := p.wait(t, 10*time.Second)
+				if sig != syscall.SIGKILL && tc.name == "command" {
+					require.Equal(t, 128+int(sig), code, "fencer exits with its command's status: %s", p.stderr)
+				}
+				require.Eventually(t, func() bool { return !alive(pid) }, ttl, 10*time.Millisecond,
+					"the %s outlived fencer acquire, killed with %s", tc.name, sig)
 
-			// The lease is free within the TTL (at once, after a signal
-			// fencer handled, which released it).
-			code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "5s", name, "--", "true")
-			require.Equal(t, 0, code, stderr)
-		})
+				// The lease is free within the TTL (at once, after a signal
+				// fencer handled, which released it).
+				code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "5s", name, "--", "true")
+				require.Equal(t, 0, code, stderr)
+			})
+		}
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 )
 
 func main() {
+	runWatchdogIfAsked()
 	ctx, stop := notifyContext(context.Background())
 	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

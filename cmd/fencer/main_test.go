@@ -12,6 +12,7 @@ func TestMain(m *testing.M) {
 	// The etcd cluster test runs etcd members as re-executions of this
 	// binary.
 	etcdproc.RunIfMember()
+	runWatchdogIfAsked() // in-process acquire runs this binary as its watchdog
 	code := m.Run()
 	removeBinary()
 	etcdtest.StopShared()
