@@ -202,14 +202,16 @@ type LossEvent struct {
 }
 
 // WatchSession follows the leases of session id (one of the caller's
-// principal, such as the session fencer acquire opened) from now, and
-// calls fn for each one reported lost, until ctx ends (then it returns
-// ctx's error), fn returns an error, or the stream fails: with an error
+// principal, such as the session fencer acquire opened) from now: it calls
+// synced (if not nil) with the revision the watch starts from once the
+// server has it in place, and lost for each lease reported lost after
+// that, until ctx ends (then it returns ctx's error), lost returns an
+// error, or the stream fails: with an error
 // that matches etcdstore.ErrSessionExpired when the session has ended,
 // and any other error when the server could not be reached. It does not
 // reconnect, and a loss while it was not watching is not reported; a
 // Session's own watch does both.
-func (c *Client) WatchSession(ctx context.Context, id int64, fn func(LossEvent) error) error {
+func (c *Client) WatchSession(ctx context.Context, id int64, synced func(revision int64), lost func(LossEvent) error) error {
 	stream, err := c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id})
 	if err != nil {
 		return fromStatus(err)
@@ -222,15 +224,19 @@ func (c *Client) WatchSession(ctx context.Context, id int64, fn func(LossEvent) 
 			}
 			return fromStatus(err)
 		}
-		if ev.GetType() != fencerv1.WatchLeaseResponse_TYPE_LOST {
-			continue
-		}
-		tok, err := token.Parse(ev.GetToken())
-		if err != nil {
-			return fmt.Errorf("client: watch: server sent %w", err)
-		}
-		if err := fn(LossEvent{Token: tok, Revision: ev.GetRevision(), Reason: ev.GetReason()}); err != nil {
-			return err
+		switch ev.GetType() {
+		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
+			if synced != nil {
+				synced(ev.GetRevision())
+			}
+		case fencerv1.WatchLeaseResponse_TYPE_LOST:
+			tok, err := token.Parse(ev.GetToken())
+			if err != nil {
+				return fmt.Errorf("client: watch: server sent %w", err)
+			}
+			if err := lost(LossEvent{Token: tok, Revision: ev.GetRevision(), Reason: ev.GetReason()}); err != nil {
+				return err
+			}
 		}
 	}
 }

@@ -144,7 +144,9 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 		lease, err := sess.TryAcquire(tctx, name)
 		tcancel()
 		var held *token.HeldError
+		waited := false // the waiting Acquire's only deadline is wctx's
 		if errors.As(err, &held) && f.wait {
+			waited = true
 			if held.Holder != holder {
 				holder = held.Holder
 				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s, held by %s\n", name, holder)
@@ -154,7 +156,8 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 		switch {
 		case err == nil:
 			return lease, nil
-		case ctx.Err() == nil && wctx.Err() != nil:
+		case ctx.Err() == nil && (wctx.Err() != nil || waited && status.Code(err) == codes.DeadlineExceeded):
+			// The server may see the deadline pass a moment before wctx does.
 			msg := fmt.Sprintf("gave up waiting for %s after --wait-timeout %s", name, f.waitTimeout)
 			if holder != "" {
 				msg += ", held by " + holder

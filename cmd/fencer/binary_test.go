@@ -269,7 +269,6 @@ func TestAcquireRidesOutAServerRestart(t *testing.T) {
 	s.stop()
 	require.NoError(t, holder.cmd.Process.Kill()) // its lease expires after its TTL
 	holder.wait(t, 5*time.Second)
-	time.Sleep(500 * time.Millisecond) // the waiter sees the server gone
 	s.start()
 
 	require.Equal(t, 0, waiter.wait(t, 20*time.Second), waiter.stderr.String())

@@ -59,6 +59,7 @@ func TestExitCodes(t *testing.T) {
 		{"unauthenticated", []string{"FENCER_AUTH_TOKEN=wrong-token-0123456789"}, []string{"status"}, exitDenied, `refused the credentials: set --auth-token-file`},
 		{"unavailable", append([]string{"FENCER_SERVER=" + freeAddr(t)}, alice...), []string{"status"}, exitUnavailable, "cannot reach fencer at .*: is `fencer serve` running\\? set --server or FENCER_SERVER"},
 		{"foreign lease", alice, []string{"put", "--token", other, "orders/total", "0"}, exitForeign, `the key belongs to lease "orders", not "billing".*--take-over`},
+		{"command not executable", alice, []string{"acquire", "cmd", "--", tokens}, exitCannotExec, `cannot run ` + regexp.QuoteMeta(tokens)},
 		{"command not found", alice, []string{"acquire", "cmd", "--", "/no/such/command"}, exitNoCommand, `cannot run /no/such/command`},
 		{"command's own status", alice, []string{"acquire", "cmd", "--", "sh", "-c", "exit 42"}, 42, `^$`},
 	} {

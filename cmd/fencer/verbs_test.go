@@ -85,7 +85,7 @@ func TestVerbs(t *testing.T) {
 
 	t.Run("watch prints the loss, release ends the lease", func(t *testing.T) {
 		w := s.startFencer([]string{"FENCER_SESSION=" + strconv.FormatInt(held.Session, 10)}, "watch")
-		time.Sleep(300 * time.Millisecond) // the watch is in place; a loss before it would not be reported
+		require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "watching session") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
 		require.Equal(t, "released "+held.Token+"\n", run(tok, "release"))
 		require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
 		require.Equal(t, held.Token+" had already ended\n", run(tok, "release"))

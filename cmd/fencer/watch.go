@@ -46,7 +46,10 @@ its lease is gone.`,
 				return usagef("no session: pass --session or run under fencer acquire (which sets $FENCER_SESSION)")
 			}
 			return a.withClient(cmd.Context(), func(ctx context.Context, cc *grpc.ClientConn) error {
-				err := client.New(cc).WatchSession(ctx, session, func(ev client.LossEvent) error {
+				synced := func(rev int64) {
+					fmt.Fprintf(a.stderr, "fencer watch: watching session %d from revision %d\n", session, rev)
+				}
+				err := client.New(cc).WatchSession(ctx, session, synced, func(ev client.LossEvent) error {
 					v := lossView{Lease: ev.Token.Lease, Token: ev.Token.String(), Revision: ev.Revision, Reason: ev.Reason}
 					err := out.print(a.stdout, view{data: v, headers: []string{"LEASE", "TOKEN", "REVISION", "REASON"},
 						rows: [][]string{{v.Lease, v.Token, strconv.FormatInt(v.Revision, 10), v.Reason}},
