@@ -1,13 +1,3 @@
-// Command fencer is fencer's command-line tool: the service (serve), a
-// lock wrapper that fences what it runs (acquire), guarded writes and
-// reads for scripts, a load generator (bench) and a demo.
-//
-// Usage:
-//
-//	fencer <command> [flags] [args]
-//
-// Run "fencer --help" for the commands and exit codes; docs/cli.md is the
-// reference.
 package main
 
 import (
