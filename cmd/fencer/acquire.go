@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -218,10 +219,14 @@ func lossReason(lease *client.Lease) string {
 	switch err := lease.Err(); {
 	case errors.As(err, &stale) && !stale.Newer.IsZero():
 		return fmt.Sprintf("%s was superseded by %s", lease.Token(), stale.Newer)
-	case status.Code(err) == codes.Unavailable, errors.Is(err, context.DeadlineExceeded):
-		return "no renewal reached the server within the TTL"
+	case errors.Is(err, etcdstore.ErrLeaseLost):
+		return fmt.Sprintf("%s: its holder key was deleted or replaced", lease.Token())
+	case errors.Is(err, etcdstore.ErrSessionExpired):
+		return fmt.Sprintf("%s: no renewal succeeded within the TTL", lease.Token())
+	case errors.Is(err, etcdstore.ErrSessionClosed), errors.Is(err, etcdstore.ErrReleased):
+		return fmt.Sprintf("%s was released", lease.Token())
 	default:
-		return fmt.Sprintf("%s is no longer current (%v)", lease.Token(), err)
+		return fmt.Sprintf("%s is no longer current", lease.Token())
 	}
 }
 

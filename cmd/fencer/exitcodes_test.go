@@ -67,9 +67,7 @@ func TestExitCodes(t *testing.T) {
 			code, stdout, stderr := s.fencer(tc.env, tc.args...)
 			require.Equal(t, tc.code, code, "stdout: %s\nstderr: %s", stdout, stderr)
 			require.Regexp(t, tc.msg, message(stderr), "stderr: %s", stderr)
-			for _, leak := range []string{"client: ", "etcdstore: ", "server: ", "token: stale", "token: malformed", "token: foreign", "token: lease", "rpc error", "transport", "preface"} {
-				require.NotContains(t, stderr, leak)
-			}
+			requireNoLeaks(t, stderr)
 		})
 	}
 
@@ -80,8 +78,19 @@ func TestExitCodes(t *testing.T) {
 		code, _, stderr := s.fencer(alice, "release", "--token", tok)
 		require.Equal(t, 0, code, stderr)
 		require.Equal(t, exitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+		require.Contains(t, p.stderr.String(), "lease lost ("+tok+": its holder key was deleted or replaced)")
 		require.Contains(t, p.stderr.String(), "the lease was lost while it ran")
+		requireNoLeaks(t, p.stderr.String())
 	})
+}
+
+// requireNoLeaks fails if fencer's messages quote a Go package's error
+// prefix or gRPC transport text.
+func requireNoLeaks(t *testing.T, stderr string) {
+	t.Helper()
+	for _, leak := range []string{"client: ", "etcdstore: ", "server: ", "token: stale", "token: malformed", "token: foreign", "token: lease", "rpc error", "transport", "preface"} {
+		require.NotContains(t, stderr, leak)
+	}
 }
 
 // message is what fencer said on stderr, without acquire's progress
