@@ -279,8 +279,7 @@ func TestAcquireRidesOutAServerRestart(t *testing.T) {
 // TestAcquireGivesATerminalToItsCommand runs fencer acquire on a
 // terminal (a pty that is its controlling terminal, as in a shell): a
 // command that reads standard input gets the foreground and reads it,
-// rather than being stopped by SIGTTIN, and fencer gets the terminal back
-// afterwards.
+// rather than being stopped by SIGTTIN.
 func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 	s := startServeProc(t)
 	cmd := exec.Command(s.bin, "acquire", "tty", "--", "sh", "-c", `read x; echo "got:$x"`)
