@@ -304,3 +304,24 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "got:hello") }, 5*time.Second, 10*time.Millisecond, out.String())
 }
+
+// TestAcquireStopsItsCommandWhenTheServerIsGone: with fencer serve killed
+// (no renewal can succeed), acquire fails closed: it stops its command
+// once the TTL has passed since the last renewal, before the lease could
+// be anyone else's, and exits 9.
+func TestAcquireStopsItsCommandWhenTheServerIsGone(t *testing.T) {
+	s := startServeProc(t)
+	p := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", "partitioned", "--", "sh", "-c", "echo $$; exec sleep 30")
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
+	require.NoError(t, err)
+
+	require.NoError(t, s.cmd.Process.Kill())
+	<-s.exited
+	s.cmd = nil
+	killed := time.Now()
+	require.Equal(t, exitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	require.False(t, alive(pid))
+	require.Contains(t, p.stderr.String(), "no renewal succeeded within the TTL")
+	t.Logf("command stopped %s after the server was killed (TTL 2s)", time.Since(killed).Round(time.Millisecond))
+}
