@@ -176,3 +176,67 @@ func (c *Client) List(ctx context.Context) ([]etcdstore.Status, error) {
 		req.PageToken = resp.GetNextPageToken()
 	}
 }
+
+// Release ends the acquisition of tok if and only if tok is still its
+// lease's current token, so a late or repeated Release never ends a newer
+// holder's lease, and reports whether it ended something. A token that
+// had already ended is not an error. Unlike Lease.Release it needs no
+// Session: a script that holds only the token (fencer release) uses it.
+func (c *Client) Release(ctx context.Context, tok token.Token) (bool, error) {
+	resp, err := c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: tok.String()}})
+	if err != nil {
+		return false, fromStatus(err)
+	}
+	return resp.GetReleased(), nil
+}
+
+// LossEvent is a lease that the server's watch reported lost: its holder
+// key was deleted or replaced at Revision.
+type LossEvent struct {
+	// Token is the token that is no longer current.
+	Token token.Token
+	// Revision is the etcd revision of the loss.
+	Revision int64
+	// Reason is "deleted" or "replaced", for people.
+	Reason string
+}
+
+// WatchSession follows the leases of session id (one of the caller's
+// principal, such as the session fencer acquire opened) from now: it calls
+// synced (if not nil) with the revision the watch starts from once the
+// server has it in place, and lost for each lease reported lost after
+// that, until ctx ends (then it returns ctx's error), lost returns an
+// error, or the stream fails: with an error
+// that matches etcdstore.ErrSessionExpired when the session has ended,
+// and any other error when the server could not be reached. It does not
+// reconnect, and a loss while it was not watching is not reported; a
+// Session's own watch does both.
+func (c *Client) WatchSession(ctx context.Context, id int64, synced func(revision int64), lost func(LossEvent) error) error {
+	stream, err := c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id})
+	if err != nil {
+		return fromStatus(err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fromStatus(err)
+		}
+		switch ev.GetType() {
+		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
+			if synced != nil {
+				synced(ev.GetRevision())
+			}
+		case fencerv1.WatchLeaseResponse_TYPE_LOST:
+			tok, err := token.Parse(ev.GetToken())
+			if err != nil {
+				return fmt.Errorf("client: watch: server sent %w", err)
+			}
+			if err := lost(LossEvent{Token: tok, Revision: ev.GetRevision(), Reason: ev.GetReason()}); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -38,13 +38,7 @@ func fromStatus(err error) error {
 	if !ok {
 		return fmt.Errorf("client: %w", err)
 	}
-	var info *errdetails.ErrorInfo
-	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fencerv1.ErrorDomain {
-			info = ei
-			break
-		}
-	}
+	info := errorInfo(st)
 	if info == nil {
 		return fmt.Errorf("client: %w", err)
 	}
@@ -75,4 +69,28 @@ func fromStatus(err error) error {
 		return fmt.Errorf("client: %s: %w", st.Message(), errWatchCompacted)
 	}
 	return fmt.Errorf("client: %w", err)
+}
+
+// Reason returns the fencer.dev ErrorInfo reason (one of fencerv1's
+// Reason constants) carried by an error a Client method returned, or ""
+// when it carries none, as transport errors do. Callers that need to tell
+// a server that cannot reach etcd (ReasonStoreUnavailable) from one that
+// is shutting down (ReasonShuttingDown) use it; the typed errors above
+// cover every other reason.
+func Reason(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	return errorInfo(st).GetReason()
+}
+
+// errorInfo returns st's ErrorInfo in the fencer.dev domain, or nil.
+func errorInfo(st *status.Status) *errdetails.ErrorInfo {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == fencerv1.ErrorDomain {
+			return ei
+		}
+	}
+	return nil
 }

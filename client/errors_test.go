@@ -75,3 +75,11 @@ func TestFromStatus(t *testing.T) {
 		require.False(t, errors.Is(err, token.ErrStale))
 	})
 }
+
+func TestReason(t *testing.T) {
+	require.Equal(t, fencerv1.ReasonShuttingDown, Reason(fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonShuttingDown, nil))))
+	require.Equal(t, fencerv1.ReasonStoreUnavailable, Reason(fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil))))
+	require.Empty(t, Reason(fromStatus(status.Error(codes.Unavailable, "connection refused"))))
+	require.Empty(t, Reason(errors.New("plain")))
+	require.Empty(t, Reason(nil))
+}

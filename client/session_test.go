@@ -211,3 +211,41 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	require.ErrorIs(t, la.Err(), token.ErrStale)
 	require.GreaterOrEqual(t, checks.Load(), int32(2))
 }
+
+// Client.Release ends an acquisition by its token alone, once;
+// WatchSession reports it lost, after saying its watch is in place; and
+// the watch ends with the session.
+func TestReleaseByTokenAndWatchSession(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	_, c := service(t)
+	s := newSession(t, c)
+	l, err := s.Acquire(ctx, "watched")
+	require.NoError(t, err)
+
+	synced := make(chan int64, 1)
+	events := make(chan client.LossEvent, 4)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.WatchSession(wctx, s.ID(), func(rev int64) { synced <- rev }, func(ev client.LossEvent) error {
+			events <- ev
+			return nil
+		})
+	}()
+	require.GreaterOrEqual(t, <-synced, l.Token().Revision)
+
+	released, err := c.Release(ctx, l.Token())
+	require.NoError(t, err)
+	require.True(t, released)
+	ev := <-events
+	require.Equal(t, l.Token(), ev.Token)
+	require.Equal(t, "deleted", ev.Reason)
+	<-l.Done()
+	released, err = c.Release(ctx, l.Token())
+	require.NoError(t, err)
+	require.False(t, released, "a second release ends nothing")
+
+	require.NoError(t, s.Close(ctx))
+	require.ErrorIs(t, <-done, etcdstore.ErrSessionExpired)
+}

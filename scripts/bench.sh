@@ -44,3 +44,18 @@ run ./kubeadapter 'BenchmarkLiveLeaseLag$' 500x
 run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=(1|100)$' 300x
 run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=10000$' 20x
 run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
+# End to end through the shipped binary: fencer bench (guarded puts, then
+# acquire/release cycles, 64 clients with a connection and session each)
+# against a fencer serve in its own process, on an embedded etcd.
+echo "== fencer bench --clients 64 --duration 10s (against fencer serve, separate processes)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/fencer" ./cmd/fencer
+addr=127.0.0.1:17899
+"$tmp/fencer" serve --listen "$addr" --metrics-listen "" --data-dir "$tmp/data" 2>"$tmp/serve.log" &
+serve_pid=$!
+for _ in $(seq 100); do "$tmp/fencer" health --server "$addr" >/dev/null 2>&1 && break; sleep 0.1; done
+"$tmp/fencer" bench --server "$addr" --clients 1 --duration 5s || true
+"$tmp/fencer" bench --server "$addr" --clients 64 --duration 10s || true
+kill "$serve_pid"
+wait "$serve_pid" || true

@@ -3,103 +3,312 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/token"
 )
 
-// runAcquire runs a command while holding a lease, and stops it when the
-// lease is lost.
-func runAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fencer acquire", flag.ContinueOnError)
-	var conn connFlags
-	conn.register(fs)
-	ttl := fs.Duration("ttl", 10*time.Second, "session TTL (whole seconds): the lease vanishes this long after this process stops renewing it")
-	wait := fs.Bool("wait", true, "wait while another holder holds the lease (false: fail at once)")
-	grace := fs.Duration("grace", 5*time.Second, "after SIGTERM, how long CMD has before SIGKILL")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: fencer acquire [flags] NAME -- CMD [ARGS...]\n\n"+
-			"Runs CMD while lease NAME is held, with the token in $FENCER_TOKEN\n"+
-			"(and the lease name in $FENCER_LEASE). When the lease is lost, CMD gets\n"+
-			"SIGTERM, then SIGKILL after --grace. Exits with CMD's exit code\n"+
-			"(128+signal if it was killed by a signal).")
-		fs.PrintDefaults()
+const acquireLong = `Acquires lease NAME and runs CMD while it is held, with the token in
+$FENCER_TOKEN, the lease name in $FENCER_LEASE and the session id in
+$FENCER_SESSION (for "fencer watch"). Without CMD, it holds the lease and
+prints the token until interrupted (Ctrl-C, SIGTERM or SIGHUP), then
+releases it.
+
+While another holder has the lease, acquire says on standard error whom it
+waits for, and waits (--wait-timeout bounds the wait; --wait=false fails at
+once with exit code 5). A server restart while waiting is ridden out: the
+wait goes on once the server answers again.
+
+CMD never outlives the lease:
+  - when the lease is lost, CMD's process group gets SIGTERM, then SIGKILL
+    after --grace, and acquire exits 9;
+  - SIGINT, SIGTERM and SIGHUP sent to fencer are passed on to CMD's
+    process group (SIGKILL after --grace), and the lease is released;
+  - if fencer itself dies (SIGKILL, the OOM killer), CMD's whole process
+    group is killed: by a watchdog process in the group, which sees fencer's
+    end of a pipe close, and on Linux also by the kernel's parent-death
+    signal to CMD;
+  - when CMD exits, what it left running in its process group is killed.
+When standard input is the terminal, CMD runs in the foreground, so
+interactive commands and commands that read standard input work.
+
+Otherwise acquire exits with CMD's exit status (128+N if signal N ended it).`
+
+// acquireFlags are acquire's own flags.
+type acquireFlags struct {
+	ttl, waitTimeout, grace time.Duration
+	wait                    bool
+}
+
+func (a *app) acquireCmd() *cobra.Command {
+	var f acquireFlags
+	var out outputFlags
+	cmd := &cobra.Command{
+		Use:   "acquire NAME [-- CMD [ARGS...]]",
+		Short: "hold a lease while a command runs (or until interrupted, without one)",
+		Long:  acquireLong + "\n\n" + exitCodesHelp,
+		Example: `  fencer acquire orders -- ./process-orders
+  fencer acquire --wait-timeout 30s orders -- sh -c 'fencer put orders/total 100'
+  fencer acquire orders          # hold it until Ctrl-C`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			dash := cmd.ArgsLenAtDash()
+			switch {
+			case len(args) == 0 || dash == 0:
+				return usagef("acquire needs a lease NAME: fencer acquire NAME [-- CMD [ARGS...]]")
+			case dash == -1 && len(args) > 1:
+				return usagef("put -- between NAME and the command: fencer acquire %s -- %s ...", args[0], args[1])
+			case dash > 1:
+				return usagef("acquire takes one NAME before --, got %d", dash)
+			case dash == 1 && len(args) == 1:
+				return usagef("no command after --: fencer acquire %s -- CMD [ARGS...], or drop -- to hold the lease until interrupted", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.validate(); err != nil {
+				return err
+			}
+			return a.acquire(cmd.Context(), f, &out, args[0], args[1:])
+		},
 	}
-	if code := parseFlags(fs, args, stderr); code >= 0 {
-		return code
-	}
-	rest := fs.Args()
-	if len(rest) < 3 || rest[1] != "--" {
-		fs.Usage()
-		return 2
-	}
-	name, argv := rest[0], rest[2:]
-	cc, err := conn.dial()
+	fs := cmd.Flags()
+	a.conn.register(fs)
+	out.register(cmd)
+	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL (whole seconds): the lease vanishes this long after fencer stops renewing it")
+	fs.BoolVar(&f.wait, "wait", true, "wait while another holder holds the lease (false: fail at once, exit code 5)")
+	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 (0: wait for ever)")
+	fs.DurationVar(&f.grace, "grace", 5*time.Second, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL")
+	envFlag(fs, "ttl", "FENCER_TTL")
+	envFlag(fs, "wait-timeout", "FENCER_WAIT_TIMEOUT")
+	return cmd
+}
+
+// acquire acquires name, then runs argv while it is held, or holds it
+// until ctx ends when argv is empty.
+func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, name string, argv []string) error {
+	cc, err := a.conn.dial()
 	if err != nil {
-		fmt.Fprintln(stderr, "fencer acquire:", err)
-		return 1
+		return err
 	}
 	defer cc.Close()
-	sess, err := client.New(cc).NewSession(client.WithTTL(*ttl))
+	sess, err := client.New(cc).NewSession(client.WithTTL(f.ttl))
 	if err != nil {
-		fmt.Fprintln(stderr, "fencer acquire:", err)
-		return 2
+		return err
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), conn.timeout)
+		cctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
 		defer cancel()
 		_ = sess.Close(cctx)
 	}()
-	var lease *client.Lease
-	if *wait {
-		lease, err = sess.Acquire(ctx, name)
-	} else {
-		lease, err = sess.TryAcquire(ctx, name)
-	}
+	lease, err := a.acquireWaiting(ctx, sess, f, name)
 	if err != nil {
-		fmt.Fprintln(stderr, "fencer acquire:", err)
-		return 1
+		return err
 	}
-	fmt.Fprintf(stderr, "fencer acquire: holding %s\n", lease.Token())
-	return runHeld(ctx, lease, argv, *grace, stdout, stderr)
+	tok := lease.Token()
+	fmt.Fprintf(a.stderr, "fencer acquire: holding %s\n", tok)
+	if len(argv) == 0 {
+		return a.hold(ctx, lease, sess.ID(), out)
+	}
+	env := append(os.Environ(), "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
+	return a.runHeld(ctx, lease, argv, env, f.grace)
 }
 
-// runHeld runs argv while lease is held and returns its exit code. CMD is
-// stopped (SIGTERM to its process group, SIGKILL after grace) when the lease
-// ends or ctx ends.
-func runHeld(ctx context.Context, lease *client.Lease, argv []string, grace time.Duration, stdout, stderr io.Writer) int {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.Env = append(os.Environ(), "FENCER_TOKEN="+lease.Token().String(), "FENCER_LEASE="+lease.Token().Lease)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(stderr, "fencer acquire:", err)
-		return 127
+// acquireWaiting acquires name through sess, saying once on standard
+// error whom it waits for, and retrying with backoff while the server
+// cannot be reached, until f.waitTimeout (if set) or ctx ends.
+func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquireFlags, name string) (*client.Lease, error) {
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if f.waitTimeout > 0 {
+		wctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var err error
+	defer cancel()
+	retry := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 2 * time.Second}
+	var holder string
+	outage := false
+	for {
+		tctx, tcancel := context.WithTimeout(wctx, a.conn.timeout)
+		lease, err := sess.TryAcquire(tctx, name)
+		tcancel()
+		var held *token.HeldError
+		waited := false // the waiting Acquire's only deadline is wctx's
+		if errors.As(err, &held) && f.wait {
+			waited = true
+			if held.Holder != holder {
+				holder = held.Holder
+				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s, held by %s\n", name, holder)
+			}
+			lease, err = sess.Acquire(wctx, name)
+		}
+		switch {
+		case err == nil:
+			return lease, nil
+		case ctx.Err() == nil && (wctx.Err() != nil || waited && status.Code(err) == codes.DeadlineExceeded):
+			// The server may see the deadline pass a moment before wctx does.
+			msg := fmt.Sprintf("gave up waiting for %s after --wait-timeout %s", name, f.waitTimeout)
+			if holder != "" {
+				msg += ", held by " + holder
+			}
+			return nil, &exitStatus{code: exitHeld, msg: msg}
+		case f.wait && ctx.Err() == nil && status.Code(err) == codes.Unavailable:
+			if !outage {
+				outage = true
+				fmt.Fprintf(a.stderr, "fencer acquire: %s; retrying\n", describe(err, a.conn.server, a.conn.secure()).msg)
+			}
+			select {
+			case <-wctx.Done():
+			case <-time.After(retry.NextBackOff()):
+			}
+			continue
+		}
+		return nil, err
+	}
+}
+
+// holdView is what acquire without CMD prints: the lease it holds.
+type holdView struct {
+	Lease   string `json:"lease"`
+	Token   string `json:"token"`
+	Session int64  `json:"session"`
+}
+
+// hold holds lease until ctx ends (a signal), then releases it, or until
+// the lease is lost.
+func (a *app) hold(ctx context.Context, lease *client.Lease, session int64, out *outputFlags) error {
+	tok := lease.Token()
+	v := holdView{Lease: tok.Lease, Token: tok.String(), Session: session}
+	err := out.print(a.stdout, view{
+		data: v, headers: []string{"LEASE", "TOKEN", "SESSION"},
+		rows: [][]string{{v.Lease, v.Token, strconv.FormatInt(v.Session, 10)}},
+		text: func(w io.Writer) { fmt.Fprintln(w, v.Token) },
+	})
+	if err != nil {
+		return err
+	}
 	select {
-	case err = <-exited:
 	case <-lease.Done():
-		fmt.Fprintf(stderr, "fencer acquire: lease lost (%v); stopping %s\n", lease.Err(), argv[0])
-		err = stop(cmd, exited, grace)
+		return &exitStatus{code: exitLeaseLost, msg: fmt.Sprintf("lease lost: %s", lossReason(lease))}
 	case <-ctx.Done():
-		err = stop(cmd, exited, grace)
 	}
-	return exitCode(err)
+	rctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
+	defer cancel()
+	if err := lease.Release(rctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stderr, "fencer acquire: released %s\n", tok)
+	return nil
 }
 
-// stop sends SIGTERM to cmd's process group and SIGKILL after grace, and
+// lossReason says why lease ended, without the library's prefixes.
+func lossReason(lease *client.Lease) string {
+	var stale *token.StaleError
+	switch err := lease.Err(); {
+	case errors.As(err, &stale) && !stale.Newer.IsZero():
+		return fmt.Sprintf("%s was superseded by %s", lease.Token(), stale.Newer)
+	case errors.Is(err, etcdstore.ErrLeaseLost):
+		return fmt.Sprintf("%s: its holder key was deleted or replaced", lease.Token())
+	case errors.Is(err, etcdstore.ErrSessionExpired):
+		return fmt.Sprintf("%s: no renewal succeeded within the TTL", lease.Token())
+	case errors.Is(err, etcdstore.ErrSessionClosed), errors.Is(err, etcdstore.ErrReleased):
+		return fmt.Sprintf("%s was released", lease.Token())
+	default:
+		return fmt.Sprintf("%s is no longer current", lease.Token())
+	}
+}
+
+// runHeld runs argv while lease is held and returns its exit status as an
+// *exitStatus. CMD is stopped (SIGTERM to its process group, SIGKILL after
+// grace) when the lease ends; a signal that ended ctx is passed on to it
+// instead of SIGTERM.
+func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []string, grace time.Duration) error {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, a.stdout, a.stderr
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setParentDeathSignal(cmd.SysProcAttr)
+	foreground := terminalForeground(cmd.SysProcAttr)
+	exited, err := start(cmd)
+	if err != nil {
+		code := exitCannotExec
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			code = exitNoCommand
+		}
+		return &exitStatus{code: code, msg: fmt.Sprintf("cannot run %s: %v", argv[0], err)}
+	}
+	if foreground {
+		defer reclaimTerminal()
+	}
+	wd, err := startWatchdog(cmd.Process.Pid)
+	switch {
+	case err == nil:
+		defer wd.fire() // after CMD: what it left in its group goes too
+	case !errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.ESRCH): // else CMD and its group are gone already
+		fmt.Fprintf(a.stderr, "fencer acquire: cannot start the watchdog (%v): processes %s starts may outlive fencer if it is killed\n", err, argv[0])
+	}
+	var waitErr error
+	lost := false
+	select {
+	case waitErr = <-exited:
+	case <-lease.Done():
+		lost = true
+		fmt.Fprintf(a.stderr, "fencer acquire: lease lost (%s); stopping %s\n", lossReason(lease), argv[0])
+		waitErr = stop(cmd, exited, syscall.SIGTERM, grace)
+	case <-ctx.Done():
+		sig := syscall.SIGTERM
+		var se *signalError
+		if errors.As(context.Cause(ctx), &se) {
+			sig = se.sig
+		}
+		waitErr = stop(cmd, exited, sig, grace)
+	}
+	if lost {
+		return &exitStatus{code: exitLeaseLost, msg: fmt.Sprintf("%s was stopped: the lease was lost while it ran", argv[0])}
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
+	defer cancel()
+	_ = lease.Release(rctx) // the session's Close ends it anyway
+	return &exitStatus{code: childStatus(waitErr)}
+}
+
+// start starts cmd from a goroutine locked to its OS thread, which waits
+// for cmd there, and returns the channel of cmd's Wait error. The
+// parent-death signal fires when the thread that forked the child ends,
+// not the process: the Go runtime may end an idle thread, so the thread
+// that forks CMD stays alive until CMD has exited.
+func start(cmd *exec.Cmd) (<-chan error, error) {
+	started := make(chan error)
+	exited := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	return exited, <-started
+}
+
+// stop sends sig to cmd's process group and SIGKILL after grace, and
 // returns cmd's wait error.
-func stop(cmd *exec.Cmd, exited <-chan error, grace time.Duration) error {
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+func stop(cmd *exec.Cmd, exited <-chan error, sig syscall.Signal, grace time.Duration) error {
+	_ = syscall.Kill(-cmd.Process.Pid, sig)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
@@ -111,16 +320,45 @@ func stop(cmd *exec.Cmd, exited <-chan error, grace time.Duration) error {
 	}
 }
 
-func exitCode(err error) int {
+// childStatus is the exit code that reports CMD's wait error: its own
+// exit code, or 128+N if signal N ended it.
+func childStatus(err error) int {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		if err != nil {
-			return 1
+			return exitError
 		}
-		return 0
+		return exitOK
 	}
 	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return 128 + int(ws.Signal())
 	}
 	return ee.ExitCode()
+}
+
+// signalError is the cause of the command context when a signal ended it.
+type signalError struct{ sig syscall.Signal }
+
+func (e *signalError) Error() string { return "fencer: " + e.sig.String() }
+
+// notifyContext returns a context that a SIGINT, SIGTERM or SIGHUP ends,
+// with a *signalError cause naming the signal, and a function that stops
+// listening.
+func notifyContext(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-ch:
+			cancel(&signalError{sig: s.(syscall.Signal)})
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel(nil)
+	}
 }

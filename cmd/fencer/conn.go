@@ -3,13 +3,12 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,21 +23,62 @@ type connFlags struct {
 	insecure                                      bool
 }
 
-func (c *connFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.server, "server", envOr("FENCER_SERVER", defaultListen), "fencer server address; several comma-separated addresses are used round-robin ($FENCER_SERVER)")
-	fs.StringVar(&c.authTokenFile, "auth-token-file", os.Getenv("FENCER_AUTH_TOKEN_FILE"), "file holding the bearer token to send ($FENCER_AUTH_TOKEN_FILE; or the token itself in $FENCER_AUTH_TOKEN)")
+func (c *connFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.server, "server", defaultListen, "fencer server address; several comma-separated addresses are used round-robin")
+	fs.StringVar(&c.authTokenFile, "auth-token-file", "", "file holding the bearer token to send (or the token itself in $FENCER_AUTH_TOKEN)")
 	fs.StringVar(&c.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the server; enables TLS (without it, TLS verifies against the system's roots)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS, with --tls-key; enables TLS")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "client private key (PEM) for mutual TLS, with --tls-cert; enables TLS")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "timeout of each call")
 	fs.BoolVar(&c.insecure, "insecure", false, "allow sending the bearer token in plaintext to a server that is not on loopback")
+	for flag, env := range connEnv {
+		envFlag(fs, flag, env)
+	}
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
+// connEnv names the environment variable of each connection flag; a flag
+// on the command line wins over its variable.
+var connEnv = map[string]string{
+	"server":          "FENCER_SERVER",
+	"auth-token-file": "FENCER_AUTH_TOKEN_FILE",
+	"tls-ca":          "FENCER_TLS_CA",
+	"tls-cert":        "FENCER_TLS_CERT",
+	"tls-key":         "FENCER_TLS_KEY",
+	"timeout":         "FENCER_TIMEOUT",
+	"insecure":        "FENCER_INSECURE",
+}
+
+// envAnnotation is the pflag annotation that names a flag's environment
+// variable; see envFlag and applyEnv.
+const envAnnotation = "fencer_env"
+
+// envFlag makes $env the default of fs's flag name, and says so in its
+// usage. applyEnv reads the variables before the command runs.
+func envFlag(fs *pflag.FlagSet, name, env string) {
+	f := fs.Lookup(name)
+	f.Usage += " [$" + env + "]"
+	_ = fs.SetAnnotation(name, envAnnotation, []string{env})
+}
+
+// applyEnv sets each flag of fs that was not given on the command line
+// from its environment variable, if that is set and not empty. A value
+// that does not parse is a usage error naming the variable.
+func applyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		envs := f.Annotations[envAnnotation]
+		if err != nil || f.Changed || len(envs) == 0 {
+			return
+		}
+		v := os.Getenv(envs[0])
+		if v == "" {
+			return
+		}
+		if serr := fs.Set(f.Name, v); serr != nil {
+			err = usagef("$%s=%q: %v", envs[0], v, serr)
+		}
+	})
+	return err
 }
 
 // dial connects to the server(s). The connection is lazy: errors show on
@@ -49,10 +89,10 @@ func envOr(key, def string) string {
 func (c *connFlags) dial() (*grpc.ClientConn, error) {
 	addrs := splitList(c.server)
 	if len(addrs) == 0 {
-		return nil, errors.New("--server is empty")
+		return nil, usagef("--server is empty")
 	}
 	var opts []grpc.DialOption
-	secure := c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != ""
+	secure := c.secure()
 	if secure {
 		cfg, err := c.tlsConfig()
 		if err != nil {
@@ -73,7 +113,7 @@ func (c *connFlags) dial() (*grpc.ClientConn, error) {
 	if tok != "" {
 		for _, a := range addrs {
 			if !secure && !c.insecure && !isLoopback(a) {
-				return nil, fmt.Errorf("refusing to send the bearer token in plaintext to %s: set --tls-ca (or --tls-cert and --tls-key), or --insecure", a)
+				return nil, usagef("refusing to send the bearer token in plaintext to %s: set --tls-ca (or --tls-cert and --tls-key), or --insecure", a)
 			}
 		}
 		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(tok, secure)))
@@ -101,7 +141,7 @@ func (c *connFlags) tlsConfig() (*tls.Config, error) {
 	}
 	if c.tlsCert != "" || c.tlsKey != "" {
 		if c.tlsCert == "" || c.tlsKey == "" {
-			return nil, errors.New("--tls-cert and --tls-key go together")
+			return nil, usagef("--tls-cert and --tls-key go together")
 		}
 		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
 		if err != nil {
@@ -111,3 +151,6 @@ func (c *connFlags) tlsConfig() (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// secure reports whether the flags turn TLS on.
+func (c *connFlags) secure() bool { return c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != "" }

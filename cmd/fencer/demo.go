@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -19,21 +19,23 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-// runDemo plays the fencing guarantee out on an embedded etcd: worker A
-// acquires and writes, stalls past its TTL, B takes over and writes, and A's
-// late write is rejected by etcd.
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fencer demo", flag.ContinueOnError)
-	dataDir := fs.String("data-dir", "", "etcd data directory (default: a temporary directory, removed afterwards)")
-	ttl := fs.Duration("ttl", 2*time.Second, "session TTL of the workers (whole seconds)")
-	if code := parseFlags(fs, args, stderr); code >= 0 {
-		return code
+// demoCmd plays the fencing guarantee out on an embedded etcd: worker A
+// acquires and writes, stalls past its TTL, B takes over and writes, and
+// A's late write is rejected by etcd.
+func (a *app) demoCmd() *cobra.Command {
+	var dataDir string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "show a stale write being fenced, live on an embedded etcd",
+		Args:  nArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return demo(cmd.Context(), dataDir, ttl, a.stdout)
+		},
 	}
-	if err := demo(ctx, *dataDir, *ttl, stdout); err != nil {
-		fmt.Fprintln(stderr, "fencer demo:", err)
-		return 1
-	}
-	return 0
+	cmd.Flags().StringVar(&dataDir, "data-dir", "", "etcd data directory (default: a temporary directory, removed afterwards)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 2*time.Second, "session TTL of the workers (whole seconds)")
+	return cmd
 }
 
 func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer) error {

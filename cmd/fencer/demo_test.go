@@ -31,7 +31,8 @@ func TestDemoShowsStaleWriteRejected(t *testing.T) {
 func TestDispatchUsage(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 2, dispatch(context.Background(), nil, &out, &errOut))
-	require.Contains(t, errOut.String(), "demo")
+	require.Contains(t, errOut.String(), "a command is required")
+	require.Contains(t, errOut.String(), "fencer --help")
 	errOut.Reset()
 	require.Equal(t, 2, dispatch(context.Background(), []string{"nope"}, &out, &errOut))
 	require.Contains(t, errOut.String(), `unknown command "nope"`)

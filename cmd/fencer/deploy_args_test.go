@@ -14,7 +14,7 @@ import (
 
 // TestDeploymentArgs checks deploy/service/deployment.yaml against fencer
 // serve itself: its arguments, followed by -h, parse (an unknown flag or a
-// bad value would fail), and each environment variable it sets is one that
+// bad value would fail; help goes to standard output), and each environment variable it sets is one that
 // a flag reads.
 func TestDeploymentArgs(t *testing.T) {
 	b, err := os.ReadFile("../../deploy/service/deployment.yaml")
@@ -25,11 +25,11 @@ func TestDeploymentArgs(t *testing.T) {
 	c := dep.Spec.Template.Spec.Containers[0]
 	require.NotEmpty(t, c.Args)
 	require.Equal(t, "serve", c.Args[0])
-	var stderr bytes.Buffer
-	code := runServe(context.Background(), append(c.Args[1:], "-h"), &bytes.Buffer{}, &stderr)
+	var stdout, stderr bytes.Buffer
+	code := runServe(context.Background(), append(c.Args[1:], "-h"), &stdout, &stderr)
 	require.Equal(t, 0, code, stderr.String())
 	require.NotEmpty(t, c.Env)
 	for _, e := range c.Env {
-		require.Regexp(t, `\$`+regexp.QuoteMeta(e.Name)+`\b`, stderr.String(), "no flag of fencer serve reads $%s", e.Name)
+		require.Regexp(t, `\$`+regexp.QuoteMeta(e.Name)+`\b`, stdout.String(), "no flag of fencer serve reads $%s", e.Name)
 	}
 }

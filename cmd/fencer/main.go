@@ -1,88 +1,100 @@
-// Command fencer is fencer's command-line tool.
-//
-// Usage:
-//
-//	fencer <command> [flags] [args]
-//
-// Run "fencer help" for the list of commands.
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"sort"
-	"syscall"
+
+	"github.com/spf13/cobra"
 )
 
-// command is one subcommand of the fencer binary.
-type command struct {
-	summary string
-	// run executes the command with its arguments (the command name
-	// excluded). It returns the process exit code.
-	run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
-}
-
-var commands = map[string]command{
-	"demo":    {summary: "show a stale write being fenced, live on an embedded etcd", run: runDemo},
-	"serve":   {summary: "serve the gRPC API (embedded etcd unless --etcd-endpoints)", run: runServe},
-	"acquire": {summary: "run a command while holding a lease: acquire NAME -- CMD", run: runAcquire},
-	"put":     {summary: "write a data key with a guarded put (token from $FENCER_TOKEN)", run: runPut},
-	"get":     {summary: "read a data key", run: runGet},
-	"check":   {summary: "report whether a token is current", run: runCheck},
-	"status":  {summary: "list leases with their holders and tokens", run: runStatus},
-}
-
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	runWatchdogIfAsked()
+	ctx, stop := notifyContext(context.Background())
 	code := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
+// app is one run of fencer: where it writes, and the connection flags of
+// the command that runs (every client command registers the same ones).
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	conn           connFlags
+}
+
+// dispatch runs fencer with args and returns its exit code, having said
+// on stderr what went wrong, if anything.
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(stderr)
-		if len(args) == 0 {
-			return 2
+	a := &app{stdin: os.Stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	f := describe(err, a.conn.server, a.conn.secure())
+	if f.msg != "" {
+		fmt.Fprintf(stderr, "%s: %s\n", cmd.CommandPath(), f.msg)
+		if f.code == exitUsage {
+			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		}
-		return 0
 	}
-	cmd, ok := commands[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "fencer: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return 2
-	}
-	return cmd.run(ctx, args[1:], stdout, stderr)
+	return f.code
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: fencer <command> [flags] [args]\n\ncommands:")
-	names := make([]string, 0, len(commands))
-	for name := range commands {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
-	}
-	fmt.Fprintln(w, "\nRun \"fencer <command> -h\" for a command's flags.")
-}
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "fencer",
+		Short: "fencer: fencing tokens over etcd, and a lock wrapper that fences what it runs",
+		Long: `fencer serves fencing tokens over etcd (fencer serve) and is their
+command-line client: every acquisition of a lease yields a greater token,
+and every write carrying a token is conditional in etcd, so a superseded
+holder's late write fails.
 
-// parseFlags parses args with fs, writing errors and help to stderr. It
-// returns the exit code to stop with, or -1 to go on.
-func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) int {
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+Client commands reach the server at --server (default ` + defaultListen + `,
+or $FENCER_SERVER); every connection flag has an environment variable,
+shown in the command's help. See docs/cli.md.
+
+` + exitCodesHelp,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("a command is required")
+			}
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += fmt.Sprintf("; did you mean %q?", s[0])
+			}
+			return usagef("%s", msg)
+		},
+		RunE:              func(*cobra.Command, []string) error { return nil },
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd.Flags()) },
 	}
-	return -1
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetIn(a.stdin)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		msg := err.Error()
+		if cmd.Name() == "acquire" && cmd.ArgsLenAtDash() == -1 {
+			msg += " (the command to run goes after --: fencer acquire NAME -- CMD [ARGS...])"
+		}
+		return usagef("%s", msg)
+	})
+	root.AddGroup(&cobra.Group{ID: "lease", Title: "Leases:"}, &cobra.Group{ID: "data", Title: "Guarded data:"}, &cobra.Group{ID: "server", Title: "Server:"})
+	for _, c := range []*cobra.Command{a.acquireCmd(), a.releaseCmd(), a.checkCmd(), a.statusCmd(), a.watchCmd(), a.advanceCmd()} {
+		c.GroupID = "lease"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.putCmd(), a.getCmd(), a.deleteCmd(), a.txnCmd()} {
+		c.GroupID = "data"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.serveCmd(), a.healthCmd(), a.benchCmd(), a.demoCmd()} {
+		c.GroupID = "server"
+		root.AddCommand(c)
+	}
+	root.AddCommand(a.versionCmd())
+	return root
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"github.com/fencer-dev/fencer/internal/etcdproc"
@@ -11,5 +12,9 @@ func TestMain(m *testing.M) {
 	// The etcd cluster test runs etcd members as re-executions of this
 	// binary.
 	etcdproc.RunIfMember()
-	etcdtest.Main(m)
+	runWatchdogIfAsked() // in-process acquire runs this binary as its watchdog
+	code := m.Run()
+	removeBinary()
+	etcdtest.StopShared()
+	os.Exit(etcdtest.CheckLeaks(code))
 }

@@ -2,179 +2,304 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"text/tabwriter"
+	"strconv"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/token"
 )
 
-// remoteCmd is the shared shape of put, get, check and status: flags, one
-// connection, one call with a timeout.
-type remoteCmd struct {
-	name   string
-	fs     *flag.FlagSet
-	conn   connFlags
-	output string
+// remote builds a client command: connection and output flags, one
+// connection, and do called with a client under the call timeout; do
+// returns what to print, and an error that sets the exit code (printed
+// after the view, when the view has data).
+func (a *app) remote(cmd *cobra.Command, do func(ctx context.Context, c *client.Client, cc *grpc.ClientConn, args []string) (*view, error)) *cobra.Command {
+	var out outputFlags
+	a.conn.register(cmd.Flags())
+	out.register(cmd)
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := out.validate(); err != nil {
+			return err
+		}
+		return a.withClient(cmd.Context(), func(ctx context.Context, cc *grpc.ClientConn) error {
+			ctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
+			defer cancel()
+			v, err := do(ctx, client.New(cc), cc, args)
+			if v != nil {
+				if perr := out.print(a.stdout, *v); perr != nil {
+					return perr
+				}
+			}
+			return err
+		})
+	}
+	return cmd
 }
 
-func newRemoteCmd(name string) *remoteCmd {
-	r := &remoteCmd{name: name, fs: flag.NewFlagSet("fencer "+name, flag.ContinueOnError)}
-	r.conn.register(r.fs)
-	r.fs.StringVar(&r.output, "output", "text", `output format: "text" or "json"`)
-	return r
-}
-
-// run parses args, checks their count and calls do with a client. It
-// returns the exit code: do's, 2 for usage errors, 1 for other errors.
-func (r *remoteCmd) run(ctx context.Context, args []string, nargs int, usage string, stderr io.Writer, do func(ctx context.Context, c *client.Client, args []string) (int, error)) int {
-	r.fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fencer %s [flags] %s\n", r.name, usage)
-		r.fs.PrintDefaults()
-	}
-	if code := parseFlags(r.fs, args, stderr); code >= 0 {
-		return code
-	}
-	if r.output != "text" && r.output != "json" {
-		fmt.Fprintf(stderr, "fencer %s: --output must be text or json\n", r.name)
-		return 2
-	}
-	if r.fs.NArg() != nargs {
-		r.fs.Usage()
-		return 2
-	}
-	cc, err := r.conn.dial()
+// withClient dials the server with the connection flags and calls do.
+func (a *app) withClient(ctx context.Context, do func(ctx context.Context, cc *grpc.ClientConn) error) error {
+	cc, err := a.conn.dial()
 	if err != nil {
-		fmt.Fprintf(stderr, "fencer %s: %v\n", r.name, err)
-		return 1
+		return err
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, r.conn.timeout)
-	defer cancel()
-	code, err := do(ctx, client.New(cc), r.fs.Args())
-	if err != nil {
-		fmt.Fprintf(stderr, "fencer %s: %v\n", r.name, err)
-		return 1
+	return do(ctx, cc)
+}
+
+// nArgs accepts exactly n arguments, refusing others with a usage error
+// that shows the command's use line.
+func nArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("want %d argument(s), got %d: fencer %s", n, len(args), cmd.Use)
+		}
+		return nil
 	}
-	return code
 }
 
-func (r *remoteCmd) printJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
-// tokenFlag reads --token, defaulting to $FENCER_TOKEN as set by
-// fencer acquire.
-func tokenFlag(fs *flag.FlagSet) *string {
-	return fs.String("token", os.Getenv("FENCER_TOKEN"), "fencing token ($FENCER_TOKEN, as set by fencer acquire)")
+// tokenFlag adds --token, read from $FENCER_TOKEN as set by fencer
+// acquire, to cmd.
+func tokenFlag(cmd *cobra.Command) *string {
+	s := cmd.Flags().String("token", "", "fencing token, as fencer acquire sets it")
+	envFlag(cmd.Flags(), "token", "FENCER_TOKEN")
+	return s
 }
 
 func parseTokenFlag(s string) (token.Token, error) {
 	if s == "" {
-		return token.Token{}, errors.New("no token: pass --token or run under fencer acquire")
+		return token.Token{}, usagef("no token: pass --token or run under fencer acquire (which sets $FENCER_TOKEN)")
 	}
 	return token.Parse(s)
 }
 
-// runPut writes a data key with a guarded Put. --take-over takes the key
-// over from another lease (fenced like any write); without it, a key of
-// another lease is refused with token: foreign lease.
-func runPut(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	r := newRemoteCmd("put")
-	tokStr := tokenFlag(r.fs)
-	takeOver := r.fs.Bool("take-over", false, "write the key even if another lease owns it, making this token's lease its owner")
-	return r.run(ctx, args, 2, `KEY VALUE   (VALUE "-" reads standard input)`, stderr, func(ctx context.Context, c *client.Client, args []string) (int, error) {
+// takeOverFlag adds --take-over to cmd and returns the write options it
+// selects.
+func takeOverFlag(cmd *cobra.Command, what string) func() []client.WriteOption {
+	b := cmd.Flags().Bool("take-over", false, "write the "+what+" even if another lease owns it, making this token's lease its owner")
+	return func() []client.WriteOption {
+		if *b {
+			return []client.WriteOption{client.TakeOver()}
+		}
+		return nil
+	}
+}
+
+// writeView is what put, delete and advance print.
+type writeView struct {
+	Key      string `json:"key,omitempty"`
+	Resource string `json:"resource,omitempty"`
+	Revision int64  `json:"revision,omitempty"`
+	Deleted  *bool  `json:"deleted,omitempty"`
+	Token    string `json:"token"`
+}
+
+func (a *app) putCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "put KEY VALUE",
+		Short: "write a data key with a guarded put (VALUE - reads standard input)",
+		Long: `Writes KEY if and only if the token is its lease's current token and KEY
+belongs to that lease or to none; otherwise nothing is written (exit code
+4 for a stale token, 8 for a key of another lease). The token comes from
+--token or $FENCER_TOKEN, which fencer acquire sets for its command.`,
+		Args: nArgs(2),
+	}
+	tokStr := tokenFlag(cmd)
+	opts := takeOverFlag(cmd, "key")
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
 		tok, err := parseTokenFlag(*tokStr)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		value := []byte(args[1])
 		if args[1] == "-" {
-			if value, err = io.ReadAll(os.Stdin); err != nil {
-				return 0, err
+			if value, err = io.ReadAll(a.stdin); err != nil {
+				return nil, err
 			}
 		}
-		var opts []client.WriteOption
-		if *takeOver {
-			opts = append(opts, client.TakeOver())
-		}
-		rev, err := c.Put(ctx, tok, args[0], value, opts...)
+		rev, err := c.Put(ctx, tok, args[0], value, opts()...)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		if r.output == "json" {
-			r.printJSON(stdout, map[string]any{"key": args[0], "revision": rev})
-		} else {
-			fmt.Fprintf(stdout, "revision %d\n", rev)
-		}
-		return 0, nil
+		v := writeView{Key: args[0], Revision: rev, Token: tok.String()}
+		return &view{data: v, headers: []string{"KEY", "REVISION"}, rows: [][]string{{v.Key, strconv.FormatInt(rev, 10)}},
+			text: func(w io.Writer) { fmt.Fprintf(w, "revision %d\n", rev) }}, nil
 	})
 }
 
-// runGet reads a data key. It exits 3 when the key does not exist.
-func runGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	r := newRemoteCmd("get")
-	return r.run(ctx, args, 1, "KEY", stderr, func(ctx context.Context, c *client.Client, args []string) (int, error) {
-		v, found, err := c.Get(ctx, args[0])
-		if err != nil {
-			return 0, err
-		}
-		if r.output == "json" {
-			r.printJSON(stdout, map[string]any{"key": args[0], "found": found, "value": string(v.Data), "create_revision": v.CreateRevision, "mod_revision": v.ModRevision})
-		} else if found {
-			_, _ = stdout.Write(v.Data)
-			if len(v.Data) > 0 && v.Data[len(v.Data)-1] != '\n' {
-				fmt.Fprintln(stdout)
-			}
-		}
-		if !found {
-			if r.output == "text" {
-				fmt.Fprintf(stderr, "fencer get: %q not found\n", args[0])
-			}
-			return 3, nil
-		}
-		return 0, nil
-	})
-}
-
-// runCheck reports whether a token is current. It exits 0 if it is and 3
-// if it is stale.
-func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	r := newRemoteCmd("check")
-	tokStr := tokenFlag(r.fs)
-	return r.run(ctx, args, 0, "", stderr, func(ctx context.Context, c *client.Client, _ []string) (int, error) {
+func (a *app) deleteCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "delete KEY",
+		Short: "delete a data key, guarded like put",
+		Long: `Deletes KEY if and only if the token is current and KEY belongs to the
+token's lease or to none, like put. Deleting a key that does not exist
+succeeds, and says so (deleted: false).`,
+		Aliases: []string{"del"},
+		Args:    nArgs(1),
+	}
+	tokStr := tokenFlag(cmd)
+	opts := takeOverFlag(cmd, "key")
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
 		tok, err := parseTokenFlag(*tokStr)
 		if err != nil {
-			return 0, err
+			return nil, err
+		}
+		deleted, err := c.Delete(ctx, tok, args[0], opts()...)
+		if err != nil {
+			return nil, err
+		}
+		v := writeView{Key: args[0], Deleted: &deleted, Token: tok.String()}
+		return &view{data: v, headers: []string{"KEY", "DELETED"}, rows: [][]string{{v.Key, strconv.FormatBool(deleted)}},
+			text: func(w io.Writer) {
+				if deleted {
+					fmt.Fprintln(w, "deleted")
+				} else {
+					fmt.Fprintln(w, "not found (nothing deleted)")
+				}
+			}}, nil
+	})
+}
+
+func (a *app) advanceCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "advance RESOURCE",
+		Short: "record the token as the highest that has passed for an external resource",
+		Long: `Records the token as the highest token that has passed for RESOURCE, if it
+is current and not lower than the one recorded (exit code 4 otherwise): the
+sequencer check for a store that cannot run a transaction. A resource
+advanced by another lease is refused (exit code 8) unless --take-over.`,
+		Args: nArgs(1),
+	}
+	tokStr := tokenFlag(cmd)
+	opts := takeOverFlag(cmd, "resource")
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
+		tok, err := parseTokenFlag(*tokStr)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.Advance(ctx, args[0], tok, opts()...); err != nil {
+			return nil, err
+		}
+		v := writeView{Resource: args[0], Token: tok.String()}
+		return &view{data: v, headers: []string{"RESOURCE", "TOKEN"}, rows: [][]string{{v.Resource, v.Token}},
+			text: func(w io.Writer) { fmt.Fprintf(w, "%s advanced to %s\n", v.Resource, v.Token) }}, nil
+	})
+}
+
+func (a *app) releaseCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "release the lease of a token, if it is still current",
+		Long: `Releases the acquisition whose token is --token (or $FENCER_TOKEN), if and
+only if it is still current, so a late or repeated release never ends a
+newer holder's lease. Releasing a token that has already ended succeeds.`,
+		Args: nArgs(0),
+	}
+	tokStr := tokenFlag(cmd)
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
+		tok, err := parseTokenFlag(*tokStr)
+		if err != nil {
+			return nil, err
+		}
+		released, err := c.Release(ctx, tok)
+		if err != nil {
+			return nil, err
+		}
+		v := struct {
+			Token    string `json:"token"`
+			Released bool   `json:"released"`
+		}{tok.String(), released}
+		return &view{data: v, headers: []string{"TOKEN", "RELEASED"}, rows: [][]string{{v.Token, strconv.FormatBool(released)}},
+			text: func(w io.Writer) {
+				if released {
+					fmt.Fprintf(w, "released %s\n", tok)
+				} else {
+					fmt.Fprintf(w, "%s had already ended\n", tok)
+				}
+			}}, nil
+	})
+}
+
+// getView is what get prints.
+type getView struct {
+	Key            string `json:"key"`
+	Found          bool   `json:"found"`
+	Value          string `json:"value"`
+	CreateRevision int64  `json:"create_revision"`
+	ModRevision    int64  `json:"mod_revision"`
+}
+
+func (a *app) getCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get KEY",
+		Short: "read a data key (exit code 3 if it does not exist)",
+		Long:  `Prints KEY's value (text), or the key with its revisions (table, json, yaml). Reads are not guarded.`,
+		Args:  nArgs(1),
+	}
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
+		v, found, err := c.Get(ctx, args[0])
+		if err != nil {
+			return nil, err
+		}
+		g := getView{Key: args[0], Found: found, Value: string(v.Data), CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}
+		var notFound error
+		if !found {
+			notFound = &exitStatus{code: exitNotFound, msg: fmt.Sprintf("key %q not found", args[0])}
+		}
+		return &view{data: g, headers: []string{"KEY", "VALUE", "CREATE_REVISION", "MOD_REVISION"},
+			rows: [][]string{{g.Key, strconv.Quote(g.Value), strconv.FormatInt(g.CreateRevision, 10), strconv.FormatInt(g.ModRevision, 10)}},
+			text: func(w io.Writer) {
+				if !found {
+					return
+				}
+				_, _ = w.Write(v.Data)
+				if len(v.Data) > 0 && v.Data[len(v.Data)-1] != '\n' {
+					fmt.Fprintln(w)
+				}
+			}}, notFound
+	})
+}
+
+// checkView is what check prints.
+type checkView struct {
+	Token      string `json:"token"`
+	Current    bool   `json:"current"`
+	NewerToken string `json:"newer_token,omitempty"`
+}
+
+func (a *app) checkCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "report whether a token is current (exit code 4 if stale)",
+		Args:  nArgs(0),
+	}
+	tokStr := tokenFlag(cmd)
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
+		tok, err := parseTokenFlag(*tokStr)
+		if err != nil {
+			return nil, err
 		}
 		err = c.Check(ctx, tok)
 		var stale *token.StaleError
 		if err != nil && !errors.As(err, &stale) {
-			return 0, err
+			return nil, err
 		}
-		out := map[string]any{"token": tok.String(), "current": err == nil}
-		if stale != nil && !stale.Newer.IsZero() {
-			out["newer_token"] = stale.Newer.String()
+		v := checkView{Token: tok.String(), Current: err == nil}
+		text := fmt.Sprintf("%s is current", tok)
+		if stale != nil {
+			text = fmt.Sprintf("%s is no longer current", tok)
+			if !stale.Newer.IsZero() {
+				v.NewerToken = stale.Newer.String()
+				text = fmt.Sprintf("%s is superseded by %s", tok, stale.Newer)
+			}
+			err = &exitStatus{code: exitStale}
 		}
-		switch {
-		case r.output == "json":
-			r.printJSON(stdout, out)
-		case err == nil:
-			fmt.Fprintf(stdout, "%s is current\n", tok)
-		default:
-			fmt.Fprintln(stdout, stale.Error())
-		}
-		if err != nil {
-			return 3, nil
-		}
-		return 0, nil
+		return &view{data: v, headers: []string{"TOKEN", "CURRENT", "NEWER"}, rows: [][]string{{v.Token, strconv.FormatBool(v.Current), dash(v.NewerToken)}},
+			text: func(w io.Writer) { fmt.Fprintln(w, text) }}, err
 	})
 }
 
@@ -187,34 +312,35 @@ type statusRow struct {
 	Token  string `json:"token,omitempty"`
 }
 
-// runStatus lists leases with their holders and tokens.
-func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	r := newRemoteCmd("status")
-	return r.run(ctx, args, 0, "", stderr, func(ctx context.Context, c *client.Client, _ []string) (int, error) {
+func (a *app) statusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "status",
+		Short:   "list leases with their holders and tokens",
+		Aliases: []string{"list", "ls"},
+		Args:    nArgs(0),
+	}
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
 		list, err := c.List(ctx)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		rows := make([]statusRow, len(list))
+		table := make([][]string, len(list))
 		for i, st := range list {
 			rows[i] = statusRow{Name: st.Name, Epoch: st.Epoch, Held: !st.Token.IsZero(), Holder: st.Holder}
 			if rows[i].Held {
 				rows[i].Token = st.Token.String()
 			}
+			table[i] = []string{st.Name, strconv.FormatUint(st.Epoch, 10), dash(rows[i].Holder), dash(rows[i].Token)}
 		}
-		if r.output == "json" {
-			r.printJSON(stdout, rows)
-			return 0, nil
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "LEASE\tEPOCH\tHOLDER\tTOKEN")
-		for _, row := range rows {
-			holder, tok := row.Holder, row.Token
-			if !row.Held {
-				holder, tok = "-", "-"
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", row.Name, row.Epoch, holder, tok)
-		}
-		return 0, tw.Flush()
+		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, nil
 	})
+}
+
+// dash is s, or "-" for a table cell with no value.
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -48,10 +49,28 @@ type serveFlags struct {
 	etcd                                                  etcdFlags
 }
 
-// runServe runs fencer's gRPC service until interrupted.
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fencer serve", flag.ContinueOnError)
+func (a *app) serveCmd() *cobra.Command {
 	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "serve the gRPC API (embedded etcd unless --etcd-endpoints)",
+		Long: `Serves fencer's gRPC API on --listen, over an embedded etcd member in
+--data-dir, or over an existing etcd cluster with --etcd-endpoints. It
+refuses plaintext or unauthenticated service off loopback unless
+--insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully. See
+docs/operations.md.`,
+		Args: nArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
+				return usagef("--batch %d: must be between 0 and %d", f.batch, etcdstore.MaxBatch)
+			}
+			if _, err := f.logger(a.stderr); err != nil {
+				return usagef("%v", err)
+			}
+			return serve(cmd.Context(), f, a.stderr)
+		},
+	}
+	fs := cmd.Flags()
 	fs.StringVar(&f.listen, "listen", defaultListen, "gRPC listen address")
 	fs.StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, `Prometheus /metrics listen address ("" disables)`)
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir, "data directory of the embedded etcd member (ignored with --etcd-endpoints)")
@@ -70,26 +89,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
 	f.etcd.register(fs)
-	if code := parseFlags(fs, args, stderr); code >= 0 {
-		return code
-	}
-	if fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "fencer serve: unexpected arguments:", fs.Args())
-		return 2
-	}
-	if f.batch < 0 || f.batch > etcdstore.MaxBatch {
-		fmt.Fprintf(stderr, "fencer serve: --batch %d: must be between 0 and %d\n", f.batch, etcdstore.MaxBatch)
-		return 2
-	}
-	if _, err := f.logger(stderr); err != nil {
-		fmt.Fprintln(stderr, "fencer serve:", err)
-		return 2
-	}
-	if err := serve(ctx, f, stderr); err != nil {
-		fmt.Fprintln(stderr, "fencer serve:", err)
-		return 1
-	}
-	return 0
+	return cmd
 }
 
 func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
@@ -330,12 +330,18 @@ type etcdFlags struct {
 // register adds the --etcd-* credential flags to fs. Each defaults to an
 // environment variable; the password is read from --etcd-password-file or
 // $FENCER_ETCD_PASSWORD, never from the command line, where ps shows it.
-func (e *etcdFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&e.caFile, "etcd-ca-file", os.Getenv("FENCER_ETCD_CA_FILE"), "CA bundle (PEM) that verifies the etcd members; enables TLS to etcd ($FENCER_ETCD_CA_FILE)")
-	fs.StringVar(&e.certFile, "etcd-cert-file", os.Getenv("FENCER_ETCD_CERT_FILE"), "client certificate (PEM) for etcd, with --etcd-key-file; enables TLS to etcd ($FENCER_ETCD_CERT_FILE)")
-	fs.StringVar(&e.keyFile, "etcd-key-file", os.Getenv("FENCER_ETCD_KEY_FILE"), "client private key (PEM) for etcd, with --etcd-cert-file ($FENCER_ETCD_KEY_FILE)")
-	fs.StringVar(&e.username, "etcd-username", os.Getenv("FENCER_ETCD_USERNAME"), "etcd user, with --etcd-password-file or $FENCER_ETCD_PASSWORD ($FENCER_ETCD_USERNAME)")
-	fs.StringVar(&e.passwordFile, "etcd-password-file", os.Getenv("FENCER_ETCD_PASSWORD_FILE"), "file holding the etcd user's password ($FENCER_ETCD_PASSWORD_FILE)")
+func (e *etcdFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&e.caFile, "etcd-ca-file", "", "CA bundle (PEM) that verifies the etcd members; enables TLS to etcd")
+	fs.StringVar(&e.certFile, "etcd-cert-file", "", "client certificate (PEM) for etcd, with --etcd-key-file; enables TLS to etcd")
+	fs.StringVar(&e.keyFile, "etcd-key-file", "", "client private key (PEM) for etcd, with --etcd-cert-file")
+	fs.StringVar(&e.username, "etcd-username", "", "etcd user, with --etcd-password-file or $FENCER_ETCD_PASSWORD")
+	fs.StringVar(&e.passwordFile, "etcd-password-file", "", "file holding the etcd user's password")
+	for flag, env := range map[string]string{
+		"etcd-ca-file": "FENCER_ETCD_CA_FILE", "etcd-cert-file": "FENCER_ETCD_CERT_FILE", "etcd-key-file": "FENCER_ETCD_KEY_FILE",
+		"etcd-username": "FENCER_ETCD_USERNAME", "etcd-password-file": "FENCER_ETCD_PASSWORD_FILE",
+	} {
+		envFlag(fs, flag, env)
+	}
 }
 
 // clientConfig returns the etcd client configuration for endpoints, with

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"flag"
 	"log/slog"
 	"net"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -187,8 +187,8 @@ func TestServeMutualTLS(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			require.Equal(t, 1, runStatus(ctx, args, &out, &errb), out.String())
-			require.NotEmpty(t, errb.String())
+			require.Equal(t, exitUnavailable, runStatus(ctx, args, &out, &errb), out.String())
+			require.Contains(t, errb.String(), "cannot reach fencer at "+addr)
 		})
 	}
 
@@ -210,15 +210,19 @@ func TestClientTLSFlagsNeverFallBackToPlaintext(t *testing.T) {
 	defer cancel()
 	var out, errb bytes.Buffer
 	require.Equal(t, 0, runStatus(ctx, []string{"--server", addr}, &out, &errb), errb.String())
-	for name, args := range map[string][]string{
-		"client certificate":  {"--tls-cert", p.aliceCert, "--tls-key", p.aliceKey},
-		"CA":                  {"--tls-ca", p.caFile},
-		"certificate, no key": {"--tls-cert", p.aliceCert},
-		"key, no certificate": {"--tls-key", p.aliceKey},
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"client certificate", []string{"--tls-cert", p.aliceCert, "--tls-key", p.aliceKey}, exitUnavailable},
+		{"CA", []string{"--tls-ca", p.caFile}, exitUnavailable},
+		{"certificate, no key", []string{"--tls-cert", p.aliceCert}, exitUsage},
+		{"key, no certificate", []string{"--tls-key", p.aliceKey}, exitUsage},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			require.Equal(t, 1, runStatus(ctx, append([]string{"--server", addr, "--timeout", "5s"}, args...), &out, &errb), out.String())
+			require.Equal(t, tc.code, runStatus(ctx, append([]string{"--server", addr, "--timeout", "5s"}, tc.args...), &out, &errb), out.String())
 		})
 	}
 }
@@ -238,7 +242,7 @@ func TestClientSendsBearerTokensInPlaintextOnlyToLoopback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c connFlags
-			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 			c.register(fs)
 			require.NoError(t, fs.Parse(tc.args))
 			cc, err := c.dial()

@@ -73,7 +73,7 @@ func TestAcquireCommand(t *testing.T) {
 		require.NoError(t, err)
 		select {
 		case code := <-done:
-			require.Equal(t, 128+15, code, errb.String())
+			require.Equal(t, exitLeaseLost, code, errb.String())
 			require.Less(t, time.Since(start), 2*time.Second)
 			require.Contains(t, errb.String(), "lease lost")
 		case <-time.After(10 * time.Second):
@@ -90,16 +90,16 @@ func TestPutGetCheckCommands(t *testing.T) {
 
 	// Without a token, put refuses.
 	t.Setenv("FENCER_TOKEN", "")
-	require.Equal(t, 1, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
+	require.Equal(t, exitUsage, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
 	require.Contains(t, errb.String(), "no token")
 
-	// A stale token is refused with the library's error text, and check says so.
+	// A stale token is refused, and check says so.
 	t.Setenv("FENCER_TOKEN", "v1:1:2:nobody")
 	errb.Reset()
-	require.Equal(t, 1, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
-	require.Contains(t, errb.String(), "token: stale")
+	require.Equal(t, exitStale, runPut(ctx, []string{"--server", addr, "k", "v"}, &out, &errb))
+	require.Contains(t, errb.String(), "stale token: v1:1:2:nobody")
 	out.Reset()
-	require.Equal(t, 3, runCheck(ctx, []string{"--server", addr, "--output", "json"}, &out, &errb))
+	require.Equal(t, exitStale, runCheck(ctx, []string{"--server", addr, "--output", "json"}, &out, &errb))
 	require.Contains(t, out.String(), `"current": false`)
-	require.Equal(t, 3, runGet(ctx, []string{"--server", addr, "k"}, &out, &errb))
+	require.Equal(t, exitNotFound, runGet(ctx, []string{"--server", addr, "k"}, &out, &errb))
 }

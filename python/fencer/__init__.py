@@ -1,7 +1,38 @@
-"""fencer's Python client: generated gRPC stubs (fencer.v1) and error decoding.
+"""fencer's Python client.
 
-Use fencer.v1.fencer_pb2 / fencer_pb2_grpc for the calls and
-fencer.errors.reason_of to read the fencer.dev ErrorInfo reason of a failed
-call. Needs Debian's python3-grpcio and python3-protobuf
-(scripts/install-python-deps.sh).
+    import fencer
+    with fencer.Client("127.0.0.1:7890") as client:
+        with client.acquire("orders") as lease:
+            lease.put("orders/total", b"100")
+
+fencer.Client holds a session renewed by a background keepalive thread;
+each Lease carries its fencing token, which put, delete and txn use, and a
+`lost` threading.Event. Errors are fencer.errors' exceptions (StaleError,
+HeldError, ...). fencer.txn builds transactions; fencer.v1 holds the
+generated gRPC stubs.
+
+Runs on Debian's /usr/bin/python3 (3.11) with python3-grpcio and
+python3-protobuf from apt (scripts/install-python-deps.sh).
 """
+
+from fencer.client import Client, Lease, TxnResult
+from fencer.errors import (
+    FencerError,
+    ForeignLeaseError,
+    HeldError,
+    InvalidArgumentError,
+    InvalidTokenError,
+    NotHeldError,
+    PermissionDeniedError,
+    SessionNotFoundError,
+    StaleError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+
+__all__ = [
+    "Client", "Lease", "TxnResult",
+    "FencerError", "StaleError", "HeldError", "ForeignLeaseError", "NotHeldError",
+    "InvalidTokenError", "InvalidArgumentError", "SessionNotFoundError",
+    "PermissionDeniedError", "UnauthenticatedError", "UnavailableError",
+]

@@ -77,3 +77,115 @@ def error_info(rpc_error):
 def reason_of(rpc_error):
     """Returns the fencer.dev reason of a failed call, or None."""
     return error_info(rpc_error)[0]
+
+
+class FencerError(Exception):
+    """A call to fencer failed. reason is the fencer.dev ErrorInfo reason
+    (None for a transport error), code the gRPC status code name, metadata
+    the ErrorInfo metadata."""
+
+    def __init__(self, message, reason=None, code=None, metadata=None):
+        super().__init__(message)
+        self.reason = reason
+        self.code = code
+        self.metadata = dict(metadata or {})
+
+
+class StaleError(FencerError):
+    """The token is no longer its lease's current token; nothing was
+    written. newer_token is the superseding token when the server knew it,
+    else ""."""
+
+    @property
+    def token(self):
+        return self.metadata.get("token", "")
+
+    @property
+    def newer_token(self):
+        return self.metadata.get("newer_token", "")
+
+
+class HeldError(FencerError):
+    """Another holder holds the lease (an acquire with wait=False)."""
+
+    @property
+    def lease(self):
+        return self.metadata.get("lease", "")
+
+    @property
+    def holder(self):
+        return self.metadata.get("holder", "")
+
+
+class ForeignLeaseError(FencerError):
+    """The key or resource belongs to another lease (want: the lease that
+    owns it; got: the token's lease); pass take_over=True to take it."""
+
+
+class NotHeldError(FencerError):
+    """The lease is not held."""
+
+
+class InvalidTokenError(FencerError):
+    """A token is malformed."""
+
+
+class InvalidArgumentError(FencerError):
+    """A request field is invalid; metadata["field"] names it."""
+
+
+class SessionNotFoundError(FencerError):
+    """The session has expired or was closed."""
+
+
+class PermissionDeniedError(FencerError):
+    """The caller's principal may not use that name, session or token."""
+
+
+class UnauthenticatedError(FencerError):
+    """The server did not accept the credentials."""
+
+
+class UnavailableError(FencerError):
+    """The server could not be reached, could not reach etcd, or is
+    shutting down; retry. A write that failed so may or may not have
+    committed."""
+
+
+_BY_REASON = {
+    STALE_TOKEN: StaleError,
+    HELD_BY_ANOTHER: HeldError,
+    FOREIGN_LEASE: ForeignLeaseError,
+    LEASE_NOT_HELD: NotHeldError,
+    INVALID_TOKEN: InvalidTokenError,
+    INVALID_ARGUMENT: InvalidArgumentError,
+    SESSION_NOT_FOUND: SessionNotFoundError,
+    PERMISSION_DENIED: PermissionDeniedError,
+    UNAUTHENTICATED: UnauthenticatedError,
+    STORE_UNAVAILABLE: UnavailableError,
+    SHUTTING_DOWN: UnavailableError,
+}
+
+
+def from_rpc_error(rpc_error):
+    """Returns the FencerError subclass instance for a failed call: the one
+    place the Python client maps the error model to exceptions."""
+    import grpc
+
+    reason, md = error_info(rpc_error)
+    code = rpc_error.code()
+    cls = _BY_REASON.get(reason)
+    if cls is None:
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            cls = UnavailableError
+        elif code == grpc.StatusCode.PERMISSION_DENIED:
+            cls = PermissionDeniedError
+        elif code == grpc.StatusCode.UNAUTHENTICATED:
+            cls = UnauthenticatedError
+        else:
+            cls = FencerError
+    if reason is None and cls is UnavailableError:
+        message = "cannot reach fencer (is `fencer serve` running? check the address and TLS settings)"
+    else:
+        message = rpc_error.details() or (reason or code.name)
+    return cls(message, reason=reason, code=code.name, metadata=md)

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// python is the interpreter fencer's Python client supports and is tested
+// on: Debian's, with python3-grpcio and python3-protobuf from apt
+// (scripts/install-python-deps.sh). Another python3 first on PATH (pyenv,
+// a virtualenv) is not used.
+const python = "/usr/bin/python3"
+
+// TestPythonClient runs python/tests against fencer serve with Debian's
+// Python: sessions with a keepalive thread, leases as context managers,
+// guarded writes with their tokens, a stale write refused after the lease
+// is taken, and typed exceptions. It skips without that Python, except in
+// CI (CI=true), where that is a failure.
+func TestPythonClient(t *testing.T) {
+	if out, err := exec.Command(python, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s with grpc and protobuf is required in CI (make python-deps): %v\n%s", python, err, out)
+		}
+		t.Skipf("no %s with grpc and protobuf (make python-deps): %v", python, err)
+	}
+	s := startServeProc(t)
+	pyDir, err := filepath.Abs("../../python")
+	require.NoError(t, err)
+	cmd := exec.Command(python, "-m", "unittest", "discover", "-v", "-s", filepath.Join(pyDir, "tests"))
+	cmd.Env = cleanEnv("FENCER_SERVER="+s.addr, "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "python tests failed:\n%s", out)
+	t.Logf("%s", out)
+}

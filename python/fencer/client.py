@@ -1,0 +1,340 @@
+"""fencer's Python client: leases held by a session with a background
+keepalive thread, and guarded writes with their tokens.
+
+    client = fencer.Client("127.0.0.1:7890")
+    with client.acquire("orders") as lease:
+        lease.put("orders/total", b"100")   # fenced: fails once the lease is superseded
+        if lease.lost.is_set():
+            ...                              # the server reported the lease gone
+
+A Client holds one session, opened by its first acquisition: an etcd lease
+that a keepalive thread renews every TTL/3, and that a watch thread follows
+so that a lease's `lost` event is set promptly when its holder key is
+deleted or replaced. `lost` is advisory, like the Go client's Done: every
+write is fenced by etcd, not by the event. The session fails closed: when
+no renewal has succeeded within the TTL (measured on the monotonic clock),
+every lease is marked lost.
+
+Errors are the exceptions of fencer.errors (StaleError, HeldError, ...).
+"""
+
+import os
+import threading
+import time
+
+import grpc
+
+from fencer import errors
+from fencer.v1 import fencer_pb2, fencer_pb2_grpc
+
+DEFAULT_SERVER = "127.0.0.1:7890"
+
+
+class Lease:
+    """One acquisition, held through the Client's session. token is fixed
+    for its lifetime; lost is set when the acquisition ends (released,
+    reported lost, or its session ended) and lost_reason says why."""
+
+    def __init__(self, client, name, token):
+        self._client = client
+        self.name = name
+        self.token = token
+        self.lost = threading.Event()
+        self.lost_reason = None
+
+    def _lose(self, reason):
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+    def put(self, key, value, take_over=False):
+        """Writes key with this lease's token; see Client.put."""
+        return self._client.put(self.token, key, value, take_over=take_over)
+
+    def delete(self, key, take_over=False):
+        """Deletes key with this lease's token; see Client.delete."""
+        return self._client.delete(self.token, key, take_over=take_over)
+
+    def txn(self, compares=(), success=(), failure=(), take_over=False):
+        """Runs a transaction with this lease's token; see Client.txn."""
+        return self._client.txn(self.token, compares, success, failure, take_over=take_over)
+
+    def check(self):
+        """Raises StaleError unless the token is still current."""
+        self._client.check(self.token)
+
+    def release(self):
+        """Releases the lease if its token is still current (a late release
+        never ends a newer holder's lease), and marks it lost."""
+        self._lose("released")
+        self._client._forget(self)
+        self._client.release(self.token)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+class TxnResult:
+    """The outcome of Client.txn: succeeded says which branch ran; results
+    has one entry per operation of that branch: an int revision for a put,
+    a bool for a delete, the value (or None) for a get."""
+
+    def __init__(self, succeeded, results):
+        self.succeeded = succeeded
+        self.results = results
+
+
+class Client:
+    """A connection to a fencer server and the session its leases are held
+    by. server defaults to $FENCER_SERVER, auth_token (a bearer token) to
+    $FENCER_AUTH_TOKEN. With root_certificates (PEM bytes, or True for the
+    system's roots) the channel uses TLS; a bearer token is sent over
+    plaintext only when allow_insecure is set or the server is on loopback.
+    ttl is the session's TTL in whole seconds; timeout bounds each call.
+    Methods are safe to call from several threads."""
+
+    def __init__(self, server=None, auth_token=None, root_certificates=None,
+                 ttl=10, timeout=10.0, allow_insecure=False):
+        self.server = server or os.environ.get("FENCER_SERVER") or DEFAULT_SERVER
+        token = auth_token if auth_token is not None else os.environ.get("FENCER_AUTH_TOKEN")
+        if root_certificates is not None:
+            roots = None if root_certificates is True else root_certificates
+            self._channel = grpc.secure_channel(self.server, grpc.ssl_channel_credentials(roots))
+        else:
+            host = self.server.rsplit(":", 1)[0].strip("[]")
+            if token and not allow_insecure and host not in ("127.0.0.1", "::1", "localhost"):
+                raise errors.FencerError("refusing to send the bearer token in plaintext to %s: pass root_certificates or allow_insecure=True" % self.server)
+            self._channel = grpc.insecure_channel(self.server)
+        self._stub = fencer_pb2_grpc.FencerServiceStub(self._channel)
+        self._md = (("authorization", "Bearer " + token),) if token else ()
+        if int(ttl) != ttl or not 1 <= ttl <= 3600:
+            raise ValueError("ttl must be a whole number of seconds from 1 to 3600")
+        self.ttl = int(ttl)
+        self.timeout = timeout
+        self._mu = threading.Lock()
+        self._open = threading.Lock()  # serializes the acquisition that opens the session
+        self._session_id = 0
+        self._held = {}  # name -> Lease
+        self._closed = threading.Event()
+        self._session_end = None
+        self._threads = []
+        self._watch_call = None
+
+    # -- calls ---------------------------------------------------------
+
+    def _call(self, method, request, timeout=None):
+        try:
+            return method(request, metadata=self._md, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def put(self, token, key, value, take_over=False):
+        """Writes key if and only if token is current and key belongs to its
+        lease or none; returns the revision. Raises StaleError or
+        ForeignLeaseError, having written nothing."""
+        return self._call(self._stub.Put, fencer_pb2.PutRequest(token=token, key=key, value=_bytes(value), take_over=take_over)).revision
+
+    def get(self, key):
+        """Returns key's value, or None if it does not exist. Not guarded."""
+        resp = self._call(self._stub.Get, fencer_pb2.GetRequest(key=key))
+        return resp.value if resp.found else None
+
+    def delete(self, token, key, take_over=False):
+        """Deletes key, guarded like put; returns whether it existed."""
+        return self._call(self._stub.Delete, fencer_pb2.DeleteRequest(token=token, key=key, take_over=take_over)).deleted
+
+    def txn(self, token, compares=(), success=(), failure=(), take_over=False):
+        """Runs compares, then success or failure, in one etcd transaction
+        that commits only if token is current (StaleError otherwise, and
+        neither branch runs). Build the parts with fencer.txn."""
+        resp = self._call(self._stub.Txn, fencer_pb2.TxnRequest(
+            token=token, compares=list(compares), success=list(success), failure=list(failure), take_over=take_over))
+        results = []
+        for r in resp.results:
+            kind = r.WhichOneof("result")
+            if kind == "put":
+                results.append(r.put.revision)
+            elif kind == "delete":
+                results.append(r.delete.deleted)
+            else:
+                results.append(r.get.value if r.get.found else None)
+        return TxnResult(resp.succeeded, results)
+
+    def check(self, token):
+        """Raises StaleError unless token is its lease's current token."""
+        self._call(self._stub.Check, fencer_pb2.CheckRequest(token=token))
+
+    def release(self, token):
+        """Releases the acquisition of token if it is still current;
+        returns whether something was released."""
+        return self._call(self._stub.Release, fencer_pb2.ReleaseRequest(token=token)).released
+
+    # -- leases --------------------------------------------------------
+
+    def acquire(self, name, wait=True, timeout=None):
+        """Acquires lease name through the session and returns its Lease (a
+        context manager that releases it). With wait, it waits while another
+        holder has it, up to timeout seconds (None: for ever); without,
+        raises HeldError at once."""
+        if self._closed.is_set():
+            raise errors.SessionNotFoundError("the client is closed")
+        if self._session_end is not None:
+            raise self._session_end
+        if self._session_id:
+            return self._acquire(name, wait, timeout, self._session_id)
+        with self._open:
+            return self._acquire(name, wait, timeout, self._session_id)
+
+    def _acquire(self, name, wait, timeout, sid):
+        req = fencer_pb2.AcquireRequest(name=name, session_id=sid, wait=wait)
+        if sid == 0:
+            req.ttl_seconds = self.ttl
+        sent = time.monotonic()
+        resp = self._call(self._stub.Acquire, req, timeout=timeout if wait else self.timeout)
+        lease = Lease(self, name, resp.token)
+        with self._mu:
+            self._held[name] = lease
+        if sid == 0:
+            self._session_id = resp.session_id
+            self._start(resp.session_id, sent + resp.ttl_seconds, _revision(resp.token))
+        return lease
+
+    def _forget(self, lease):
+        with self._mu:
+            if self._held.get(lease.name) is lease:
+                del self._held[lease.name]
+
+    def _start(self, sid, deadline, from_rev):
+        for target, args in ((self._keepalive, (sid, deadline)), (self._watch, (sid, from_rev))):
+            t = threading.Thread(target=target, args=args, daemon=True, name="fencer-" + target.__name__.strip("_"))
+            t.start()
+            self._threads.append(t)
+
+    def _end(self, reason):
+        """Ends the session: every lease is lost with reason."""
+        with self._mu:
+            if self._session_end is None:
+                self._session_end = errors.SessionNotFoundError(reason)
+            held, self._held = self._held, {}
+        for lease in held.values():
+            lease._lose(reason)
+        call = self._watch_call
+        if call is not None:
+            call.cancel()
+
+    def _keepalive(self, sid, deadline):
+        """Renews the session every TTL/3, one short KeepAlive stream per
+        renewal, and ends it when the local deadline passes or the server
+        reports it gone."""
+        interval = self.ttl / 3.0
+        delay = interval
+        while not self._closed.wait(min(delay, max(deadline - time.monotonic(), 0))):
+            if time.monotonic() >= deadline:
+                self._end("no keepalive succeeded within the %ds TTL" % self.ttl)
+                return
+            sent = time.monotonic()
+            try:
+                stream = self._stub.KeepAlive(iter([fencer_pb2.KeepAliveRequest(session_id=sid)]),
+                                              metadata=self._md, timeout=max(deadline - sent, 0.05))
+                resp = next(stream)
+                stream.cancel()
+            except grpc.RpcError as e:
+                err = errors.from_rpc_error(e)
+                if isinstance(err, errors.SessionNotFoundError):
+                    self._end("the session expired")
+                    return
+                delay = min(0.2, interval)
+                continue
+            except StopIteration:
+                delay = min(0.2, interval)
+                continue
+            deadline = sent + resp.ttl_seconds
+            delay = interval
+
+    def _watch(self, sid, from_rev):
+        """Follows the session's WatchLease stream and marks each lease
+        reported lost; reconnects from the last revision seen."""
+        backoff = 0.05
+        while not self._closed.is_set() and self._session_end is None:
+            call = self._stub.WatchLease(fencer_pb2.WatchLeaseRequest(session_id=sid, start_revision=from_rev), metadata=self._md)
+            self._watch_call = call
+            if self._closed.is_set() or self._session_end is not None:
+                call.cancel()
+                return
+            try:
+                for ev in call:
+                    if ev.type == fencer_pb2.WatchLeaseResponse.TYPE_SYNCED:
+                        from_rev, backoff = ev.revision, 0.05
+                    elif ev.type == fencer_pb2.WatchLeaseResponse.TYPE_PROGRESS:
+                        from_rev = ev.revision + 1
+                    elif ev.type == fencer_pb2.WatchLeaseResponse.TYPE_LOST:
+                        from_rev = ev.revision
+                        self._lost(ev.token, ev.reason)
+            except grpc.RpcError as e:
+                if self._closed.is_set() or e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                err = errors.from_rpc_error(e)
+                if isinstance(err, errors.SessionNotFoundError):
+                    self._end("the session expired")
+                    return
+                if err.reason == errors.WATCH_COMPACTED:
+                    from_rev = 0
+                    self._check_all()
+            self._closed.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _lost(self, token, reason):
+        with self._mu:
+            for name, lease in list(self._held.items()):
+                if lease.token == token:
+                    del self._held[name]
+                    lease._lose(reason)
+
+    def _check_all(self):
+        with self._mu:
+            leases = list(self._held.values())
+        for lease in leases:
+            try:
+                self.check(lease.token)
+            except errors.StaleError:
+                self._lost(lease.token, "stale")
+            except errors.FencerError:
+                pass
+
+    def close(self):
+        """Releases the session on the server (ending every lease it holds),
+        stops the background threads and closes the channel."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        sid = self._session_id
+        self._end("the client was closed")
+        for t in self._threads:
+            t.join(timeout=self.timeout)
+        if sid:
+            try:
+                self._call(self._stub.Release, fencer_pb2.ReleaseRequest(session_id=sid))
+            except errors.FencerError:
+                pass  # the session expires with its TTL
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _bytes(v):
+    return v.encode() if isinstance(v, str) else bytes(v)
+
+
+def _revision(token):
+    """The revision field of a token's text form v1:EPOCH:REVISION:LEASE."""
+    parts = token.split(":", 3)
+    return int(parts[2]) if len(parts) == 4 else 0

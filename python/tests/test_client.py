@@ -1,0 +1,128 @@
+"""Tests of fencer's Python client against a real fencer serve at
+$FENCER_SERVER (cmd/fencer's TestPythonClient starts one and runs these
+with /usr/bin/python3)."""
+
+import os
+import socket
+import time
+import unittest
+import uuid
+
+import fencer
+from fencer import txn
+
+
+def name(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.server = os.environ["FENCER_SERVER"]
+        self.a = fencer.Client(self.server, ttl=2)
+        self.b = fencer.Client(self.server, ttl=2)
+        self.addCleanup(self.a.close)
+        self.addCleanup(self.b.close)
+
+    def test_acquire_put_get_release(self):
+        lease_name = name("orders")
+        key = lease_name + "/total"
+        with self.a.acquire(lease_name) as lease:
+            self.assertTrue(lease.token.startswith("v1:1:"), lease.token)
+            self.assertGreater(lease.put(key, b"100"), 0)
+            self.assertEqual(self.a.get(key), b"100")
+            self.assertTrue(lease.delete(key))
+            self.assertIsNone(self.a.get(key))
+        self.assertTrue(lease.lost.is_set())
+        self.assertEqual(lease.lost_reason, "released")
+        # Released: another client acquires at once, with a greater token.
+        with self.b.acquire(lease_name, wait=False) as again:
+            self.assertTrue(again.token.startswith("v1:2:"), again.token)
+
+    def test_keepalive_holds_the_lease_past_its_ttl(self):
+        with self.a.acquire(name("long")) as lease:
+            time.sleep(3 * self.a.ttl)
+            self.assertFalse(lease.lost.is_set(), lease.lost_reason)
+            lease.check()
+            lease.put(lease.name + "/k", b"still mine")
+
+    def test_stale_write_after_the_lease_is_taken(self):
+        lease_name = name("stale")
+        key = lease_name + "/total"
+        old = self.a.acquire(lease_name)
+        old.put(key, b"100")
+        # The lease is taken from the holder (an operator releases its
+        # token), and another client acquires it and writes.
+        self.assertTrue(self.b.release(old.token))
+        self.assertTrue(old.lost.wait(5), "the watch did not report the loss")
+        new = self.b.acquire(lease_name, wait=False)
+        new.put(key, b"250")
+        # The old holder's late write is refused, and changes nothing.
+        with self.assertRaises(fencer.StaleError) as cm:
+            old.put(key, b"999")
+        self.assertEqual(cm.exception.reason, "STALE_TOKEN")
+        self.assertEqual(cm.exception.token, old.token)
+        self.assertEqual(cm.exception.newer_token, new.token)
+        with self.assertRaises(fencer.StaleError):
+            old.delete(key)
+        with self.assertRaises(fencer.StaleError):
+            old.txn(success=[txn.put(key, b"999")])
+        self.assertEqual(self.b.get(key), b"250")
+        new.release()
+
+    def test_held_error(self):
+        lease_name = name("held")
+        with self.a.acquire(lease_name):
+            with self.assertRaises(fencer.HeldError) as cm:
+                self.b.acquire(lease_name, wait=False)
+            self.assertEqual(cm.exception.lease, lease_name)
+            self.assertTrue(cm.exception.holder)
+            with self.assertRaises(fencer.UnavailableError):
+                self.b.acquire(lease_name, timeout=0.5)  # the wait times out
+
+    def test_txn(self):
+        with self.a.acquire(name("txn")) as lease:
+            key = lease.name + "/state"
+            lease.put(key, "open")
+            r = lease.txn(compares=[txn.value(key, "=", "open")],
+                          success=[txn.put(key, "closed"), txn.get(key)],
+                          failure=[txn.get(key)])
+            self.assertTrue(r.succeeded)
+            self.assertGreater(r.results[0], 0)
+            self.assertEqual(r.results[1], b"closed")
+            r = lease.txn(compares=[txn.value(key, "=", "open")], success=[txn.delete(key)], failure=[txn.get(key)])
+            self.assertFalse(r.succeeded)
+            self.assertEqual(r.results, [b"closed"])
+
+    def test_foreign_lease(self):
+        with self.a.acquire(name("one")) as one, self.a.acquire(name("two")) as two:
+            key = one.name + "/k"
+            one.put(key, b"1")
+            with self.assertRaises(fencer.ForeignLeaseError):
+                two.put(key, b"2")
+            two.put(key, b"2", take_over=True)
+            self.assertEqual(self.a.get(key), b"2")
+
+    def test_invalid_token(self):
+        with self.assertRaises(fencer.InvalidTokenError):
+            self.a.put("v9:nope", "k", b"v")
+
+    def test_session_end_marks_leases_lost(self):
+        lease = self.a.acquire(name("end"))
+        self.a.close()
+        self.assertTrue(lease.lost.is_set())
+        with self.assertRaises(fencer.StaleError):
+            self.b.check(lease.token)
+
+    def test_unavailable(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with fencer.Client("127.0.0.1:%d" % port, timeout=2) as c:
+            with self.assertRaises(fencer.UnavailableError) as cm:
+                c.acquire("x", wait=False)
+            self.assertIn("fencer serve", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
