@@ -43,6 +43,10 @@ type Config struct {
 	// between readings of this clock matter; the timestamps in the Lease
 	// record are written for people and for client-go, and never read.
 	Clock clock.WithDelayedExecution
+	// Labels are set on the Lease, beside FenceLabel, by every acquiring
+	// write; renewals and releases leave labels as they are. A Sharder
+	// uses them to mark its members' heartbeat Leases.
+	Labels map[string]string
 	// Watcher, when set, ends each acquisition as soon as it sees the
 	// Lease deleted, replaced or taken, instead of at the next renewal,
 	// and receives the Elector's metrics. It must watch Namespace. Nil
