@@ -334,6 +334,31 @@ func TestHandoffDrainsFirst(t *testing.T) {
 	}
 }
 
+// TestHandoffConditional: a handoff written from a view that missed a
+// newer assignment of the shard is refused by the store and changes
+// nothing; an unconditional write would hand another member's shard away.
+func TestHandoffConditional(t *testing.T) {
+	clk := newUnitClock()
+	f := newFakeLeases(t)
+	a := newUnitSharder(t, f, clk, "a")
+	shard := shardOwnedBy(t, "d", "a", "c", "d")
+	a.Track(shard)
+	a.step()
+	_, owns := a.Owns(shard)
+	require.True(t, owns)
+	f.put(t, otherMember("d", "d_1", clk.Now()))
+	f.put(t, otherMember("c", "c_1", clk.Now()))
+	a.ring.freeze()
+	name := ShardLeaseName(unitRing, shard)
+	taken := f.put(t, assigned("ns", unitRing, shard, f.lease(t, name), incarnation{identity: "c", holder: "c_1", lease: "r-m-c"}, 10*time.Second, clk.Now()))
+
+	a.step()
+	cur := f.lease(t, name)
+	require.Equal(t, "c_1", holderOf(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
+	require.Equal(t, taken.ResourceVersion, cur.ResourceVersion)
+	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+}
+
 // TestOwnsFalseAfterMemberLost: when the heartbeat's renewals fail until
 // its renew deadline, Owns is false and Shard refuses at that instant,
 // before any pass of the Sharder notices, and the ShardHeld says why.

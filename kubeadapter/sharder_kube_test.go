@@ -1,0 +1,115 @@
+package kubeadapter_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
+)
+
+// moves sums a kind of shard move over members.
+func moves(t *testing.T, members []*ringMember, kind string) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, m := range members {
+		sum += m.metric(t, kubeadapter.MetricShardMoves, "reason", kind)
+	}
+	return sum
+}
+
+// renewals sums the heartbeat renewals of members.
+func renewals(t *testing.T, members []*ringMember) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, m := range members {
+		sum += m.metric(t, kubeadapter.MetricLeaseWrites, "kind", kubeadapter.WriteRenew)
+	}
+	return sum
+}
+
+// TestShardJoinLeave: with 300 shards, a fourth member takes about a
+// quarter of them, each moved by one handoff write and from no one else;
+// its graceful leave moves only its shards back, each with one write; a
+// crash moves only the crashed member's shards, after about its lease
+// duration. Writes are counted by the API server.
+func TestShardJoinLeave(t *testing.T) {
+	k := newKube(t)
+	shards := make([]string, 300)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("shard-%d", i)
+	}
+	var members []*ringMember
+	for i := range 3 {
+		members = append(members, k.startMember(t, "jl", fmt.Sprintf("x-%d", i), shards))
+	}
+	before := settled(t, members, shards)
+	require.Equal(t, 300.0, moves(t, members, kubeadapter.MoveCreate), "one create per shard")
+
+	// Join.
+	writes0, renew0 := apiLeaseWrites(t, k), renewals(t, members)
+	handoffs0 := moves(t, members, kubeadapter.MoveHandoff)
+	x3 := k.startMember(t, "jl", "x-3", shards)
+	all := append(members[:3:3], x3)
+	after := settled(t, all, shards)
+	moved := 0
+	for _, sh := range shards {
+		if after[sh] != before[sh] {
+			require.Equal(t, "x-3", after[sh], "shard %s moved between old members", sh)
+			moved++
+		}
+	}
+	t.Logf("join: %d of %d shards moved", moved, len(shards))
+	require.InDelta(t, 75, moved, 9, "a join must move about a quarter")
+	handoffs := moves(t, all, kubeadapter.MoveHandoff) - handoffs0
+	require.Equal(t, float64(moved), handoffs, "one handoff write per moved shard")
+	// Settle the heartbeats' count: the joiner's acquisition is one write.
+	time.Sleep(100 * time.Millisecond)
+	other := apiLeaseWrites(t, k) - writes0 - (renewals(t, all) - renew0)
+	t.Logf("join: API server Lease writes beside renewals: %.0f (moves %d + 1 heartbeat acquisition)", other, moved)
+	require.InDelta(t, float64(moved+1), other, 1, "Lease writes beside renewals")
+
+	// Graceful leave of the joiner.
+	writes0, renew0 = apiLeaseWrites(t, k), renewals(t, members)
+	orphans0 := moves(t, members, kubeadapter.MoveOrphan)
+	x3.stop()
+	back := settled(t, members, shards)
+	for _, sh := range shards {
+		if after[sh] != "x-3" {
+			require.Equal(t, after[sh], back[sh], "the leave moved shard %s, which the leaver did not own", sh)
+		}
+	}
+	require.Equal(t, float64(moved), moves(t, members, kubeadapter.MoveOrphan)-orphans0, "one takeover per shard of the leaver")
+	time.Sleep(100 * time.Millisecond)
+	other = apiLeaseWrites(t, k) - writes0 - (renewals(t, members) - renew0)
+	t.Logf("leave: API server Lease writes beside renewals: %.0f (moves %d + 1 heartbeat release)", other, moved)
+	require.InDelta(t, float64(moved+1), other, 1)
+
+	// Crash of x-2: no release; its shards move after about its lease
+	// duration, with one tombstone.
+	crashed := 0
+	for _, sh := range shards {
+		if back[sh] == "x-2" {
+			crashed++
+		}
+	}
+	writes0, renew0 = apiLeaseWrites(t, k), renewals(t, members[:2])
+	orphans0 = moves(t, members[:2], kubeadapter.MoveOrphan)
+	start := time.Now()
+	members[2].leases.killed.Store(true)
+	final := settled(t, members[:2], shards)
+	t.Logf("crash: %d shards moved %v after the kill (lease duration 2s)", crashed, time.Since(start).Round(10*time.Millisecond))
+	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "shards moved before the crashed member's lease duration")
+	for _, sh := range shards {
+		if back[sh] != "x-2" {
+			require.Equal(t, back[sh], final[sh], "the crash moved shard %s of a live member", sh)
+		}
+	}
+	require.Equal(t, float64(crashed), moves(t, members[:2], kubeadapter.MoveOrphan)-orphans0)
+	time.Sleep(100 * time.Millisecond)
+	other = apiLeaseWrites(t, k) - writes0 - (renewals(t, members[:2]) - renew0)
+	t.Logf("crash: API server Lease writes beside renewals: %.0f (moves %d + 1 tombstone)", other, crashed)
+	require.InDelta(t, float64(crashed+1), other, 1)
+}
