@@ -44,25 +44,30 @@ func fastShardConfig(ns, ring, identity string) kubeadapter.ShardConfig {
 }
 
 // startMember starts a member of ring, whose Leases are in k.ns, tracking
-// shards. It is stopped (gracefully) when the test ends unless stopped
-// before.
-func (k *kube) startMember(t *testing.T, ring, identity string, shards []string) *ringMember {
-	t.Helper()
+// shards, with fastShardConfig. It is stopped (gracefully) when the test
+// ends unless stopped before.
+func (k *kube) startMember(tb testing.TB, ring, identity string, shards []string) *ringMember {
+	tb.Helper()
+	return k.startMemberWith(tb, fastShardConfig(k.ns, ring, identity), shards)
+}
+
+// startMemberWith is startMember with cfg, whose Watcher it sets.
+func (k *kube) startMemberWith(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string) *ringMember {
+	tb.Helper()
 	cs, err := kubernetes.NewForConfig(k.env.Admin())
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	crc, err := client.New(k.env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	st := &stallable{LeasesGetter: cs.CoordinationV1()}
 	reg := prometheus.NewRegistry()
-	w, err := kubeadapter.NewWatcher(st, kubeadapter.WatchNamespaces(k.ns), kubeadapter.WithRegisterer(reg))
-	require.NoError(t, err)
-	cfg := fastShardConfig(k.ns, ring, identity)
+	w, err := kubeadapter.NewWatcher(st, kubeadapter.WatchNamespaces(cfg.Namespace), kubeadapter.WithRegisterer(reg))
+	require.NoError(tb, err)
 	cfg.Watcher = w
 	s, err := kubeadapter.NewSharder(st, cfg)
-	require.NoError(t, err)
+	require.NoError(tb, err)
 	s.Track(shards...)
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &ringMember{name: identity, s: s, reg: reg, leases: st, crc: crc, cancel: cancel, done: make(chan struct{})}
+	m := &ringMember{name: cfg.Identity, s: s, reg: reg, leases: st, crc: crc, cancel: cancel, done: make(chan struct{})}
 	sharderDone := make(chan struct{})
 	go func() {
 		defer close(m.done)
@@ -70,7 +75,7 @@ func (k *kube) startMember(t *testing.T, ring, identity string, shards []string)
 		_ = w.Start(ctx)
 		<-sharderDone
 	}()
-	t.Cleanup(m.stop)
+	tb.Cleanup(m.stop)
 	return m
 }
 
@@ -84,7 +89,7 @@ func (m *ringMember) stop() {
 
 // metric returns the sum of the member's series of name whose labels
 // include want.
-func (m *ringMember) metric(t *testing.T, name string, want ...string) float64 {
+func (m *ringMember) metric(t testing.TB, name string, want ...string) float64 {
 	t.Helper()
 	mfs, err := m.reg.Gather()
 	require.NoError(t, err)
