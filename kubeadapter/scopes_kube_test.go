@@ -107,7 +107,9 @@ func TestShardScopesOneActive(t *testing.T) {
 	k := newKube(t)
 	ids := []string{"cluster-1", "cluster-2"}
 	namespaces := k.createNamespaces(t, "a", 3, "cluster-1", ids...)
+	// cluster-2 joins a ring that has settled, as a passive manager does.
 	c1 := k.startMember(t, "scopes", "cluster-1", namespaces)
+	settled(t, []*ringMember{c1}, namespaces)
 	c2 := k.startMember(t, "scopes", "cluster-2", namespaces)
 	members := []*ringMember{c1, c2}
 	settled(t, members, namespaces)
