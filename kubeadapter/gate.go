@@ -89,7 +89,7 @@ func AcquiredSource[R comparable](s *Sharder, list func(ctx context.Context, sha
 			}
 		}
 		unsubscribe := s.onAcquire(add)
-		for shard := range *s.owned.Load() {
+		for shard := range s.owned.Load().shards {
 			add(shard)
 		}
 		go func() {

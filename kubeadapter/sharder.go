@@ -179,9 +179,10 @@ type Sharder struct {
 	started atomic.Bool
 	wake    chan struct{}
 
-	// owned is the immutable map of current ownerships, replaced whole by
-	// the loop goroutine; Owns and Shard read it without a lock.
-	owned atomic.Pointer[map[string]*ShardHeld]
+	// owned is the immutable set of current ownerships, replaced whole by
+	// the loop goroutine; Owns and Shard read it without a lock. A shard
+	// leaves it before its ShardHeld ends.
+	owned atomic.Pointer[ownership]
 
 	// mu guards tracked, member and subs.
 	mu      sync.Mutex
@@ -198,6 +199,19 @@ type Sharder struct {
 	// written is, by Lease name, the result of this member's last write
 	// of a ring Lease not yet seen through the Watcher.
 	written map[string]*coordinationv1.Lease
+}
+
+// ownership is what Owns reads: the member's heartbeat context and the
+// shards it owns under it. Tokens are stored by value so that Owns reads
+// one map entry and one shared context.
+type ownership struct {
+	member context.Context
+	shards map[string]ownedShard
+}
+
+type ownedShard struct {
+	tok token.Token
+	h   *ShardHeld
 }
 
 type seenAt struct {
@@ -283,18 +297,19 @@ func (s *Sharder) poke() {
 // stale the moment it is returned; write through NewClient with the
 // ShardHeld (Shard) so that the store refuses writes of a former owner.
 func (s *Sharder) Owns(shard string) (token.Token, bool) {
-	h := (*s.owned.Load())[shard]
-	if h == nil || h.ctx.Err() != nil {
+	o := s.owned.Load()
+	if o.member == nil || o.member.Err() != nil {
 		return token.Token{}, false
 	}
-	return h.tok, true
+	e, ok := o.shards[shard]
+	return e.tok, ok
 }
 
 // Shard returns this member's ownership of shard, for NewClient. It
 // returns an error matching ErrNotOwner and token.ErrNotHeld when the
 // member does not own the shard now.
 func (s *Sharder) Shard(shard string) (*ShardHeld, error) {
-	h := (*s.owned.Load())[shard]
+	h := s.owned.Load().shards[shard].h
 	if h == nil || h.ctx.Err() != nil {
 		return nil, fmt.Errorf("%w: shard %q: %w", ErrNotOwner, shard, token.ErrNotHeld)
 	}
@@ -409,7 +424,7 @@ func (s *Sharder) lost(ctx context.Context, member *Held) {
 // leave ends and drains every ownership, then releases the heartbeat.
 func (s *Sharder) leave(ctx context.Context, member *Held) {
 	log := logr.FromContextOrDiscard(ctx)
-	owned := *s.owned.Load()
+	owned := s.helds()
 	s.publish(nil)
 	for _, h := range owned {
 		h.end(ErrReleased)
@@ -425,18 +440,34 @@ func (s *Sharder) leave(ctx context.Context, member *Held) {
 }
 
 func (s *Sharder) endAll(reason error) {
-	for _, h := range *s.owned.Load() {
+	owned := s.helds()
+	s.publish(nil)
+	for _, h := range owned {
 		h.end(reason)
 	}
-	s.publish(nil)
 }
 
-// publish replaces the map of ownerships.
-func (s *Sharder) publish(owned map[string]*ShardHeld) {
-	if owned == nil {
-		owned = map[string]*ShardHeld{}
+// helds returns the current ownerships by shard.
+func (s *Sharder) helds() map[string]*ShardHeld {
+	o := s.owned.Load()
+	out := make(map[string]*ShardHeld, len(o.shards))
+	for sh, e := range o.shards {
+		out[sh] = e.h
 	}
-	s.owned.Store(&owned)
+	return out
+}
+
+// publish replaces the set of ownerships with owned, under the current
+// heartbeat.
+func (s *Sharder) publish(owned map[string]*ShardHeld) {
+	o := &ownership{shards: make(map[string]ownedShard, len(owned))}
+	if m := s.Member(); m != nil {
+		o.member = m.Context()
+	}
+	for sh, h := range owned {
+		o.shards[sh] = ownedShard{tok: h.tok, h: h}
+	}
+	s.owned.Store(o)
 	s.metrics().owned(s.cfg.Ring, len(owned))
 }
 
@@ -570,14 +601,15 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 // shows assigned to me, then publishes the result and tells the
 // AcquiredSources.
 func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
-	cur := *s.owned.Load()
+	cur := s.helds()
 	next := make(map[string]*ShardHeld, len(cur))
+	var moved []*ShardHeld
 	for shard, h := range cur {
 		l := v.shards[shard]
 		switch {
 		case h.Err() != nil:
 		case l == nil || lossReason(h.lease, l) != nil || !holds(l, me):
-			h.end(ErrShardMoved)
+			moved = append(moved, h)
 		default:
 			next[shard] = h
 		}
@@ -598,6 +630,9 @@ func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
 		acquired = append(acquired, shard)
 	}
 	s.publish(next)
+	for _, h := range moved {
+		h.end(ErrShardMoved)
+	}
 	if len(acquired) == 0 {
 		return
 	}
@@ -629,7 +664,7 @@ func (s *Sharder) tombstone(ctx context.Context, m *coordinationv1.Lease) {
 // ownership and drains its in-flight work.
 func (s *Sharder) execute(ctx context.Context, mv move) {
 	if mv.kind == MoveHandoff || mv.kind == MoveRelease {
-		owned := *s.owned.Load()
+		owned := s.helds()
 		if h := owned[mv.shard]; h != nil {
 			next := maps.Clone(owned)
 			delete(next, mv.shard)
