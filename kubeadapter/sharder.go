@@ -390,6 +390,13 @@ func (s *Sharder) join(ctx context.Context) (*Held, error) {
 	return h, nil
 }
 
+// minPassInterval bounds how often Watcher events start a pass: a pass
+// is O(shards), and a burst of shard Lease writes (a rebalance) is one
+// event each.
+func (s *Sharder) minPassInterval() time.Duration {
+	return min(s.cfg.RetryPeriod/8, 100*time.Millisecond)
+}
+
 // serve makes passes over the ring until member ends or ctx is done.
 func (s *Sharder) serve(ctx context.Context, member *Held, notify <-chan struct{}) {
 	for {
@@ -403,6 +410,17 @@ func (s *Sharder) serve(ctx context.Context, member *Held, notify <-chan struct{
 		case <-t.C():
 		}
 		t.Stop()
+		if ctx.Err() != nil || member.Err() != nil {
+			return
+		}
+		// Let a burst of events coalesce into one pass.
+		pause := s.clock.NewTimer(s.minPassInterval())
+		select {
+		case <-ctx.Done():
+		case <-member.Done():
+		case <-pause.C():
+		}
+		pause.Stop()
 		if ctx.Err() != nil || member.Err() != nil {
 			return
 		}
@@ -511,6 +529,7 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 		v = s.view(leases, progress, member)
 		live, _ = s.observe(v, now, me)
 	}
+	var batch []move
 	for _, mv := range plan(v, s.trackedShards(), live, me) {
 		now := s.clock.Now()
 		if !s.limiter.AllowN(now, 1) {
@@ -519,10 +538,75 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 			r.CancelAt(now)
 			break
 		}
-		s.execute(ctx, mv)
+		batch = append(batch, mv)
+	}
+	s.relinquish(ctx, batch)
+	for i, got := range s.writeMoves(ctx, batch) {
+		if got != nil {
+			s.metrics().moved(batch[i].kind)
+			s.written[got.Name] = got
+		}
 	}
 	s.adopt(s.view(leases, progress, member), member, me)
 	return wait
+}
+
+// maxMovesInFlight bounds the shard Lease writes a pass sends at once.
+const maxMovesInFlight = 16
+
+// relinquish ends this member's ownership of every shard that batch hands
+// off or releases, at once, then waits for each one's in-flight work to
+// drain (each at most HandoffTimeout).
+func (s *Sharder) relinquish(ctx context.Context, batch []move) {
+	owned := s.helds()
+	var ending []*ShardHeld
+	var reasons []error
+	next := maps.Clone(owned)
+	for _, mv := range batch {
+		h := owned[mv.shard]
+		if h == nil || (mv.kind != MoveHandoff && mv.kind != MoveRelease) {
+			continue
+		}
+		delete(next, mv.shard)
+		ending = append(ending, h)
+		if mv.kind == MoveRelease {
+			reasons = append(reasons, ErrReleased)
+		} else {
+			reasons = append(reasons, ErrShardMoved)
+		}
+	}
+	if len(ending) == 0 {
+		return
+	}
+	s.publish(next)
+	for i, h := range ending {
+		h.end(reasons[i])
+	}
+	for _, h := range ending {
+		s.drain(ctx, h)
+	}
+}
+
+// writeMoves makes the writes of batch, up to maxMovesInFlight at once,
+// and returns the Lease each write returned (nil when it failed), in
+// batch's order. Writes are independent: each is one shard's Lease.
+func (s *Sharder) writeMoves(ctx context.Context, batch []move) []*coordinationv1.Lease {
+	out := make([]*coordinationv1.Lease, len(batch))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(maxMovesInFlight, len(batch)) {
+		wg.Go(func() {
+			for i := range next {
+				out[i] = s.writeMove(ctx, batch[i])
+			}
+		})
+	}
+	for i := range batch {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
 }
 
 // view is the ring as the Watcher last saw it, with this member's own
@@ -660,23 +744,10 @@ func (s *Sharder) tombstone(ctx context.Context, m *coordinationv1.Lease) {
 	s.written[got.Name] = got
 }
 
-// execute makes one move. A handoff or release first ends this member's
-// ownership and drains its in-flight work.
-func (s *Sharder) execute(ctx context.Context, mv move) {
-	if mv.kind == MoveHandoff || mv.kind == MoveRelease {
-		owned := s.helds()
-		if h := owned[mv.shard]; h != nil {
-			next := maps.Clone(owned)
-			delete(next, mv.shard)
-			s.publish(next)
-			reason := ErrShardMoved
-			if mv.kind == MoveRelease {
-				reason = ErrReleased
-			}
-			h.end(reason)
-			s.drain(ctx, h)
-		}
-	}
+// writeMove makes the write of one move, conditional on the shard Lease
+// it was planned from (or a create), and returns the result, or nil when
+// the write failed.
+func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease {
 	next := assigned(s.cfg.Namespace, s.cfg.Ring, mv.shard, mv.cur, mv.to, s.cfg.LeaseDuration, s.clock.Now())
 	leases := s.leases.Leases(s.cfg.Namespace)
 	var got *coordinationv1.Lease
@@ -690,10 +761,9 @@ func (s *Sharder) execute(ctx context.Context, mv move) {
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
 			logr.FromContextOrDiscard(ctx).Error(err, "shard move failed", "shard", mv.shard, "kind", mv.kind)
 		}
-		return
+		return nil
 	}
-	s.metrics().moved(mv.kind)
-	s.written[got.Name] = got
+	return got
 }
 
 // drain waits until h's in-flight work has finished, HandoffTimeout has
