@@ -95,6 +95,7 @@ func ExampleSharder() {
 // API server: each namespace's ConfigMap ends up stamped by its owner
 // with the namespace's shard token.
 func TestExampleShardedManager(t *testing.T) {
+	t.Parallel()
 	k := newKube(t)
 	ids := []string{"m-1", "m-2"}
 	namespaces := append(k.createNamespaces(t, "a", 2, "m-1", ids...), k.createNamespaces(t, "b", 2, "m-2", ids...)...)

@@ -121,6 +121,7 @@ func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV 
 // clientset and Watcher, share projects as shards, and one shared
 // downstream object enqueues every project on every replica.
 func TestShardIncident(t *testing.T) {
+	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
 	installPolicy(t, k)

@@ -104,6 +104,7 @@ func steadyWrites(t *testing.T, k *kube, m *ringMember) float64 {
 // scope, and two cluster managers share them. cluster-1 is the
 // rendezvous owner of every namespace, cluster-2 is passive.
 func TestShardScopesOneActive(t *testing.T) {
+	// Not parallel: it counts every Lease write the API server accepts.
 	k := newKube(t)
 	ids := []string{"cluster-1", "cluster-2"}
 	namespaces := k.createNamespaces(t, "a", 3, "cluster-1", ids...)

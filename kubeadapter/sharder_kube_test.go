@@ -59,6 +59,7 @@ func requireBesideRenewals(t *testing.T, a, b writeCount, want int, what string)
 // crash moves only the crashed member's shards, after about its lease
 // duration. Writes are counted by the API server.
 func TestShardJoinLeave(t *testing.T) {
+	// Not parallel: it counts every Lease write the API server accepts.
 	k := newKube(t)
 	shards := make([]string, 300)
 	for i := range shards {
