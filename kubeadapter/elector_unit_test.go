@@ -143,6 +143,8 @@ func TestConfigValidate(t *testing.T) {
 		{"renew deadline equals lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, "RenewDeadline"},
 		{"retry period too long", func(c *Config) { c.RetryPeriod = c.RenewDeadline }, "RetryPeriod"},
 		{"jittered retry period too long", func(c *Config) { c.RenewDeadline = 12 * time.Second; c.RetryPeriod = 10 * time.Second }, "RetryPeriod"},
+		{"bad label key", func(c *Config) { c.Labels = map[string]string{"not a key": "v"} }, "Labels"},
+		{"bad label value", func(c *Config) { c.Labels = map[string]string{"k": "not a value"} }, "Labels"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
