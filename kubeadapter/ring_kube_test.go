@@ -135,14 +135,20 @@ func owners(members []*ringMember, shards []string) map[string][]string {
 
 // settled waits until every shard has exactly one owner among members,
 // its rendezvous owner, and returns the owner of each.
-func settled(t *testing.T, members []*ringMember, shards []string) map[string]string {
+func settled(t testing.TB, members []*ringMember, shards []string) map[string]string {
+	t.Helper()
+	return settledWithin(t, 20*time.Second, members, shards)
+}
+
+// settledWithin is settled with a deadline of d.
+func settledWithin(t testing.TB, d time.Duration, members []*ringMember, shards []string) map[string]string {
 	t.Helper()
 	ms := make([]rendezvous.Member, len(members))
 	for i, m := range members {
 		ms[i] = rendezvous.Member{Name: m.name, Weight: 1}
 	}
 	var last map[string][]string
-	ok := waitFor(20*time.Second, func() bool {
+	ok := waitFor(d, func() bool {
 		last = owners(members, shards)
 		for _, sh := range shards {
 			want, _ := rendezvous.Owner(sh, ms)
@@ -152,7 +158,7 @@ func settled(t *testing.T, members []*ringMember, shards []string) map[string]st
 		}
 		return true
 	})
-	require.True(t, ok, "ring did not settle: %v", last)
+	require.True(t, ok, "ring did not settle: %d shards", len(last))
 	out := map[string]string{}
 	for sh, o := range last {
 		out[sh] = o[0]

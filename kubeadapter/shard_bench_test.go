@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,5 +194,73 @@ func BenchmarkShardRenewals(b *testing.B) {
 		if fencerRate > 0 {
 			b.ReportMetric(achieved/fencerRate, "baseline/fencer")
 		}
+	})
+}
+
+// BenchmarkShardRebalance: a ring of 3 members over 10,000 shards (2s
+// renewals, 15s lease duration) gets a fourth member, loses it
+// gracefully, then loses a member to a crash (its Lease client killed, no
+// release). For each, it reports the shards moved, the shard-Lease writes
+// the members counted, the API server's Lease writes beside renewals,
+// and the time until every shard had its rendezvous owner again.
+func BenchmarkShardRebalance(b *testing.B) {
+	k := newKube(b)
+	shards := shardNames(benchShards)
+	members := benchMembers(b, k, "rebalance", 3, shards)
+	owner := settled(b, members, shards)
+	// measure runs change, which returns the members after it, and
+	// reports what it cost until the ring settled.
+	measure := func(b *testing.B, before []*ringMember, change func() []*ringMember) []*ringMember {
+		b.Helper()
+		prev := owner
+		c0 := countWrites(b, k, before)
+		moves0 := moves(b, before, kubeadapter.MoveHandoff) + moves(b, before, kubeadapter.MoveOrphan)
+		start := time.Now()
+		after := change()
+		owner = settledWithin(b, 2*time.Minute, after, shards)
+		converge := time.Since(start)
+		time.Sleep(100 * time.Millisecond)
+		// Members that left keep their counters; count every member seen.
+		all := slices.Concat(before, after)
+		slices.SortFunc(all, func(x, y *ringMember) int { return strings.Compare(x.name, y.name) })
+		all = slices.CompactFunc(all, func(x, y *ringMember) bool { return x == y })
+		c1 := countWrites(b, k, all)
+		moved := 0
+		for _, sh := range shards {
+			if owner[sh] != prev[sh] {
+				moved++
+			}
+		}
+		written := moves(b, all, kubeadapter.MoveHandoff) + moves(b, all, kubeadapter.MoveOrphan) - moves0
+		b.ReportMetric(float64(moved), "shards-moved")
+		b.ReportMetric(written, "shard-lease-writes")
+		b.ReportMetric((c1.api-c0.api)-(c1.renewHi-c0.renewLo), "api-writes-beside-renewals")
+		b.ReportMetric(converge.Seconds(), "s-to-converge")
+		return after
+	}
+	parent := b
+	var x3 *ringMember
+	b.Run("join", func(b *testing.B) {
+		measure(b, members, func() []*ringMember {
+			cfg := kubeadapter.DefaultShardConfig(k.ns, "rebalance", "x-3")
+			cfg.MovesPerSecond = 2000
+			x3 = k.startMemberWith(parent, cfg, shards)
+			return append(slices.Clone(members), x3)
+		})
+	})
+	b.Run("leave", func(b *testing.B) {
+		if x3 == nil {
+			b.Skip("leave follows join")
+		}
+		measure(b, append(slices.Clone(members), x3), func() []*ringMember {
+			x3.stop()
+			return members
+		})
+	})
+	b.Run("crash", func(b *testing.B) {
+		measure(b, members, func() []*ringMember {
+			members[2].leases.killed.Store(true)
+			return members[:2]
+		})
 	})
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // moves sums a kind of shard move over members.
-func moves(t *testing.T, members []*ringMember, kind string) float64 {
+func moves(t testing.TB, members []*ringMember, kind string) float64 {
 	t.Helper()
 	sum := 0.0
 	for _, m := range members {
@@ -23,7 +23,7 @@ func moves(t *testing.T, members []*ringMember, kind string) float64 {
 }
 
 // renewals sums the heartbeat renewals of members.
-func renewals(t *testing.T, members []*ringMember) float64 {
+func renewals(t testing.TB, members []*ringMember) float64 {
 	t.Helper()
 	sum := 0.0
 	for _, m := range members {
@@ -36,7 +36,7 @@ func renewals(t *testing.T, members []*ringMember) float64 {
 // between two readings of the members' own renewal counters.
 type writeCount struct{ api, renewLo, renewHi float64 }
 
-func countWrites(t *testing.T, k *kube, members []*ringMember) writeCount {
+func countWrites(t testing.TB, k *kube, members []*ringMember) writeCount {
 	t.Helper()
 	lo := renewals(t, members)
 	api := apiLeaseWrites(t, k)
