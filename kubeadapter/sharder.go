@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,10 @@ type ShardConfig struct {
 	// in MetricShardHandoffForced; the new owner's writes are still
 	// fenced against the old owner's.
 	HandoffTimeout time.Duration
+	// Weight scales this member's expected share of shards (rendezvous
+	// weight); 0 means 1. It is written on the heartbeat Lease
+	// (WeightLabel), so every member sees it.
+	Weight uint32
 	// MovesPerSecond limits the shard Lease writes of this member that
 	// move shards (creates, takeovers, handoffs, releases). Creates and
 	// takeovers of orphaned shards are made before handoffs.
@@ -109,8 +114,15 @@ func (c ShardConfig) heartbeat() Config {
 	return Config{
 		Namespace: c.Namespace, Name: memberLeaseName(c.Ring, c.Identity), Identity: c.Identity,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
-		Clock: c.Clock, Watcher: c.Watcher, Labels: ringLabels(c.Ring, RoleMember),
+		Clock: c.Clock, Watcher: c.Watcher, Labels: c.memberLabels(),
 	}
+}
+
+// memberLabels are the labels of the member's heartbeat Lease.
+func (c ShardConfig) memberLabels() map[string]string {
+	l := ringLabels(c.Ring, RoleMember)
+	l[WeightLabel] = strconv.FormatUint(uint64(max(c.Weight, 1)), 10)
+	return l
 }
 
 // ringSource is where a Sharder reads its ring: the Watcher.
@@ -498,7 +510,7 @@ func (s *Sharder) metrics() *metrics {
 
 // me is this incarnation as the planner sees it.
 func (s *Sharder) me() incarnation {
-	return incarnation{identity: s.cfg.Identity, holder: s.elector.Identity(), lease: memberLeaseName(s.cfg.Ring, s.cfg.Identity)}
+	return incarnation{identity: s.cfg.Identity, holder: s.elector.Identity(), lease: memberLeaseName(s.cfg.Ring, s.cfg.Identity), weight: float64(max(s.cfg.Weight, 1))}
 }
 
 func (s *Sharder) trackedShards() []string {
@@ -673,7 +685,7 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		switch {
 		case name == me.lease || holder == "":
 		case now.Sub(seen.at) < durationOf(&m.Spec):
-			live = append(live, incarnation{identity: identityOf(s.cfg.Ring, m), holder: holder, lease: name})
+			live = append(live, incarnation{identity: identityOf(s.cfg.Ring, m), holder: holder, lease: name, weight: weightOf(m)})
 		default:
 			dead = append(dead, m)
 		}

@@ -386,6 +386,49 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	f.setFailing(false)
 }
 
+// TestPlanWeights: a member of weight 2 plans the creates of about half
+// of the shards among members of weights 1, 1 and 2, and the members'
+// plans never overlap: each shard is created by exactly one.
+func TestPlanWeights(t *testing.T) {
+	live := []incarnation{
+		{identity: "a", holder: "a_1", lease: "r-m-a", weight: 1},
+		{identity: "b", holder: "b_1", lease: "r-m-b", weight: 1},
+		{identity: "c", holder: "c_1", lease: "r-m-c", weight: 2},
+	}
+	var shards []string
+	for i := range 3000 {
+		shards = append(shards, fmt.Sprintf("project-%d", i))
+	}
+	v := ringView{members: map[string]*coordinationv1.Lease{}, shards: map[string]*coordinationv1.Lease{}}
+	creates := map[string]int{}
+	planned := map[string]int{}
+	for _, me := range live {
+		for _, mv := range plan(v, shards, live, me) {
+			require.Equal(t, MoveCreate, mv.kind)
+			creates[me.identity]++
+			planned[mv.shard]++
+		}
+	}
+	require.Len(t, planned, len(shards))
+	for sh, n := range planned {
+		require.Equal(t, 1, n, "shard %s planned by %d members", sh, n)
+	}
+	t.Logf("creates by weight 1/1/2: %v", creates)
+	require.InDelta(t, 0.5, float64(creates["c"])/float64(len(shards)), 0.03)
+}
+
+// TestWeightLabel: the heartbeat carries the configured weight, and a
+// missing or bad label weighs 1.
+func TestWeightLabel(t *testing.T) {
+	c := DefaultShardConfig("ns", "r", "a")
+	require.Equal(t, "1", c.memberLabels()[WeightLabel])
+	c.Weight = 3
+	require.Equal(t, 3.0, weightOf(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Labels: c.memberLabels()}}))
+	for _, bad := range []string{"", "0", "-2", "x", "99999999999"} {
+		require.Equal(t, 1.0, weightOf(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{WeightLabel: bad}}}), bad)
+	}
+}
+
 func TestShardConfigValidate(t *testing.T) {
 	w, err := NewWatcher(newFakeLeases(t).CoordinationV1())
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,7 +36,20 @@ const (
 	// MemberAnnotation holds, on a shard Lease, the name of the heartbeat
 	// Lease of the member whose incarnation holderIdentity names.
 	MemberAnnotation = "fencer.dev/member"
+	// WeightLabel holds, on a heartbeat Lease, the member's rendezvous
+	// weight (ShardConfig.Weight) as a decimal integer. A missing or
+	// unparsable value counts as 1.
+	WeightLabel = "fencer.dev/weight"
 )
+
+// weightOf returns the rendezvous weight a heartbeat Lease declares.
+func weightOf(member *coordinationv1.Lease) float64 {
+	w, err := strconv.ParseUint(member.Labels[WeightLabel], 10, 32)
+	if err != nil || w == 0 {
+		return 1
+	}
+	return float64(w)
+}
 
 // memberLeaseName is the name of the heartbeat Lease of identity in ring.
 func memberLeaseName(ring, identity string) string { return ring + "-m-" + identity }
@@ -105,6 +119,8 @@ type incarnation struct {
 	holder string
 	// lease is the name of its heartbeat Lease.
 	lease string
+	// weight is its rendezvous weight; zero counts as 1.
+	weight float64
 }
 
 // Kinds of move, and the values of the reason label of
@@ -137,7 +153,7 @@ func plan(v ringView, tracked []string, live []incarnation, me incarnation) []mo
 	members := make([]rendezvous.Member, len(live))
 	byID := make(map[string]incarnation, len(live))
 	for i, m := range live {
-		members[i] = rendezvous.Member{Name: m.identity, Weight: 1}
+		members[i] = rendezvous.Member{Name: m.identity, Weight: m.weight}
 		byID[m.identity] = m
 	}
 	isTracked := make(map[string]bool, len(tracked))
