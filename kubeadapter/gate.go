@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 
+	"github.com/go-logr/logr"
+
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -72,8 +74,9 @@ func OwnedPredicate(s *Sharder, shardOf func(client.Object) string) predicate.Pr
 // as list returns them, whenever this member starts to own the shard, and
 // for the shards it owns when the source starts. With Gate it recovers
 // the requests dropped while another member owned the shard. list runs
-// on the source's own goroutine; its errors drop that shard's requests
-// (the shard's objects' next events still reach the controller).
+// on the source's own goroutine; its errors are logged (with the
+// logr.Logger of the source's context) and drop that shard's requests (the
+// shard's objects' next events still reach the controller).
 func AcquiredSource[R comparable](s *Sharder, list func(ctx context.Context, shard string) ([]R, error)) source.TypedSource[R] {
 	return source.TypedFunc[R](func(ctx context.Context, q workqueue.TypedRateLimitingInterface[R]) error {
 		var mu sync.Mutex
@@ -107,6 +110,7 @@ func AcquiredSource[R comparable](s *Sharder, list func(ctx context.Context, sha
 				for shard := range shards {
 					reqs, err := list(ctx, shard)
 					if err != nil {
+						logr.FromContextOrDiscard(ctx).Error(err, "listing an acquired shard's requests failed", "shard", shard)
 						continue
 					}
 					for _, r := range reqs {
