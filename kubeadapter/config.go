@@ -1,6 +1,7 @@
 package kubeadapter
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -43,6 +44,10 @@ type Config struct {
 	// between readings of this clock matter; the timestamps in the Lease
 	// record are written for people and for client-go, and never read.
 	Clock clock.WithDelayedExecution
+	// Labels are set on the Lease, beside FenceLabel, by every acquiring
+	// write; renewals and releases leave labels as they are. A Sharder
+	// uses them to mark its members' heartbeat Leases.
+	Labels map[string]string
 	// Watcher, when set, ends each acquisition as soon as it sees the
 	// Lease deleted, replaced or taken, instead of at the next renewal,
 	// and receives the Elector's metrics. It must watch Namespace. Nil
@@ -89,6 +94,8 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: "RenewDeadline", Reason: "must be less than LeaseDuration"}
 	case c.RenewDeadline <= time.Duration(JitterFactor*float64(c.RetryPeriod)):
 		return &ConfigError{Field: "RetryPeriod", Reason: "times JitterFactor must be less than RenewDeadline"}
+	case invalidLabels(c.Labels) != "":
+		return &ConfigError{Field: "Labels", Reason: invalidLabels(c.Labels)}
 	case c.Watcher != nil && !c.Watcher.watches(c.Namespace):
 		return &ConfigError{Field: "Watcher", Reason: "does not watch namespace " + c.Namespace}
 	}
@@ -97,3 +104,16 @@ func (c Config) Validate() error {
 
 // lease is the Lease's "namespace/name", the Lease field of its tokens.
 func (c Config) lease() string { return c.Namespace + "/" + c.Name }
+
+// invalidLabels says what is wrong with the first invalid label, or "".
+func invalidLabels(labels map[string]string) string {
+	for k, v := range labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Sprintf("key %q: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return fmt.Sprintf("value %q of %q: %s", v, k, strings.Join(errs, "; "))
+		}
+	}
+	return ""
+}

@@ -49,6 +49,21 @@
 // a lease mark left by a takeover. The admission policy in deploy/admission
 // enforces the same order on writers that do not use this package.
 //
+// # Sharding
+//
+// A Sharder makes the replicas of a controller members of a ring that
+// shares shards: each member renews one heartbeat Lease (an Elector and
+// Held), and each shard has a Lease written only when the shard moves
+// (create, handoff, release, takeover of an orphaned shard), so renewal
+// writes grow with members, not shards. A shard's token comes from its
+// own Lease, so the fenced client and the admission policy fence a
+// shard's writers unchanged. Owns answers without a lock; Shard returns a
+// ShardHeld for NewClient; Gate drops requests of shards the member does
+// not own at dispatch, and AcquiredSource enqueues a shard's objects when
+// the member starts to own it. Dead members are detected on each
+// survivor's own clock from an unchanged resourceVersion, never from a
+// record's timestamps. See docs/sharding.md.
+//
 // # What is not guaranteed
 //
 //   - Fencing is per object. A stale holder can still write an object that

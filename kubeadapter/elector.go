@@ -33,7 +33,7 @@ import (
 // record already names, and its identity carries a per-Elector nonce.
 //
 // Every acquiring write, create or update, also sets the label FenceLabel
-// to FenceLabelValue on the Lease, so that the live-Lease admission policy
+// to FenceLabelValue, and the labels of Config.Labels, on the Lease, so that the live-Lease admission policy
 // takes it as a parameter. Renewals and releases leave labels as they
 // are.
 //
@@ -139,12 +139,13 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 	case apierrors.IsNotFound(err):
 		start := e.clock.Now()
 		got, err = leases.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name, Labels: fenceLabels(nil)},
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name, Labels: fenceLabels(nil, e.cfg.Labels)},
 			Spec:       acquiredSpec(nil, e.identity, e.cfg.LeaseDuration, start),
 		}, metav1.CreateOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("kubeadapter: acquire %s: create: %w", e.Lease(), err)
 		}
+		e.metrics().wrote(WriteAssign)
 		return e.start(ctx, got, start)
 	case err != nil:
 		return nil, fmt.Errorf("kubeadapter: acquire %s: get: %w", e.Lease(), err)
@@ -155,13 +156,14 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 		return nil, err
 	}
 	next := cur.DeepCopy()
-	next.Labels = fenceLabels(cur.Labels)
+	next.Labels = fenceLabels(cur.Labels, e.cfg.Labels)
 	start := e.clock.Now()
 	next.Spec = acquiredSpec(&cur.Spec, e.identity, e.cfg.LeaseDuration, start)
 	got, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("kubeadapter: acquire %s: update: %w", e.Lease(), err)
 	}
+	e.metrics().wrote(WriteAssign)
 	return e.start(ctx, got, start)
 }
 

@@ -27,7 +27,8 @@ import (
 var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
 
 // fakeLeases is a fake clientset whose Lease writes check and assign
-// resourceVersions like the API server (the plain fake does neither), and
+// resourceVersions like the API server (the plain fake does neither;
+// an update without one is unconditional, as on the API server), and
 // whose updates can be made to fail.
 type fakeLeases struct {
 	*fake.Clientset
@@ -65,7 +66,9 @@ func newFakeLeases(t *testing.T, objs ...runtime.Object) *fakeLeases {
 		if err != nil {
 			return true, nil, err
 		}
-		if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+		// Like the API server, an update without a resourceVersion is
+		// unconditional.
+		if l.ResourceVersion != "" && cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
 			return true, nil, apierrors.NewConflict(leasesGVR.GroupResource(), l.Name, nil)
 		}
 		f.rv++
@@ -140,6 +143,8 @@ func TestConfigValidate(t *testing.T) {
 		{"renew deadline equals lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, "RenewDeadline"},
 		{"retry period too long", func(c *Config) { c.RetryPeriod = c.RenewDeadline }, "RetryPeriod"},
 		{"jittered retry period too long", func(c *Config) { c.RenewDeadline = 12 * time.Second; c.RetryPeriod = 10 * time.Second }, "RetryPeriod"},
+		{"bad label key", func(c *Config) { c.Labels = map[string]string{"not a key": "v"} }, "Labels"},
+		{"bad label value", func(c *Config) { c.Labels = map[string]string{"k": "not a value"} }, "Labels"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

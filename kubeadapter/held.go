@@ -134,7 +134,10 @@ func (h *Held) Release(ctx context.Context) error {
 		next.Spec = releasedSpec(&cur.Spec, h.e.clock.Now())
 		_, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 		switch {
-		case err == nil, apierrors.IsNotFound(err):
+		case err == nil:
+			h.e.metrics().wrote(WriteTombstone)
+			return nil
+		case apierrors.IsNotFound(err):
 			return nil
 		case !apierrors.IsConflict(err):
 			return fmt.Errorf("kubeadapter: release %s: %w", h.tok, err)

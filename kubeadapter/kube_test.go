@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -24,11 +25,15 @@ import (
 
 // stallable wraps a Lease client; while stalled, Lease updates hang until
 // their context ends, as for a process paused or cut off from the API
-// server. Reads are not stalled.
+// server. Reads are not stalled. Once killed, every call fails at once
+// without reaching the API server, as for a process that is gone.
 type stallable struct {
 	coordinationv1client.LeasesGetter
 	stalled atomic.Bool
+	killed  atomic.Bool
 }
+
+var errKilled = errors.New("test: process killed")
 
 func (s *stallable) Leases(ns string) coordinationv1client.LeaseInterface {
 	return stalledLeases{s.LeasesGetter.Leases(ns), s}
@@ -39,7 +44,38 @@ type stalledLeases struct {
 	s *stallable
 }
 
+func (l stalledLeases) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	if l.s.killed.Load() {
+		return nil, errKilled
+	}
+	return l.LeaseInterface.Get(ctx, name, opts)
+}
+
+func (l stalledLeases) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
+	if l.s.killed.Load() {
+		return nil, errKilled
+	}
+	return l.LeaseInterface.List(ctx, opts)
+}
+
+func (l stalledLeases) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	if l.s.killed.Load() {
+		return nil, errKilled
+	}
+	return l.LeaseInterface.Watch(ctx, opts)
+}
+
+func (l stalledLeases) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
+	if l.s.killed.Load() {
+		return nil, errKilled
+	}
+	return l.LeaseInterface.Create(ctx, lease, opts)
+}
+
 func (l stalledLeases) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
+	if l.s.killed.Load() {
+		return nil, errKilled
+	}
 	if l.s.stalled.Load() {
 		<-ctx.Done()
 		return nil, ctx.Err()

@@ -42,6 +42,34 @@ const (
 	// by lease and reason (the Acquire* constants). An attempt that finds
 	// the lease held by another is not an error and is not counted.
 	MetricAcquireErrors = "fencer_lease_acquire_errors_total"
+	// MetricLeaseWrites counts the Lease writes this process made that
+	// the API server accepted, by kind: WriteRenew (a heartbeat or
+	// leader renewal), WriteAssign (an acquisition, or a shard Lease
+	// create, handoff, takeover or release) and WriteTombstone (a release
+	// of a heartbeat or leader Lease, or a dead member's tombstone). Its
+	// rate summed over a cluster is the renewal load on the API server.
+	MetricLeaseWrites = "fencer_lease_writes_total"
+	// MetricShardsOwned is a gauge: the shards this process's Sharder of
+	// the ring owns now.
+	MetricShardsOwned = "fencer_shards_owned"
+	// MetricShardMoves counts the shard Lease writes of this process that
+	// moved a shard, by reason: MoveCreate, MoveHandoff, MoveOrphan or
+	// MoveRelease.
+	MetricShardMoves = "fencer_shard_moves_total"
+	// MetricShardHandoffForced counts handoffs written before in-flight
+	// work on the shard drained, because ShardConfig.HandoffTimeout
+	// passed.
+	MetricShardHandoffForced = "fencer_shard_handoff_forced_total"
+	// MetricShardDispatchSkipped counts requests that Gate dropped
+	// because this member did not own their shard.
+	MetricShardDispatchSkipped = "fencer_shard_dispatch_skipped_total"
+)
+
+// Values of the kind label of MetricLeaseWrites.
+const (
+	WriteRenew     = "renew"
+	WriteAssign    = "assign"
+	WriteTombstone = "tombstone"
 )
 
 // Values of the reason label of MetricAcquireErrors. Acquire returns an
@@ -99,6 +127,11 @@ type metrics struct {
 	renewalFailures *prometheus.CounterVec
 	watchErrors     *prometheus.CounterVec
 	acquireErrors   *prometheus.CounterVec
+	leaseWrites     *prometheus.CounterVec
+	shardsOwned     *prometheus.GaugeVec
+	shardMoves      *prometheus.CounterVec
+	handoffForced   prometheus.Counter
+	skipped         prometheus.Counter
 }
 
 // newMetrics creates the collectors and registers them with reg. It fails
@@ -139,8 +172,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricAcquireErrors,
 			Help: "Failed Lease acquisition attempts of an elector, by reason (held by another is not counted).",
 		}, []string{"lease", "reason"}),
+		leaseWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricLeaseWrites,
+			Help: "Lease writes of this process accepted by the API server, by kind (renew, assign, tombstone).",
+		}, []string{"kind"}),
+		shardsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: MetricShardsOwned,
+			Help: "Shards of the ring this process owns now.",
+		}, []string{"ring"}),
+		shardMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricShardMoves,
+			Help: "Shard Lease writes of this process that moved a shard, by reason (create, handoff, orphan, release).",
+		}, []string{"reason"}),
+		handoffForced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricShardHandoffForced,
+			Help: "Shard handoffs written before in-flight work drained, after the handoff timeout.",
+		}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricShardDispatchSkipped,
+			Help: "Requests dropped at dispatch because this member did not own their shard.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.acquireErrors} {
+	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.acquireErrors, m.leaseWrites, m.shardsOwned, m.shardMoves, m.handoffForced, m.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
 		}
@@ -152,6 +205,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, k := range []string{WatchExpired, WatchFailed} {
 		m.watchErrors.WithLabelValues(k)
+	}
+	for _, k := range []string{WriteRenew, WriteAssign, WriteTombstone} {
+		m.leaseWrites.WithLabelValues(k)
+	}
+	for _, r := range []string{MoveCreate, MoveHandoff, MoveOrphan, MoveRelease} {
+		m.shardMoves.WithLabelValues(r)
 	}
 	return m, nil
 }
@@ -209,8 +268,45 @@ func (m *metrics) renewal(lease string, ok bool) {
 	case m == nil:
 	case ok:
 		m.renewals.WithLabelValues(lease).Inc()
+		m.leaseWrites.WithLabelValues(WriteRenew).Inc()
 	default:
 		m.renewalFailures.WithLabelValues(lease).Inc()
+	}
+}
+
+// wrote records one accepted Lease write of kind.
+func (m *metrics) wrote(kind string) {
+	if m != nil {
+		m.leaseWrites.WithLabelValues(kind).Inc()
+	}
+}
+
+// moved records one shard move for reason.
+func (m *metrics) moved(reason string) {
+	if m != nil {
+		m.shardMoves.WithLabelValues(reason).Inc()
+		m.leaseWrites.WithLabelValues(WriteAssign).Inc()
+	}
+}
+
+// owned sets the number of shards of ring this process owns.
+func (m *metrics) owned(ring string, n int) {
+	if m != nil {
+		m.shardsOwned.WithLabelValues(ring).Set(float64(n))
+	}
+}
+
+// forced records a handoff written before its drain finished.
+func (m *metrics) forced() {
+	if m != nil {
+		m.handoffForced.Inc()
+	}
+}
+
+// skip records a request dropped at dispatch.
+func (m *metrics) skip() {
+	if m != nil {
+		m.skipped.Inc()
 	}
 }
 

@@ -27,14 +27,15 @@ const (
 	FenceLabelValue = "true"
 )
 
-// fenceLabels returns a copy of labels with FenceLabel set to
-// FenceLabelValue, so that a map shared with the caller or a cache is
-// never written to.
-func fenceLabels(labels map[string]string) map[string]string {
+// fenceLabels returns a copy of labels with the labels of extra and
+// FenceLabel=FenceLabelValue set, so that a map shared with the caller or
+// a cache is never written to.
+func fenceLabels(labels, extra map[string]string) map[string]string {
 	out := maps.Clone(labels)
 	if out == nil {
-		out = make(map[string]string, 1)
+		out = make(map[string]string, 1+len(extra))
 	}
+	maps.Copy(out, extra)
 	out[FenceLabel] = FenceLabelValue
 	return out
 }

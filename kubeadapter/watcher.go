@@ -75,10 +75,13 @@ type Watcher struct {
 	metrics    *metrics
 	started    atomic.Bool
 
-	// mu guards scopes and regs.
+	// mu guards scopes, regs and subs.
 	mu     sync.Mutex
 	scopes map[string]*scope // by watched namespace, "" for all
 	regs   map[string]map[*Held]*coordinationv1.Lease
+	// subs are the channels of Sharders, each signalled (without
+	// blocking, capacity 1) after every applied list or event.
+	subs map[chan struct{}]bool
 }
 
 // scope is what one list-and-watch stream has seen.
@@ -170,6 +173,7 @@ func NewWatcher(leases coordinationv1client.LeasesGetter, opts ...WatcherOption)
 		clock:  clock.RealClock{},
 		scopes: map[string]*scope{},
 		regs:   map[string]map[*Held]*coordinationv1.Lease{},
+		subs:   map[chan struct{}]bool{},
 	}
 	for _, o := range opts {
 		if err := o(w); err != nil {
@@ -421,6 +425,51 @@ func (w *Watcher) finish(ends []ending, at time.Time) {
 			w.metrics.fenced(w.clock.Since(at))
 		}
 	}
+	if at.IsZero() {
+		return
+	}
+	w.mu.Lock()
+	for c := range w.subs {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	w.mu.Unlock()
+}
+
+// subscribe returns a channel that is signalled after every list or
+// event the Watcher applies, and a function that stops the signals.
+func (w *Watcher) subscribe() (<-chan struct{}, func()) {
+	c := make(chan struct{}, 1)
+	w.mu.Lock()
+	w.subs[c] = true
+	w.mu.Unlock()
+	return c, func() {
+		w.mu.Lock()
+		delete(w.subs, c)
+		w.mu.Unlock()
+	}
+}
+
+// labelled returns the Leases of namespace that carry label key=value, as
+// last seen, the resourceVersion up to which the stream of namespace has
+// been applied, and whether its first list has been applied. The returned
+// objects are shared and must not be modified.
+func (w *Watcher) labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.scopeOf(namespace)
+	if s == nil {
+		return nil, 0, false
+	}
+	var out []*coordinationv1.Lease
+	for _, seen := range s.leases {
+		if seen.lease.Namespace == namespace && seen.lease.Labels[key] == value {
+			out = append(out, seen.lease)
+		}
+	}
+	return out, s.progress, s.listed
 }
 
 // register makes the Watcher watch over h, acquired by the write that

@@ -44,6 +44,18 @@ run ./kubeadapter 'BenchmarkLiveLeaseLag$' 500x
 run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=(1|100)$' 300x
 run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=10000$' 20x
 run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
+# Sharding on the real kube-apiserver, 10,000 shards: Owns with 16 concurrent
+# readers beside a map behind a sync.RWMutex; steady-state Lease writes of 3
+# members (one heartbeat each, every 2s) beside one Lease per shard renewed
+# with GET+PUT every 2s, counted by the API server's apiserver_request_total.
+run ./kubeadapter 'BenchmarkOwns$' 2000000x
+echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter"
+go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+# Rebalance of 10,000 shards on the real kube-apiserver: a fourth member joins,
+# leaves gracefully, then a member crashes; shards moved, shard-Lease writes,
+# API server Lease writes beside renewals, and time to converge.
+echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter"
+go test -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # End to end through the shipped binary: fencer bench (guarded puts, then
 # acquire/release cycles, 64 clients with a connection and session each)
 # against a fencer serve in its own process, on an embedded etcd.

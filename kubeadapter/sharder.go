@@ -1,0 +1,797 @@
+package kubeadapter
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/time/rate"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// ShardConfig configures a Sharder. NewSharder checks it with Validate;
+// DefaultShardConfig fills the durations.
+type ShardConfig struct {
+	// Namespace holds the ring's Leases: one heartbeat Lease per member
+	// and one Lease per shard.
+	Namespace string
+	// Ring names the set of members that share the shards. It prefixes
+	// every Lease name of the ring and is the value of RingLabel.
+	Ring string
+	// Identity is the member's stable name, such as a StatefulSet pod
+	// name: shards are assigned by rendezvous hashing over the identities
+	// of live members, so a member restarted under the same identity
+	// gets the same shards back. Each run of a Sharder is a new
+	// incarnation (Identity plus a nonce), so a restarted member never
+	// inherits the ownerships of its previous run.
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod are those of the
+	// member's heartbeat Lease (see Config): it is renewed every
+	// RetryPeriod, its Held fails closed at RenewDeadline, and the other
+	// members declare it dead once they have seen it unchanged for
+	// LeaseDuration on their own clocks. RetryPeriod also bounds how long
+	// the Sharder waits between two passes over the ring.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// HandoffTimeout bounds the wait for in-flight work on a shard
+	// (registered by Gate) to finish before the handoff write that names
+	// the new owner. When it passes the write is made anyway and counted
+	// in MetricShardHandoffForced; the new owner's writes are still
+	// fenced against the old owner's.
+	HandoffTimeout time.Duration
+	// Weight scales this member's expected share of shards (rendezvous
+	// weight); 0 means 1. It is written on the heartbeat Lease
+	// (WeightLabel), so every member sees it.
+	Weight uint32
+	// MovesPerSecond limits the shard Lease writes of this member that
+	// move shards (creates, takeovers, handoffs, releases). Creates and
+	// takeovers of orphaned shards are made before handoffs.
+	MovesPerSecond float64
+	// Watcher is the process's one Lease watcher. It must watch
+	// Namespace. The Sharder reads the ring's Leases from it and reports
+	// its metrics through it.
+	Watcher *Watcher
+	// Clock measures durations; nil means the real clock.
+	Clock clock.WithDelayedExecution
+}
+
+// DefaultShardConfig returns a ShardConfig for the ring in namespace and
+// the member identity, with client-go's durations for the heartbeat (15s,
+// 10s, 2s), a HandoffTimeout of 10s and 20 moves per second, the default
+// client QPS of controller-runtime. The caller sets Watcher.
+func DefaultShardConfig(namespace, ring, identity string) ShardConfig {
+	return ShardConfig{
+		Namespace: namespace, Ring: ring, Identity: identity,
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		HandoffTimeout: 10 * time.Second,
+		MovesPerSecond: 20,
+	}
+}
+
+// maxRingLen keeps shard Lease names (ring, "-s-", 16 hex digits) short.
+const maxRingLen = 40
+
+// Validate reports the first invalid field as a *ConfigError, or nil: the
+// rules of Config.Validate for the heartbeat, a Ring that is a DNS-1123
+// label of at most 40 characters, a required Watcher, and positive
+// HandoffTimeout and MovesPerSecond.
+func (c ShardConfig) Validate() error {
+	switch {
+	case len(validation.IsDNS1123Label(c.Ring)) > 0:
+		return &ConfigError{Field: "Ring", Reason: "must be a DNS-1123 label: " + strings.Join(validation.IsDNS1123Label(c.Ring), "; ")}
+	case len(c.Ring) > maxRingLen:
+		return &ConfigError{Field: "Ring", Reason: fmt.Sprintf("must be at most %d characters", maxRingLen)}
+	case c.Identity == "":
+		return &ConfigError{Field: "Identity", Reason: "must not be empty"}
+	case len(validation.IsDNS1123Subdomain(memberLeaseName(c.Ring, c.Identity))) > 0:
+		return &ConfigError{Field: "Identity", Reason: "must make a DNS-1123 subdomain of the heartbeat Lease name " + memberLeaseName(c.Ring, c.Identity)}
+	case c.Watcher == nil:
+		return &ConfigError{Field: "Watcher", Reason: "must not be nil"}
+	case c.HandoffTimeout <= 0:
+		return &ConfigError{Field: "HandoffTimeout", Reason: "must be positive"}
+	case !(c.MovesPerSecond > 0):
+		return &ConfigError{Field: "MovesPerSecond", Reason: "must be positive"}
+	}
+	return c.heartbeat().Validate()
+}
+
+// heartbeat is the Config of the member's heartbeat Elector.
+func (c ShardConfig) heartbeat() Config {
+	return Config{
+		Namespace: c.Namespace, Name: memberLeaseName(c.Ring, c.Identity), Identity: c.Identity,
+		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
+		Clock: c.Clock, Watcher: c.Watcher, Labels: c.memberLabels(),
+	}
+}
+
+// memberLabels are the labels of the member's heartbeat Lease.
+func (c ShardConfig) memberLabels() map[string]string {
+	l := ringLabels(c.Ring, RoleMember)
+	l[WeightLabel] = strconv.FormatUint(uint64(max(c.Weight, 1)), 10)
+	return l
+}
+
+// ringSource is where a Sharder reads its ring: the Watcher.
+type ringSource interface {
+	labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
+	subscribe() (<-chan struct{}, func())
+}
+
+// Sharder is one member of a ring of processes that share shards (projects,
+// clusters, namespaces): each shard is owned by at most one live member at
+// a time, chosen by rendezvous hashing over the live members' identities,
+// and each ownership has a fencing token. It is a controller-runtime
+// manager.Runnable that runs in every replica.
+//
+// Records, all coordination.k8s.io/v1 Leases in ShardConfig.Namespace:
+//   - one heartbeat Lease per member, <ring>-m-<identity>, acquired and
+//     renewed every RetryPeriod by an ordinary Elector and Held: the only
+//     Lease writes of a steady ring, so renewal writes grow with members,
+//     not shards;
+//   - one Lease per shard, ShardLeaseName(ring, shard), whose
+//     holderIdentity names the owning incarnation and MemberAnnotation
+//     its heartbeat Lease. It is written only when the shard is created,
+//     handed off, released or taken over, always conditional on the
+//     resourceVersion last seen, and each such write counts a new epoch
+//     in leaseTransitions. A shard's token is TokenOf that write, so the
+//     fenced client, token.CheckStamp and the admission policy fence a
+//     shard's writers unchanged.
+//
+// Transitions:
+//   - a tracked shard without a Lease is created by its rendezvous owner;
+//   - a shard whose owner should be another live member is handed off by
+//     its holder: the ShardHeld ends first (Gate admits nothing new),
+//     in-flight work drains (at most HandoffTimeout), then one
+//     conditional write names the new owner, who starts when it sees the
+//     write;
+//   - a member whose heartbeat Lease another member has seen unchanged
+//     (same resourceVersion) for the Lease's leaseDurationSeconds on its
+//     own clock is dead: that member writes a tombstone (released
+//     record) conditional on exactly the resourceVersion it saw, so a
+//     member that renewed in between is not declared dead, and the dead
+//     member's next renewal conflicts, ending its Held and all its
+//     ShardHelds. No timestamp in any record is read;
+//   - a shard whose Lease names no live incarnation (orphaned: a released
+//     heartbeat, a missing one, or one naming a newer incarnation) is
+//     taken over by its rendezvous owner with a conditional write;
+//   - on Stop, a member ends its ShardHelds, drains them (at most
+//     HandoffTimeout), and releases its heartbeat, which orphans its
+//     shards at once: the survivors take each with one write.
+//
+// What it guarantees: at any resourceVersion a shard Lease names one
+// incarnation; a member acts on a shard (Owns, Shard, Gate) only while its
+// heartbeat Held has not ended and the last record it knows names it; and
+// every assignment's token is greater than the previous one's. What it
+// does not guarantee: that two members never believe they own a shard at
+// the same instant. A paused or partitioned former owner still believes
+// it until it notices; its writes are then refused by the store through
+// the token (the fenced client and the admission policy), per object, as
+// for any Held. Liveness (how fast a dead member's shards move) assumes
+// that clocks run at about the same rate; safety does not.
+type Sharder struct {
+	leases  coordinationv1client.LeasesGetter
+	cfg     ShardConfig
+	clock   clock.WithDelayedExecution
+	src     ringSource
+	limiter *rate.Limiter
+	started atomic.Bool
+	wake    chan struct{}
+
+	// owned is the immutable set of current ownerships, replaced whole by
+	// the loop goroutine; Owns and Shard read it without a lock. A shard
+	// leaves it before its ShardHeld ends.
+	owned atomic.Pointer[ownership]
+
+	// mu guards tracked, member and subs.
+	mu      sync.Mutex
+	tracked map[string]bool
+	member  *Held
+	subs    map[*func(string)]bool
+
+	// Owned by the loop goroutine (Start):
+	// elector is the current incarnation's Elector.
+	elector *Elector
+	// seen is, by heartbeat Lease name, the resourceVersion last seen and
+	// when, on this member's clock, it was first seen.
+	seen map[string]seenAt
+	// written is, by Lease name, the result of this member's last write
+	// of a ring Lease not yet seen through the Watcher.
+	written map[string]*coordinationv1.Lease
+}
+
+// ownership is what Owns reads: the member's heartbeat context and the
+// shards it owns under it. Tokens are stored by value so that Owns reads
+// one map entry and one shared context.
+type ownership struct {
+	member context.Context
+	shards map[string]ownedShard
+}
+
+type ownedShard struct {
+	tok token.Token
+	h   *ShardHeld
+}
+
+type seenAt struct {
+	rv string
+	at time.Time
+}
+
+var (
+	_ manager.Runnable               = (*Sharder)(nil)
+	_ manager.LeaderElectionRunnable = (*Sharder)(nil)
+)
+
+// NewSharder returns a Sharder for cfg that writes Leases through leases
+// (for a clientset, clientset.CoordinationV1()). It returns a
+// *ConfigError when cfg is invalid and performs no I/O; Start runs it.
+func NewSharder(leases coordinationv1client.LeasesGetter, cfg ShardConfig) (*Sharder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return newSharder(leases, cfg, cfg.Watcher)
+}
+
+func newSharder(leases coordinationv1client.LeasesGetter, cfg ShardConfig, src ringSource) (*Sharder, error) {
+	if leases == nil {
+		return nil, &ConfigError{Field: "leases", Reason: "must not be nil"}
+	}
+	s := &Sharder{
+		leases:  leases,
+		cfg:     cfg,
+		clock:   cfg.Clock,
+		src:     src,
+		limiter: rate.NewLimiter(rate.Limit(cfg.MovesPerSecond), max(1, int(cfg.MovesPerSecond))),
+		wake:    make(chan struct{}, 1),
+		tracked: map[string]bool{},
+		subs:    map[*func(string)]bool{},
+		seen:    map[string]seenAt{},
+		written: map[string]*coordinationv1.Lease{},
+	}
+	if s.clock == nil {
+		s.clock = clock.RealClock{}
+	}
+	s.publish(nil)
+	return s, nil
+}
+
+// NeedLeaderElection returns false: every replica is a member.
+func (s *Sharder) NeedLeaderElection() bool { return false }
+
+// Track adds shards to the set this member shares with the others. Every
+// member should track the same set; a shard is owned only by a member
+// that tracks it.
+func (s *Sharder) Track(shards ...string) {
+	s.mu.Lock()
+	for _, sh := range shards {
+		s.tracked[sh] = true
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Untrack removes shards from the set this member tracks. A shard it owns
+// is released: its ShardHeld ends, in-flight work drains, and a
+// conditional write leaves the shard Lease without holder, for a member
+// that tracks it to take over.
+func (s *Sharder) Untrack(shards ...string) {
+	s.mu.Lock()
+	for _, sh := range shards {
+		delete(s.tracked, sh)
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Sharder) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Owns returns the token of this member's ownership of shard and true, or
+// false when it does not own it now. It takes no lock. The answer can be
+// stale the moment it is returned; write through NewClient with the
+// ShardHeld (Shard) so that the store refuses writes of a former owner.
+func (s *Sharder) Owns(shard string) (token.Token, bool) {
+	o := s.owned.Load()
+	if o.member == nil || o.member.Err() != nil {
+		return token.Token{}, false
+	}
+	e, ok := o.shards[shard]
+	return e.tok, ok
+}
+
+// Shard returns this member's ownership of shard, for NewClient. It
+// returns an error matching ErrNotOwner and token.ErrNotHeld when the
+// member does not own the shard now.
+func (s *Sharder) Shard(shard string) (*ShardHeld, error) {
+	h := s.owned.Load().shards[shard].h
+	if h == nil || h.ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: shard %q: %w", ErrNotOwner, shard, token.ErrNotHeld)
+	}
+	return h, nil
+}
+
+// Member returns the current heartbeat Held, or nil before the first
+// acquisition.
+func (s *Sharder) Member() *Held {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.member
+}
+
+// onAcquire calls fn, from the Sharder's goroutine, with every shard this
+// member starts to own, until the returned function is called. fn must
+// not block.
+func (s *Sharder) onAcquire(fn func(string)) func() {
+	p := &fn
+	s.mu.Lock()
+	s.subs[p] = true
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.subs, p)
+		s.mu.Unlock()
+	}
+}
+
+// Start runs the member until ctx is done: it acquires the heartbeat
+// Lease (as a new incarnation after every loss), and makes a pass over the
+// ring on every change the Watcher sees and at least every RetryPeriod.
+// When ctx is done it leaves (ends and drains its ShardHelds, releases the
+// heartbeat) and returns nil. It returns the *AcquireError of a heartbeat
+// the API server refuses for good, and ErrAlreadyStarted when called a
+// second time. The Watcher must be running.
+func (s *Sharder) Start(ctx context.Context) error {
+	if !s.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("ring", s.cfg.Ring, "member", s.cfg.Identity)
+	ctx = logr.NewContext(ctx, log)
+	notify, stop := s.src.subscribe()
+	defer stop()
+	for {
+		member, err := s.join(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		log.Info("joined", "incarnation", s.elector.Identity())
+		s.serve(ctx, member, notify)
+		if ctx.Err() != nil {
+			s.leave(ctx, member)
+			return nil
+		}
+		log.Info("member lost; joining again", "reason", member.Err().Error())
+		s.lost(ctx, member)
+	}
+}
+
+// join acquires the heartbeat Lease as a new incarnation.
+func (s *Sharder) join(ctx context.Context) (*Held, error) {
+	e, err := NewElector(s.leases, s.cfg.heartbeat())
+	if err != nil {
+		return nil, err
+	}
+	h, err := e.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.elector = e
+	s.mu.Lock()
+	s.member = h
+	s.mu.Unlock()
+	return h, nil
+}
+
+// minPassInterval bounds how often Watcher events start a pass: a pass
+// is O(shards), and a burst of shard Lease writes (a rebalance) is one
+// event each.
+func (s *Sharder) minPassInterval() time.Duration {
+	return min(s.cfg.RetryPeriod/8, 100*time.Millisecond)
+}
+
+// serve makes passes over the ring until member ends or ctx is done.
+func (s *Sharder) serve(ctx context.Context, member *Held, notify <-chan struct{}) {
+	for {
+		wait := s.step(ctx, member)
+		t := s.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-member.Done():
+		case <-notify:
+		case <-s.wake:
+		case <-t.C():
+		}
+		t.Stop()
+		if ctx.Err() != nil || member.Err() != nil {
+			return
+		}
+		// Let a burst of events coalesce into one pass.
+		pause := s.clock.NewTimer(s.minPassInterval())
+		select {
+		case <-ctx.Done():
+		case <-member.Done():
+		case <-pause.C():
+		}
+		pause.Stop()
+		if ctx.Err() != nil || member.Err() != nil {
+			return
+		}
+	}
+}
+
+// lost ends every ownership after member ended, and releases the
+// heartbeat if the record is still member's, so that its shards are
+// orphaned at once.
+func (s *Sharder) lost(ctx context.Context, member *Held) {
+	s.endAll(ErrMemberLost)
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
+	defer cancel()
+	if err := member.Release(rctx); err != nil {
+		logr.FromContextOrDiscard(ctx).Error(err, "release of lost heartbeat failed")
+	}
+}
+
+// leave ends and drains every ownership, then releases the heartbeat.
+func (s *Sharder) leave(ctx context.Context, member *Held) {
+	log := logr.FromContextOrDiscard(ctx)
+	owned := s.helds()
+	s.publish(nil)
+	for _, h := range owned {
+		h.end(ErrReleased)
+	}
+	for _, sh := range slices.Sorted(maps.Keys(owned)) {
+		s.drain(context.WithoutCancel(ctx), owned[sh])
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RenewDeadline)
+	defer cancel()
+	if err := member.Release(rctx); err != nil {
+		log.Error(err, "release of heartbeat failed; the other members take its shards after its lease duration")
+	}
+}
+
+func (s *Sharder) endAll(reason error) {
+	owned := s.helds()
+	s.publish(nil)
+	for _, h := range owned {
+		h.end(reason)
+	}
+}
+
+// helds returns the current ownerships by shard.
+func (s *Sharder) helds() map[string]*ShardHeld {
+	o := s.owned.Load()
+	out := make(map[string]*ShardHeld, len(o.shards))
+	for sh, e := range o.shards {
+		out[sh] = e.h
+	}
+	return out
+}
+
+// publish replaces the set of ownerships with owned, under the current
+// heartbeat.
+func (s *Sharder) publish(owned map[string]*ShardHeld) {
+	o := &ownership{shards: make(map[string]ownedShard, len(owned))}
+	if m := s.Member(); m != nil {
+		o.member = m.Context()
+	}
+	for sh, h := range owned {
+		o.shards[sh] = ownedShard{tok: h.tok, h: h}
+	}
+	s.owned.Store(o)
+	s.metrics().owned(s.cfg.Ring, len(owned))
+}
+
+func (s *Sharder) metrics() *metrics {
+	if s.cfg.Watcher == nil {
+		return nil
+	}
+	return s.cfg.Watcher.metrics
+}
+
+// me is this incarnation as the planner sees it.
+func (s *Sharder) me() incarnation {
+	return incarnation{identity: s.cfg.Identity, holder: s.elector.Identity(), lease: memberLeaseName(s.cfg.Ring, s.cfg.Identity), weight: float64(max(s.cfg.Weight, 1))}
+}
+
+func (s *Sharder) trackedShards() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.tracked))
+}
+
+// step makes one pass over the ring while member is held and returns how
+// long to wait at most before the next: it records what it sees of the
+// heartbeats, ends and starts ownerships, tombstones dead members and
+// makes the moves of plan that the rate limit allows.
+func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
+	wait := s.cfg.RetryPeriod
+	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+	if !synced || member.Err() != nil {
+		return wait
+	}
+	me := s.me()
+	v := s.view(leases, progress, member)
+	now := s.clock.Now()
+	live, dead := s.observe(v, now, me)
+	s.adopt(v, member, me)
+	if len(dead) > 0 {
+		for _, m := range dead {
+			s.tombstone(ctx, m)
+		}
+		v = s.view(leases, progress, member)
+		live, _ = s.observe(v, now, me)
+	}
+	var batch []move
+	for _, mv := range plan(v, s.trackedShards(), live, me) {
+		now := s.clock.Now()
+		if !s.limiter.AllowN(now, 1) {
+			r := s.limiter.ReserveN(now, 1)
+			wait = min(wait, max(r.DelayFrom(now), time.Millisecond))
+			r.CancelAt(now)
+			break
+		}
+		batch = append(batch, mv)
+	}
+	s.relinquish(ctx, batch)
+	for i, got := range s.writeMoves(ctx, batch) {
+		if got != nil {
+			s.metrics().moved(batch[i].kind)
+			s.written[got.Name] = got
+		}
+	}
+	s.adopt(s.view(leases, progress, member), member, me)
+	return wait
+}
+
+// maxMovesInFlight bounds the shard Lease writes a pass sends at once.
+const maxMovesInFlight = 16
+
+// relinquish ends this member's ownership of every shard that batch hands
+// off or releases, at once, then waits for each one's in-flight work to
+// drain (each at most HandoffTimeout).
+func (s *Sharder) relinquish(ctx context.Context, batch []move) {
+	owned := s.helds()
+	var ending []*ShardHeld
+	var reasons []error
+	next := maps.Clone(owned)
+	for _, mv := range batch {
+		h := owned[mv.shard]
+		if h == nil || (mv.kind != MoveHandoff && mv.kind != MoveRelease) {
+			continue
+		}
+		delete(next, mv.shard)
+		ending = append(ending, h)
+		if mv.kind == MoveRelease {
+			reasons = append(reasons, ErrReleased)
+		} else {
+			reasons = append(reasons, ErrShardMoved)
+		}
+	}
+	if len(ending) == 0 {
+		return
+	}
+	s.publish(next)
+	for i, h := range ending {
+		h.end(reasons[i])
+	}
+	for _, h := range ending {
+		s.drain(ctx, h)
+	}
+}
+
+// writeMoves makes the writes of batch, up to maxMovesInFlight at once,
+// and returns the Lease each write returned (nil when it failed), in
+// batch's order. Writes are independent: each is one shard's Lease.
+func (s *Sharder) writeMoves(ctx context.Context, batch []move) []*coordinationv1.Lease {
+	out := make([]*coordinationv1.Lease, len(batch))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(maxMovesInFlight, len(batch)) {
+		wg.Go(func() {
+			for i := range next {
+				out[i] = s.writeMove(ctx, batch[i])
+			}
+		})
+	}
+	for i := range batch {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
+}
+
+// view is the ring as the Watcher last saw it, with this member's own
+// writes that the Watcher has not shown yet laid over it.
+func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *Held) ringView {
+	member.mu.Lock()
+	own := member.lease
+	member.mu.Unlock()
+	overlay := maps.Clone(s.written)
+	if prev, ok := overlay[own.Name]; !ok || rvOf(prev) < rvOf(own) {
+		overlay[own.Name] = own
+	}
+	merged := make([]*coordinationv1.Lease, 0, len(leases)+len(overlay))
+	for _, l := range leases {
+		if w, ok := overlay[l.Name]; ok {
+			delete(overlay, l.Name)
+			if rvOf(w) > rvOf(l) {
+				merged = append(merged, w)
+				continue
+			}
+			delete(s.written, l.Name)
+		}
+		merged = append(merged, l)
+	}
+	for name, w := range overlay {
+		if rvOf(w) <= progress {
+			// Written, seen by the Watcher and gone since.
+			delete(s.written, name)
+			continue
+		}
+		merged = append(merged, w)
+	}
+	return newRingView(s.cfg.Ring, merged)
+}
+
+func rvOf(l *coordinationv1.Lease) int64 {
+	n, err := token.ParseRevision(l.ResourceVersion)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// observe records the heartbeats of v as seen at now and returns the
+// live members, this one first, and the heartbeats of dead ones: those
+// that name a holder and whose resourceVersion has not changed for their
+// leaseDurationSeconds since this member first saw it. Only this
+// member's clock is read; the records' timestamps are not.
+func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []incarnation, dead []*coordinationv1.Lease) {
+	live = []incarnation{me}
+	for name := range s.seen {
+		if _, ok := v.members[name]; !ok {
+			delete(s.seen, name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(v.members)) {
+		m := v.members[name]
+		seen, ok := s.seen[name]
+		if !ok || seen.rv != m.ResourceVersion {
+			seen = seenAt{rv: m.ResourceVersion, at: now}
+			s.seen[name] = seen
+		}
+		holder := holderOf(&m.Spec)
+		switch {
+		case name == me.lease || holder == "":
+		case now.Sub(seen.at) < durationOf(&m.Spec):
+			live = append(live, incarnation{identity: identityOf(s.cfg.Ring, m), holder: holder, lease: name, weight: weightOf(m)})
+		default:
+			dead = append(dead, m)
+		}
+	}
+	return live, dead
+}
+
+// adopt ends the ownerships that v shows moved and starts those that v
+// shows assigned to me, then publishes the result and tells the
+// AcquiredSources.
+func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
+	cur := s.helds()
+	next := make(map[string]*ShardHeld, len(cur))
+	var moved []*ShardHeld
+	for shard, h := range cur {
+		l := v.shards[shard]
+		switch {
+		case h.Err() != nil:
+		case l == nil || lossReason(h.lease, l) != nil || !holds(l, me):
+			moved = append(moved, h)
+		default:
+			next[shard] = h
+		}
+	}
+	s.mu.Lock()
+	tracked := maps.Clone(s.tracked)
+	s.mu.Unlock()
+	var acquired []string
+	for shard, l := range v.shards {
+		if next[shard] != nil || !tracked[shard] || !holds(l, me) || member.Err() != nil {
+			continue
+		}
+		h, err := newShardHeld(member.Context(), shard, l)
+		if err != nil {
+			continue
+		}
+		next[shard] = h
+		acquired = append(acquired, shard)
+	}
+	s.publish(next)
+	for _, h := range moved {
+		h.end(ErrShardMoved)
+	}
+	if len(acquired) == 0 {
+		return
+	}
+	s.mu.Lock()
+	subs := slices.Collect(maps.Keys(s.subs))
+	s.mu.Unlock()
+	for _, shard := range acquired {
+		for _, fn := range subs {
+			(*fn)(shard)
+		}
+	}
+}
+
+// tombstone declares the member of heartbeat m dead with a write
+// conditional on m's resourceVersion, the one seen unchanged.
+func (s *Sharder) tombstone(ctx context.Context, m *coordinationv1.Lease) {
+	got, err := s.leases.Leases(m.Namespace).Update(ctx, tombstoned(m, s.clock.Now()), metav1.UpdateOptions{})
+	if err != nil {
+		if !apierrors.IsConflict(err) {
+			logr.FromContextOrDiscard(ctx).Error(err, "tombstone failed", "lease", m.Name)
+		}
+		return
+	}
+	s.metrics().wrote(WriteTombstone)
+	s.written[got.Name] = got
+}
+
+// writeMove makes the write of one move, conditional on the shard Lease
+// it was planned from (or a create), and returns the result, or nil when
+// the write failed.
+func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease {
+	next := assigned(s.cfg.Namespace, s.cfg.Ring, mv.shard, mv.cur, mv.to, s.cfg.LeaseDuration, s.clock.Now())
+	leases := s.leases.Leases(s.cfg.Namespace)
+	var got *coordinationv1.Lease
+	var err error
+	if mv.cur == nil {
+		got, err = leases.Create(ctx, next, metav1.CreateOptions{})
+	} else {
+		got, err = leases.Update(ctx, next, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			logr.FromContextOrDiscard(ctx).Error(err, "shard move failed", "shard", mv.shard, "kind", mv.kind)
+		}
+		return nil
+	}
+	return got
+}
+
+// drain waits until h's in-flight work has finished, HandoffTimeout has
+// passed on the Sharder's clock (counted as forced), or ctx is done.
+func (s *Sharder) drain(ctx context.Context, h *ShardHeld) {
+	select {
+	case <-h.drained:
+		return
+	default:
+	}
+	t := s.clock.NewTimer(s.cfg.HandoffTimeout)
+	defer t.Stop()
+	select {
+	case <-h.drained:
+	case <-t.C():
+		s.metrics().forced()
+	case <-ctx.Done():
+	}
+}
