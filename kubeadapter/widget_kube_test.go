@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,17 +55,12 @@ func (l *widgetList) DeepCopyObject() runtime.Object {
 	return &out
 }
 
-var widgetCRD struct {
-	once sync.Once
-	err  error
-}
-
-// widgets installs the Widget CRD on k's API server, once, and returns an
-// admin client whose scheme knows the widget Go type.
+// widgets installs the Widget CRD on k's API server, unless it is there,
+// and returns an admin client whose scheme knows the widget Go type. Tests
+// run on more than one API server, so the CRD is installed per call.
 func widgets(t *testing.T, k *kube) client.Client {
 	t.Helper()
-	widgetCRD.once.Do(func() { widgetCRD.err = installWidgetCRD(t.Context(), k) })
-	require.NoError(t, widgetCRD.err)
+	require.NoError(t, installWidgetCRD(t.Context(), k))
 	return crdClient(t, k, widgetGV.WithKind("Widget"), &widget{}, &widgetList{})
 }
 
