@@ -112,8 +112,13 @@ type versionView struct {
 
 // buildVersion reads the module version and the VCS stamp that go build
 // put in the binary.
+// commit is the commit fencer was built from, when the build stamps it
+// with -ldflags "-X main.commit=..." (make build does). Builds with VCS
+// stamping on report it through the build info instead.
+var commit string
+
 func buildVersion() versionView {
-	v := versionView{Version: "unknown"}
+	v := versionView{Version: "unknown", Commit: commit}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
