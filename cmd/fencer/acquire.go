@@ -124,7 +124,8 @@ func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, nam
 	if len(argv) == 0 {
 		return a.hold(ctx, lease, sess.ID(), out)
 	}
-	env := append(os.Environ(), "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
+	env := append(os.Environ(), a.conn.childEnv()...)
+	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
 	return a.runHeld(ctx, lease, argv, env, f.grace)
 }
 

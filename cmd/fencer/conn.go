@@ -48,6 +48,28 @@ var connEnv = map[string]string{
 	"insecure":        "FENCER_INSECURE",
 }
 
+// childEnv returns the connection settings as environment variables, for
+// a command that acquire runs: its own fencer calls then reach the server
+// that issued its token, however acquire was pointed at it. A bearer token
+// given in $FENCER_AUTH_TOKEN is already in the environment.
+func (c *connFlags) childEnv() []string {
+	env := []string{"FENCER_SERVER=" + c.server, "FENCER_TIMEOUT=" + c.timeout.String()}
+	for _, kv := range []struct{ key, value string }{
+		{"FENCER_AUTH_TOKEN_FILE", c.authTokenFile},
+		{"FENCER_TLS_CA", c.tlsCA},
+		{"FENCER_TLS_CERT", c.tlsCert},
+		{"FENCER_TLS_KEY", c.tlsKey},
+	} {
+		if kv.value != "" {
+			env = append(env, kv.key+"="+kv.value)
+		}
+	}
+	if c.insecure {
+		env = append(env, "FENCER_INSECURE=true")
+	}
+	return env
+}
+
 // envAnnotation is the pflag annotation that names a flag's environment
 // variable; see envFlag and applyEnv.
 const envAnnotation = "fencer_env"
