@@ -1,0 +1,282 @@
+package main
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Red-team tests of the fencer command line, run through the built binary
+// against fencer serve. Each asserts the safe outcome; a failure is a hole.
+
+// rtExit codes, as docs/cli.md documents them.
+const (
+	rtExitUsage     = 2
+	rtExitNotFound  = 3
+	rtExitStale     = 4
+	rtExitLeaseLost = 9
+)
+
+// rtHold starts "fencer acquire NAME" without a command and returns the
+// process and the token it prints.
+func rtHold(t *testing.T, s *serveProc, args ...string) (*proc, string) {
+	t.Helper()
+	p := s.startFencer(nil, append([]string{"acquire"}, args...)...)
+	require.Eventually(t, func() bool { return strings.HasSuffix(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	return p, strings.TrimSpace(p.stdout.String())
+}
+
+// rtCommand starts acquire with a shell script that prints "PID TOKEN" on
+// its first line and returns the process, the pid and the token.
+func rtCommand(t *testing.T, s *serveProc, env []string, flags []string, name, script string) (*proc, int, string) {
+	t.Helper()
+	args := append(append([]string{"acquire"}, flags...), name, "--", "sh", "-c", script)
+	p := s.startFencer(env, args...)
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	f := strings.Fields(strings.SplitN(p.stdout.String(), "\n", 2)[0])
+	require.Len(t, f, 2, p.stdout.String())
+	pid, err := strconv.Atoi(f[0])
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return p, pid, f[1]
+}
+
+// rtGet returns the exit code and output of fencer get KEY.
+func rtGet(s *serveProc, key string) (int, string) {
+	code, out, _ := s.fencer(nil, "get", key)
+	return code, strings.TrimSpace(out)
+}
+
+// TestRedTeamCLIStaleTokenRefused: a superseded token is refused with
+// exit code 4 by put, delete, txn and advance, with and without
+// --take-over, with the token in --token or in $FENCER_TOKEN, and with a
+// current token in $FENCER_TOKEN overridden by a stale --token; nothing is
+// written.
+func TestRedTeamCLIStaleTokenRefused(t *testing.T) {
+	s := startServeProc(t)
+	h1, t1 := rtHold(t, s, "jobs")
+	require.NoError(t, h1.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 0, h1.wait(t, 10*time.Second), h1.stderr.String())
+	h2, t2 := rtHold(t, s, "jobs")
+	require.NotEqual(t, t1, t2)
+
+	code, _, stderr := s.fencer(nil, "put", "--token", t2, "k", "live")
+	require.Equal(t, 0, code, stderr)
+
+	txn := "\nput k stale\nput k2 stale\n\n\n"
+	for _, tc := range []struct {
+		name string
+		env  []string
+		tok  []string
+	}{
+		{"flag", nil, []string{"--token", t1}},
+		{"env", []string{"FENCER_TOKEN=" + t1}, nil},
+		{"flag-over-current-env", []string{"FENCER_TOKEN=" + t2}, []string{"--token", t1}},
+	} {
+		for _, extra := range [][]string{nil, {"--take-over"}} {
+			args := append(append([]string{}, tc.tok...), extra...)
+			name := tc.name + "/" + strings.Join(extra, "")
+			code, out, stderr := s.fencer(tc.env, append([]string{"put", "k", "stale"}, args...)...)
+			require.Equal(t, rtExitStale, code, "%s put: %s %s", name, out, stderr)
+			code, out, stderr = s.fencer(tc.env, append([]string{"delete", "k"}, args...)...)
+			require.Equal(t, rtExitStale, code, "%s delete: %s %s", name, out, stderr)
+			code, out, stderr = s.fencer(tc.env, append([]string{"advance", "res"}, args...)...)
+			require.Equal(t, rtExitStale, code, "%s advance: %s %s", name, out, stderr)
+			p := s.startFencerIn(strings.NewReader(txn), tc.env, append([]string{"txn"}, args...)...)
+			require.Equal(t, rtExitStale, p.wait(t, 10*time.Second), "%s txn: %s %s", name, p.stdout, p.stderr)
+			require.NotContains(t, p.stdout.String(), "SUCCESS")
+
+			c, v := rtGet(s, "k")
+			require.Equal(t, 0, c)
+			require.Equal(t, "live", v, name)
+			c, _ = rtGet(s, "k2")
+			require.Equal(t, rtExitNotFound, c, name)
+		}
+	}
+
+	// Once the current holder has released too, its token is stale as well.
+	require.NoError(t, h2.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 0, h2.wait(t, 10*time.Second), h2.stderr.String())
+	code, _, stderr = s.fencer(nil, "put", "--token", t2, "k", "after-release")
+	require.Equal(t, rtExitStale, code, stderr)
+	c, v := rtGet(s, "k")
+	require.Equal(t, 0, c)
+	require.Equal(t, "live", v)
+}
+
+// TestRedTeamCLIIgnoresSIGTERMOnLoss: a command that ignores SIGTERM (and
+// a child that inherits that) is killed after --grace once the lease is
+// released behind its back, and acquire exits 9.
+func TestRedTeamCLIIgnoresSIGTERMOnLoss(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, tok := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "stubborn",
+		`trap '' TERM; echo $$ $FENCER_TOKEN; while :; do sleep 0.1; done`)
+	code, _, stderr := s.fencer(nil, "release", "--token", tok)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	require.Eventually(t, func() bool { return !alive(pid) }, 3*time.Second, 10*time.Millisecond, "the command outlived its lost lease")
+}
+
+// TestRedTeamCLIServerPausedPastTTL: fencer serve stopped with SIGSTOP (it
+// accepts connections but answers nothing) past the TTL: acquire must
+// stop its command on its own clock, not wait for the server, and exit 9.
+func TestRedTeamCLIServerPausedPastTTL(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "paused-server", `echo $$ x; exec sleep 30`)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGSTOP))
+	defer func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }()
+	// TTL 2s since the last renewal plus grace 1s, and slack for load.
+	require.Eventually(t, func() bool { return !alive(pid) }, 6*time.Second, 10*time.Millisecond,
+		"the command still runs while the server is paused past the TTL")
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 5*time.Second), p.stderr.String())
+}
+
+// blackhole is a TCP proxy to a server that, once cut, forwards nothing
+// and closes nothing: a network partition.
+type blackhole struct {
+	ln  net.Listener
+	cut atomic.Bool
+	mu  sync.Mutex
+	cs  []net.Conn
+}
+
+func startBlackhole(t *testing.T, to string) *blackhole {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b := &blackhole{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			b.mu.Lock()
+			b.cs = append(b.cs, c, u)
+			b.mu.Unlock()
+			go b.pipe(c, u)
+			go b.pipe(u, c)
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, c := range b.cs {
+			_ = c.Close()
+		}
+	})
+	return b
+}
+
+// pipe copies src to dst until cut, then swallows what src sends.
+func (b *blackhole) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !b.cut.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if err == io.EOF && !b.cut.Load() {
+				_ = dst.Close()
+			}
+			return
+		}
+	}
+}
+
+// rtPartition runs a command under acquire through a proxy, cuts the
+// proxy, and has a second acquire (straight to the server) take the lease
+// and record in a file whether the first command still ran at that moment.
+func rtPartition(t *testing.T, grace, script string) {
+	s := startServeProc(t)
+	b := startBlackhole(t, s.addr)
+	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String()}, []string{"--ttl", "2s", "--grace", grace}, "partitioned", script)
+	b.cut.Store(true)
+	mark := filepath.Join(t.TempDir(), "seen")
+	code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "20s", "partitioned", "--",
+		"sh", "-c", `if kill -0 `+strconv.Itoa(pid)+` 2>/dev/null; then echo alive > `+mark+`; else echo gone > `+mark+`; fi`)
+	require.Equal(t, 0, code, stderr)
+	seen, err := os.ReadFile(mark)
+	require.NoError(t, err)
+	// kill -0 succeeds on a zombie; alive reads /proc as well.
+	if strings.TrimSpace(string(seen)) == "alive" {
+		require.False(t, alive(pid), "the partitioned holder's command still ran when the next holder got the lease\n%s", p.stderr)
+	}
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+}
+
+// TestRedTeamCLIPartitionedHolderStopsFirst: cut off from the server by a
+// network partition, the holder's command (which honours SIGTERM) is gone
+// before another acquire can hold the lease.
+func TestRedTeamCLIPartitionedHolderStopsFirst(t *testing.T) {
+	rtPartition(t, "1s", `echo $$ x; exec sleep 30`)
+}
+
+// TestRedTeamCLIPartitionedStubbornHolderStopsFirst: as above, with a
+// command that ignores SIGTERM and the default --grace (5s, longer than
+// the 2s TTL).
+func TestRedTeamCLIPartitionedStubbornHolderStopsFirst(t *testing.T) {
+	rtPartition(t, "5s", `trap '' TERM; echo $$ x; while :; do sleep 0.1; done`)
+}
+
+// TestRedTeamCLIFencerPausedPastTTL: fencer acquire itself stopped with
+// SIGSTOP past the TTL (as a debugger, a frozen cgroup or its own command
+// could): its command must not still run once another acquire holds the
+// lease; after SIGCONT, acquire exits 9.
+func TestRedTeamCLIFencerPausedPastTTL(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "frozen", `echo $$ x; exec sleep 30`)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGSTOP))
+	code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "20s", "frozen", "--", "true")
+	require.Equal(t, 0, code, stderr)
+	stillRan := alive(pid)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGCONT))
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	require.False(t, stillRan, "the command ran on while fencer was stopped and the lease passed to another holder")
+}
+
+// TestRedTeamCLIBadTTLAndGrace: --ttl and --grace values (and their
+// variables) that cannot fence are usage errors (exit 2), and the command
+// never runs.
+func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
+	s := startServeProc(t)
+	for i, tc := range []struct {
+		env   []string
+		flags []string
+	}{
+		{nil, []string{"--ttl", "0"}},
+		{nil, []string{"--ttl", "-2s"}},
+		{nil, []string{"--ttl", "500ms"}},
+		{nil, []string{"--ttl", "2562047h"}},
+		{nil, []string{"--grace", "-1s"}},
+		{[]string{"FENCER_TTL=0s"}, nil},
+		{[]string{"FENCER_TTL=-5s"}, nil},
+		{[]string{"FENCER_TTL=abc"}, nil},
+	} {
+		mark := filepath.Join(t.TempDir(), "ran")
+		args := append(append([]string{"acquire"}, tc.flags...), "bad-"+strconv.Itoa(i), "--", "sh", "-c", "touch "+mark)
+		code, _, stderr := s.fencer(tc.env, args...)
+		_, err := os.Stat(mark)
+		require.Equal(t, rtExitUsage, code, "%v %v: %s", tc.env, tc.flags, stderr)
+		require.True(t, os.IsNotExist(err), "%v %v: the command ran", tc.env, tc.flags)
+	}
+}
