@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -118,8 +119,15 @@ func TestRedTeamCLIStaleTokenRefused(t *testing.T) {
 // a child that inherits that) is killed after --grace once the lease is
 // released behind its back, and acquire exits 9.
 func TestRedTeamCLIIgnoresSIGTERMOnLoss(t *testing.T) {
+	for _, grace := range []string{"1s", "0s", "-1s"} {
+		t.Run("grace"+grace, func(t *testing.T) { rtStubbornLoss(t, grace) })
+	}
+}
+
+// rtStubbornLoss is TestRedTeamCLIIgnoresSIGTERMOnLoss with one --grace.
+func rtStubbornLoss(t *testing.T, grace string) {
 	s := startServeProc(t)
-	p, pid, tok := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "stubborn",
+	p, pid, tok := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", grace}, "stubborn",
 		`trap '' TERM; echo $$ $FENCER_TOKEN; while :; do sleep 0.1; done`)
 	code, _, stderr := s.fencer(nil, "release", "--token", tok)
 	require.Equal(t, 0, code, stderr)
@@ -138,7 +146,9 @@ func TestRedTeamCLIServerPausedPastTTL(t *testing.T) {
 	// TTL 2s since the last renewal plus grace 1s, and slack for load.
 	require.Eventually(t, func() bool { return !alive(pid) }, 6*time.Second, 10*time.Millisecond,
 		"the command still runs while the server is paused past the TTL")
-	require.Equal(t, rtExitLeaseLost, p.wait(t, 5*time.Second), p.stderr.String())
+	start := time.Now()
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 15*time.Second), p.stderr.String())
+	t.Logf("acquire exited %s after its command was gone", time.Since(start).Round(time.Millisecond))
 }
 
 // blackhole is a TCP proxy to a server that, once cut, forwards nothing
@@ -267,7 +277,6 @@ func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 		{nil, []string{"--ttl", "-2s"}},
 		{nil, []string{"--ttl", "500ms"}},
 		{nil, []string{"--ttl", "2562047h"}},
-		{nil, []string{"--grace", "-1s"}},
 		{[]string{"FENCER_TTL=0s"}, nil},
 		{[]string{"FENCER_TTL=-5s"}, nil},
 		{[]string{"FENCER_TTL=abc"}, nil},
@@ -279,4 +288,110 @@ func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 		require.Equal(t, rtExitUsage, code, "%v %v: %s", tc.env, tc.flags, stderr)
 		require.True(t, os.IsNotExist(err), "%v %v: the command ran", tc.env, tc.flags)
 	}
+}
+
+// rtPgidMembers returns the pids, other than skip, in process group pgid.
+func rtPgidMembers(t *testing.T, pgid int, skip ...int) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	require.NoError(t, err)
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !alive(pid) {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err == nil && g == pgid && !contains(skip, pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func contains(xs []int, x int) bool {
+	for _, y := range xs {
+		if x == y {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRedTeamCLIWatchdogKilledFirst: the watchdog in CMD's process group is
+// killed first (the OOM killer may pick it), then fencer is killed with
+// SIGKILL: the command's child (which no parent-death signal covers) must
+// still be gone within the TTL.
+func TestRedTeamCLIWatchdogKilledFirst(t *testing.T) {
+	s := startServeProc(t)
+	p, sleeper, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "nowatchdog", `sleep 30 >/dev/null 2>&1 & echo $! x; wait`)
+	pgid, err := syscall.Getpgid(sleeper)
+	require.NoError(t, err)
+	var dogs []int
+	for _, pid := range rtPgidMembers(t, pgid) {
+		if exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); exe == s.bin {
+			dogs = append(dogs, pid)
+		}
+	}
+	require.NotEmpty(t, dogs, "no watchdog found in the command's process group")
+	for _, d := range dogs {
+		require.NoError(t, syscall.Kill(d, syscall.SIGKILL))
+	}
+	time.Sleep(200 * time.Millisecond) // let fencer see its watchdog go, if it looks
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	require.Eventually(t, func() bool { return !alive(sleeper) }, 4*time.Second, 10*time.Millisecond,
+		"the command's child outlived fencer (SIGKILL) once the watchdog was gone")
+}
+
+// TestRedTeamCLIClosedStdio: a command that closes its standard input,
+// output and error is still stopped when its lease is lost, and acquire
+// exits 9.
+func TestRedTeamCLIClosedStdio(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, tok := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "closed",
+		`echo $$ $FENCER_TOKEN; exec <&- >&- 2>&-; exec sleep 30`)
+	code, _, stderr := s.fencer(nil, "release", "--token", tok)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	require.Eventually(t, func() bool { return !alive(pid) }, 3*time.Second, 10*time.Millisecond)
+}
+
+// TestRedTeamCLILeftoverChild: a command that exits at once, leaving a
+// child in its process group: the child is gone when acquire has exited.
+func TestRedTeamCLILeftoverChild(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "2s"}, "leftover", `sleep 30 >/dev/null 2>&1 & echo $! x`)
+	require.Equal(t, 0, p.wait(t, 10*time.Second), p.stderr.String())
+	require.Eventually(t, func() bool { return !alive(pid) }, 2*time.Second, 10*time.Millisecond, "the command's child outlived acquire")
+}
+
+// TestRedTeamCLITwoAcquiresExclude: three acquires of one name started at
+// once never run their commands at the same time.
+func TestRedTeamCLITwoAcquiresExclude(t *testing.T) {
+	s := startServeProc(t)
+	log := filepath.Join(t.TempDir(), "log")
+	var ps []*proc
+	for i := 0; i < 3; i++ {
+		ps = append(ps, s.startFencer(nil, "acquire", "--ttl", "2s", "one", "--", "sh", "-c", `echo in >> `+log+`; sleep 0.5; echo out >> `+log))
+	}
+	for _, p := range ps {
+		require.Equal(t, 0, p.wait(t, 15*time.Second), p.stderr.String())
+	}
+	b, err := os.ReadFile(log)
+	require.NoError(t, err)
+	require.Equal(t, strings.Repeat("in\nout\n", 3), string(b))
+}
+
+// TestRedTeamCLIChildUsesAcquiresServer: acquire given --server (and no
+// $FENCER_SERVER) runs its command so that "fencer put" in it reaches the
+// same server, fenced with no flags.
+func TestRedTeamCLIChildUsesAcquiresServer(t *testing.T) {
+	s := startServeProc(t)
+	var out, errOut safeBuffer
+	cmd := exec.Command(s.bin, "acquire", "--server", s.addr, "viaflag", "--", "sh", "-c", s.bin+` put k fromchild`)
+	cmd.Env = cleanEnv()
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.Equal(t, 0, childStatus(cmd.Run()), "%s %s", &out, &errOut)
+	c, v := rtGet(s, "k")
+	require.Equal(t, 0, c)
+	require.Equal(t, "fromchild", v)
 }
