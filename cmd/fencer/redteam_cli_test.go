@@ -105,12 +105,36 @@ func TestRedTeamCLIStaleTokenRefused(t *testing.T) {
 		}
 	}
 
+	// A stale token neither checks as current nor releases the current
+	// holder's lease; forged tokens of the lease write nothing.
+	code, _, stderr = s.fencer(nil, "check", "--token", t1)
+	require.Equal(t, rtExitStale, code, stderr)
+	code, _, stderr = s.fencer(nil, "release", "--token", t1)
+	t.Logf("release of a stale token: exit %d: %s", code, stderr)
+	code, _, stderr = s.fencer(nil, "check", "--token", t2)
+	require.Equal(t, 0, code, "the current lease was released by a stale token: %s", stderr)
+	f := strings.Split(t2, ":")
+	require.Len(t, f, 4, t2)
+	for _, forged := range []string{
+		"v1:" + f[1] + ":999999:" + f[3],
+		"v1:99:" + f[2] + ":" + f[3],
+		"v1:" + f[1] + ":" + f[2] + ":other",
+		"garbage",
+		t2 + "x",
+	} {
+		code, _, stderr = s.fencer(nil, "put", "--token", forged, "k", "forged")
+		require.Contains(t, []int{rtExitUsage, rtExitStale}, code, "%s: %s", forged, stderr)
+	}
+	c, v := rtGet(s, "k")
+	require.Equal(t, 0, c)
+	require.Equal(t, "live", v)
+
 	// Once the current holder has released too, its token is stale as well.
 	require.NoError(t, h2.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, h2.wait(t, 10*time.Second), h2.stderr.String())
 	code, _, stderr = s.fencer(nil, "put", "--token", t2, "k", "after-release")
 	require.Equal(t, rtExitStale, code, stderr)
-	c, v := rtGet(s, "k")
+	c, v = rtGet(s, "k")
 	require.Equal(t, 0, c)
 	require.Equal(t, "live", v)
 }
@@ -394,4 +418,21 @@ func TestRedTeamCLIChildUsesAcquiresServer(t *testing.T) {
 	c, v := rtGet(s, "k")
 	require.Equal(t, 0, c)
 	require.Equal(t, "fromchild", v)
+}
+
+// TestRedTeamCLILossNotMaskedByCleanExit: a command that exits 0 on the
+// SIGTERM that follows a lost lease does not make acquire report success:
+// it exits 9. Without a command, a lost lease is exit 9 as well.
+func TestRedTeamCLILossNotMaskedByCleanExit(t *testing.T) {
+	s := startServeProc(t)
+	p, _, tok := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "2s"}, "clean",
+		`trap 'exit 0' TERM; echo $$ $FENCER_TOKEN; while :; do sleep 0.1; done`)
+	code, _, stderr := s.fencer(nil, "release", "--token", tok)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+
+	h, tok := rtHold(t, s, "--ttl", "2s", "clean")
+	code, _, stderr = s.fencer(nil, "release", "--token", tok)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, rtExitLeaseLost, h.wait(t, 10*time.Second), h.stderr.String())
 }
