@@ -243,18 +243,13 @@ func (b *blackhole) pipe(dst, src net.Conn) {
 func rtPartition(t *testing.T, grace, script string) {
 	s := startServeProc(t)
 	b := startBlackhole(t, s.addr)
-	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String()}, []string{"--ttl", "2s", "--grace", grace}, "partitioned", script)
+	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String(), "FENCER_TIMEOUT=2s"}, []string{"--ttl", "2s", "--grace", grace}, "partitioned", script)
 	b.cut.Store(true)
 	mark := filepath.Join(t.TempDir(), "seen")
 	code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "20s", "partitioned", "--",
-		"sh", "-c", `if kill -0 `+strconv.Itoa(pid)+` 2>/dev/null; then echo alive > `+mark+`; else echo gone > `+mark+`; fi`)
+		"sh", "-c", rtProbe(pid, mark))
 	require.Equal(t, 0, code, stderr)
-	seen, err := os.ReadFile(mark)
-	require.NoError(t, err)
-	// kill -0 succeeds on a zombie; alive reads /proc as well.
-	if strings.TrimSpace(string(seen)) == "alive" {
-		require.False(t, alive(pid), "the partitioned holder's command still ran when the next holder got the lease\n%s", p.stderr)
-	}
+	require.False(t, rtProbed(t, mark), "the partitioned holder's command still ran when the next holder got the lease\n%s", p.stderr)
 	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
 }
 
@@ -435,4 +430,40 @@ func TestRedTeamCLILossNotMaskedByCleanExit(t *testing.T) {
 	code, _, stderr = s.fencer(nil, "release", "--token", tok)
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, rtExitLeaseLost, h.wait(t, 10*time.Second), h.stderr.String())
+}
+
+// TestRedTeamCLISignalsReleaseOnlyAfterKill: fencer gets SIGHUP (then
+// SIGTERM and SIGINT, an impatient user) while its command ignores them
+// all: the lease must not pass to a waiting acquire while the command
+// still runs.
+func TestRedTeamCLISignalsReleaseOnlyAfterKill(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "5s", "--grace", "2s"}, "sig",
+		`trap '' HUP TERM INT; echo $$ x; while :; do sleep 0.1; done`)
+	mark := filepath.Join(t.TempDir(), "seen")
+	w := s.startFencer(nil, "acquire", "--wait-timeout", "20s", "sig", "--",
+		"sh", "-c", rtProbe(pid, mark))
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for sig") }, 10*time.Second, 10*time.Millisecond)
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT} {
+		require.NoError(t, p.cmd.Process.Signal(sig))
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Equal(t, 0, w.wait(t, 15*time.Second), w.stderr.String())
+	require.False(t, rtProbed(t, mark), "the command still ran when the next holder got the lease\n%s", p.stderr)
+	p.wait(t, 10*time.Second)
+}
+
+// rtProbe is a shell script, run as the next holder's command, that
+// records in mark the state of process pid at that moment (empty if gone).
+func rtProbe(pid int, mark string) string {
+	return `cut -d' ' -f3 /proc/` + strconv.Itoa(pid) + `/stat > ` + mark + ` 2>/dev/null || true`
+}
+
+// rtProbed reports whether rtProbe saw the process alive (not a zombie).
+func rtProbed(t *testing.T, mark string) bool {
+	t.Helper()
+	b, err := os.ReadFile(mark)
+	require.NoError(t, err)
+	st := strings.TrimSpace(string(b))
+	return st != "" && st != "Z" && st != "X"
 }
