@@ -178,17 +178,18 @@ func TestRedTeamCLIServerPausedPastTTL(t *testing.T) {
 // blackhole is a TCP proxy to a server that, once cut, forwards nothing
 // and closes nothing: a network partition.
 type blackhole struct {
-	ln  net.Listener
-	cut atomic.Bool
-	mu  sync.Mutex
-	cs  []net.Conn
+	ln    net.Listener
+	cut   atomic.Bool
+	delay time.Duration // of what the server sends
+	mu    sync.Mutex
+	cs    []net.Conn
 }
 
-func startBlackhole(t *testing.T, to string) *blackhole {
+func startBlackhole(t *testing.T, to string, delay time.Duration) *blackhole {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	b := &blackhole{ln: ln}
+	b := &blackhole{ln: ln, delay: delay}
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -203,8 +204,8 @@ func startBlackhole(t *testing.T, to string) *blackhole {
 			b.mu.Lock()
 			b.cs = append(b.cs, c, u)
 			b.mu.Unlock()
-			go b.pipe(c, u)
-			go b.pipe(u, c)
+			go b.pipe(c, u, b.delay)
+			go b.pipe(u, c, 0)
 		}
 	}()
 	t.Cleanup(func() {
@@ -218,19 +219,40 @@ func startBlackhole(t *testing.T, to string) *blackhole {
 	return b
 }
 
-// pipe copies src to dst until cut, then swallows what src sends.
-func (b *blackhole) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !b.cut.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+// pipe copies src to dst, each chunk delay after it was read, until cut,
+// then swallows what src sends.
+func (b *blackhole) pipe(dst, src net.Conn, delay time.Duration) {
+	type chunk struct {
+		at   time.Time
+		data []byte
+	}
+	q := make(chan chunk, 1<<12)
+	go func() {
+		for c := range q {
+			time.Sleep(time.Until(c.at.Add(delay)))
+			if c.data == nil {
+				if !b.cut.Load() {
+					_ = dst.Close()
+				}
 				return
 			}
+			if !b.cut.Load() {
+				if _, err := dst.Write(c.data); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer close(q)
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := src.Read(buf)
+		if n > 0 {
+			q <- chunk{time.Now(), buf[:n]}
 		}
 		if err != nil {
-			if err == io.EOF && !b.cut.Load() {
-				_ = dst.Close()
+			if err == io.EOF {
+				q <- chunk{at: time.Now()}
 			}
 			return
 		}
@@ -240,10 +262,13 @@ func (b *blackhole) pipe(dst, src net.Conn) {
 // rtPartition runs a command under acquire through a proxy, cuts the
 // proxy, and has a second acquire (straight to the server) take the lease
 // and record in a file whether the first command still ran at that moment.
-func rtPartition(t *testing.T, grace, script string) {
+func rtPartition(t *testing.T, grace, script string, delay time.Duration) {
 	s := startServeProc(t)
-	b := startBlackhole(t, s.addr)
+	b := startBlackhole(t, s.addr, delay)
 	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String(), "FENCER_TIMEOUT=2s"}, []string{"--ttl", "2s", "--grace", grace}, "partitioned", script)
+	if delay > 0 {
+		time.Sleep(3 * time.Second) // renewals answered late, then the cut
+	}
 	b.cut.Store(true)
 	mark := filepath.Join(t.TempDir(), "seen")
 	code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "20s", "partitioned", "--",
@@ -257,14 +282,22 @@ func rtPartition(t *testing.T, grace, script string) {
 // network partition, the holder's command (which honours SIGTERM) is gone
 // before another acquire can hold the lease.
 func TestRedTeamCLIPartitionedHolderStopsFirst(t *testing.T) {
-	rtPartition(t, "1s", `echo $$ x; exec sleep 30`)
+	rtPartition(t, "1s", `echo $$ x; exec sleep 30`, 0)
+}
+
+// TestRedTeamCLISlowRepliesThenPartition: the server's replies reach the
+// holder 0.8s late (TTL 2s) before the partition: the holder must count
+// the TTL from when it asked for a renewal, not from when the answer came,
+// and its command must be gone before the next holder runs.
+func TestRedTeamCLISlowRepliesThenPartition(t *testing.T) {
+	rtPartition(t, "1s", `echo $$ x; exec sleep 30`, 800*time.Millisecond)
 }
 
 // TestRedTeamCLIPartitionedStubbornHolderStopsFirst: as above, with a
 // command that ignores SIGTERM and the default --grace (5s, longer than
 // the 2s TTL).
 func TestRedTeamCLIPartitionedStubbornHolderStopsFirst(t *testing.T) {
-	rtPartition(t, "5s", `trap '' TERM; echo $$ x; while :; do sleep 0.1; done`)
+	rtPartition(t, "5s", `trap '' TERM; echo $$ x; while :; do sleep 0.1; done`, 0)
 }
 
 // TestRedTeamCLIFencerPausedPastTTL: fencer acquire itself stopped with
