@@ -500,3 +500,19 @@ func rtProbed(t *testing.T, mark string) bool {
 	st := strings.TrimSpace(string(b))
 	return st != "" && st != "Z" && st != "X"
 }
+
+// TestRedTeamCLIGroupSignalsSpareWatchdog: a command that signals its own
+// process group (kill 0, a common cleanup idiom) with SIGTERM, SIGHUP,
+// SIGINT, SIGQUIT and SIGUSR1, which it and its child ignore, must not
+// disarm the watchdog: fencer killed with SIGKILL afterwards still takes
+// the child with it within the TTL.
+func TestRedTeamCLIGroupSignalsSpareWatchdog(t *testing.T) {
+	s := startServeProc(t)
+	p, sleeper, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "groupsig",
+		`trap '' TERM HUP INT QUIT USR1; sleep 30 >/dev/null 2>&1 & echo $! x; for sig in TERM HUP INT QUIT USR1; do kill -$sig 0; done; echo signalled; wait`)
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "signalled") }, 5*time.Second, 10*time.Millisecond, p.stderr.String())
+	require.True(t, alive(sleeper))
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	require.Eventually(t, func() bool { return !alive(sleeper) }, 4*time.Second, 10*time.Millisecond,
+		"the command's child outlived fencer (SIGKILL) after the command signalled its own group")
+}
