@@ -105,6 +105,21 @@ func TestRedTeamCLIStaleTokenRefused(t *testing.T) {
 		}
 	}
 
+	// A stale token's txn is refused whichever branch would run, even one
+	// that only reads.
+	for _, txn := range []string{
+		"value(k) = nope\n\nput k x\n\nput k2 else\n\n",
+		"value(k) = live\n\nget k\n\n\n",
+		"\n\n\n",
+	} {
+		p := s.startFencerIn(strings.NewReader(txn), nil, "txn", "--token", t1)
+		require.Equal(t, rtExitStale, p.wait(t, 10*time.Second), "%q: %s %s", txn, p.stdout, p.stderr)
+		require.NotContains(t, p.stdout.String(), "FAILURE")
+		require.NotContains(t, p.stdout.String(), "SUCCESS")
+	}
+	c, _ := rtGet(s, "k2")
+	require.Equal(t, rtExitNotFound, c)
+
 	// A stale token neither checks as current nor releases the current
 	// holder's lease; forged tokens of the lease write nothing.
 	code, _, stderr = s.fencer(nil, "check", "--token", t1)
