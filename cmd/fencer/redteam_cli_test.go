@@ -531,3 +531,21 @@ func TestRedTeamCLIGroupSignalsSpareWatchdog(t *testing.T) {
 	require.Eventually(t, func() bool { return !alive(sleeper) }, 4*time.Second, 10*time.Millisecond,
 		"the command's child outlived fencer (SIGKILL) after the command signalled its own group")
 }
+
+// TestRedTeamCLIWriteInGraceRefused: a command whose SIGTERM handler (run
+// in the grace after its lease was lost) writes with $FENCER_TOKEN gets
+// exit code 4 and writes nothing.
+func TestRedTeamCLIWriteInGraceRefused(t *testing.T) {
+	s := startServeProc(t)
+	mark := filepath.Join(t.TempDir(), "code")
+	p, _, tok := rtCommand(t, s, []string{"PATH=" + filepath.Dir(s.bin) + ":" + os.Getenv("PATH")}, []string{"--ttl", "2s", "--grace", "3s"}, "graceful",
+		`trap 'fencer put k fromtrap; echo $? > `+mark+`; exit 0' TERM; echo $$ $FENCER_TOKEN; while :; do sleep 0.1; done`)
+	code, _, stderr := s.fencer(nil, "release", "--token", tok)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	b, err := os.ReadFile(mark)
+	require.NoError(t, err, p.stderr.String())
+	require.Equal(t, strconv.Itoa(rtExitStale), strings.TrimSpace(string(b)), p.stderr.String())
+	c, _ := rtGet(s, "k")
+	require.Equal(t, rtExitNotFound, c)
+}
