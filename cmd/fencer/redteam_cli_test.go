@@ -549,3 +549,9 @@ func TestRedTeamCLIWriteInGraceRefused(t *testing.T) {
 	c, _ := rtGet(s, "k")
 	require.Equal(t, rtExitNotFound, c)
 }
+
+// TestRedTeamCLIPartitionedStubbornShortGrace: as the stubborn case, with
+// --grace 1s, half the 2s TTL.
+func TestRedTeamCLIPartitionedStubbornShortGrace(t *testing.T) {
+	rtPartition(t, "1s", `trap '' TERM; echo $$ x; while :; do sleep 0.1; done`, 0)
+}
