@@ -240,6 +240,15 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []stri
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, a.stdout, a.stderr
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The watchdog leads CMD's process group and is ready before CMD
+	// starts, so that CMD cannot signal it away first.
+	wd, err := startWatchdog()
+	if err == nil {
+		cmd.SysProcAttr.Pgid = wd.pgid()
+		defer wd.fire() // after CMD: what it left in its group goes too
+	} else {
+		fmt.Fprintf(a.stderr, "fencer acquire: cannot start the watchdog (%v): processes %s starts may outlive fencer if it is killed\n", err, argv[0])
+	}
 	setParentDeathSignal(cmd.SysProcAttr)
 	foreground := terminalForeground(cmd.SysProcAttr)
 	exited, err := start(cmd)
@@ -253,12 +262,9 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []stri
 	if foreground {
 		defer reclaimTerminal()
 	}
-	wd, err := startWatchdog(cmd.Process.Pid)
-	switch {
-	case err == nil:
-		defer wd.fire() // after CMD: what it left in its group goes too
-	case !errors.Is(err, syscall.EPERM) && !errors.Is(err, syscall.ESRCH): // else CMD and its group are gone already
-		fmt.Fprintf(a.stderr, "fencer acquire: cannot start the watchdog (%v): processes %s starts may outlive fencer if it is killed\n", err, argv[0])
+	group := cmd.Process.Pid
+	if wd != nil {
+		group = wd.pgid()
 	}
 	var waitErr error
 	lost := false
@@ -267,14 +273,14 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []stri
 	case <-lease.Done():
 		lost = true
 		fmt.Fprintf(a.stderr, "fencer acquire: lease lost (%s); stopping %s\n", lossReason(lease), argv[0])
-		waitErr = stop(cmd, exited, syscall.SIGTERM, grace)
+		waitErr = stop(group, exited, syscall.SIGTERM, grace)
 	case <-ctx.Done():
 		sig := syscall.SIGTERM
 		var se *signalError
 		if errors.As(context.Cause(ctx), &se) {
 			sig = se.sig
 		}
-		waitErr = stop(cmd, exited, sig, grace)
+		waitErr = stop(group, exited, sig, grace)
 	}
 	if lost {
 		return &exitStatus{code: exitLeaseLost, msg: fmt.Sprintf("%s was stopped: the lease was lost while it ran", argv[0])}
@@ -306,17 +312,17 @@ func start(cmd *exec.Cmd) (<-chan error, error) {
 	return exited, <-started
 }
 
-// stop sends sig to cmd's process group and SIGKILL after grace, and
+// stop sends sig to CMD's process group and SIGKILL after grace, and
 // returns cmd's wait error.
-func stop(cmd *exec.Cmd, exited <-chan error, sig syscall.Signal, grace time.Duration) error {
-	_ = syscall.Kill(-cmd.Process.Pid, sig)
+func stop(group int, exited <-chan error, sig syscall.Signal, grace time.Duration) error {
+	_ = syscall.Kill(-group, sig)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case err := <-exited:
 		return err
 	case <-t.C:
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-group, syscall.SIGKILL)
 		return <-exited
 	}
 }
