@@ -34,7 +34,9 @@ waits for, and waits (--wait-timeout bounds the wait; --wait=false fails at
 once with exit code 5). A server restart while waiting is ridden out: the
 wait goes on once the server answers again.
 
-CMD never outlives the lease:
+CMD is stopped when the lease ends (docs/cli.md lists the known gaps:
+a CMD slow to exit after a missed renewal, a stopped fencer, a killed
+watchdog):
   - when the lease is lost, CMD's process group gets SIGTERM, then SIGKILL
     after --grace, and acquire exits 9;
   - SIGINT, SIGTERM and SIGHUP sent to fencer are passed on to CMD's
