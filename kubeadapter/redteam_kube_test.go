@@ -76,23 +76,11 @@ type hopScene struct {
 
 func newHopScene(t *testing.T, k *kube, name string) *hopScene {
 	t.Helper()
-	ctx := t.Context()
-	fence := k.leaseTokens(t, "fence", 2)
-	other := k.leaseTokens(t, "other", 2)
-	s := &hopScene{k: k, a: fence[0], b: fence[1], m0: other[0], m: other[1], name: name}
-	obj := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
-		Data:       map[string]string{"by": "m", "extra": "keep me"},
-	}
-	require.NoError(t, k.client(t, staticHolder{s.m}).Create(ctx, obj))
-	obj.Data["by"] = "b"
-	require.NoError(t, k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()).Update(ctx, obj))
-	s.wantAnnot = map[string]string{
-		token.AnnotationLease:    s.b.Lease,
-		token.AnnotationToken:    fmt.Sprint(s.b.Revision),
-		token.MarkKey(s.m.Lease): fmt.Sprint(s.m.Revision),
-		token.AnnotationEpoch:    fmt.Sprint(s.b.Epoch),
-	}
+	s := takeoverScene(t, k, name, func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		obj.Data["by"] = "b"
+		return c.Update(t.Context(), obj)
+	})
+	s.wantAnnot[token.AnnotationEpoch] = fmt.Sprint(s.b.Epoch)
 	s.requireFenced(t)
 	return s
 }
