@@ -78,24 +78,27 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
 	dryRun := len((&client.SubResourceUpdateOptions{}).ApplyOptions(opts).DryRun) > 0
 	err := retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		probe := func(ctx context.Context, tok token.Token, cur client.Object) func(context.Context) error {
-			return func(ctx context.Context) error {
-				o := obj.DeepCopyObject().(client.Object)
-				o.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
-				o.SetResourceVersion(cur.GetResourceVersion())
-				return s.c.inner.Status().Update(ctx, o, append(slices.Clone(opts), client.DryRunAll)...)
-			}
+		// send writes o's status over cur, with cur's fencer annotations
+		// stamped and cur's resourceVersion as the precondition.
+		send := func(ctx context.Context, tok token.Token, cur, o client.Object, opts ...client.SubResourceUpdateOption) error {
+			o.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
+			o.SetResourceVersion(cur.GetResourceVersion())
+			return s.c.inner.Status().Update(ctx, o, opts...)
 		}
-		tok, cur, err := s.readStamped(ctx, obj, callerRV, first, dryRun, probe)
+		tok, cur, err := s.c.readChecked(ctx, obj, callerRV, first)
+		if err == nil {
+			read := cur
+			cur, err = s.stamp(ctx, tok, cur, dryRun, func(ctx context.Context) error {
+				return send(ctx, tok, read, obj.DeepCopyObject().(client.Object), append(slices.Clone(opts), client.DryRunAll)...)
+			})
+		}
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, s.c.conflictOrStale(ctx, obj, tok, err)
 		}
 		if err != nil {
 			return true, err
 		}
-		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
-		obj.SetResourceVersion(cur.GetResourceVersion())
-		err = s.c.inner.Status().Update(ctx, obj, opts...)
+		err = send(ctx, tok, cur, obj, opts...)
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, s.c.conflictOrStale(ctx, obj, tok, err)
 		}
@@ -137,21 +140,6 @@ func (s *subResourceClient) Patch(ctx context.Context, obj client.Object, patch 
 		}
 		return s.c.inner.Status().Patch(ctx, target, p, o...)
 	})
-}
-
-// readStamped reads and checks the object (Client.readChecked, which
-// requires version want when set) and stamps it if needed (stamp, with the
-// probe that probeFor returns). It returns the token and the object as
-// stored after the check or the stamping write; its resourceVersion is the
-// status write's precondition.
-func (s *subResourceClient) readStamped(ctx context.Context, obj client.Object, want string, first, dryRun bool,
-	probeFor func(ctx context.Context, tok token.Token, cur client.Object) func(context.Context) error) (token.Token, client.Object, error) {
-	tok, cur, err := s.c.readChecked(ctx, obj, want, first)
-	if err != nil {
-		return tok, nil, err
-	}
-	cur, err = s.stamp(ctx, tok, cur, dryRun, probeFor(ctx, tok, cur))
-	return tok, cur, err
 }
 
 // stamp returns cur, checked, when it carries exactly tok's stamp, or when
