@@ -19,6 +19,8 @@ Errors are the exceptions of fencer.errors (StaleError, HeldError, ...).
 """
 
 import os
+import queue
+import random
 import threading
 import time
 
@@ -227,38 +229,44 @@ class Client:
             call.cancel()
 
     def _keepalive(self, sid, deadline):
-        """Renews the session every TTL/3, one short KeepAlive stream per
-        renewal, and ends it when the local deadline passes or the server
-        reports it gone."""
+        """Renews the session every TTL/3 over one KeepAlive stream, which it
+        reopens after a failure, retrying with jittered exponential backoff
+        (200 ms doubling to TTL/10, as the Go client does). It ends the
+        session when the local deadline (the send time of the last
+        successful renewal plus the TTL granted) passes, or the server
+        reports the session gone."""
         interval = self.ttl / 3.0
+        retry = _Backoff(0.2, max(self.ttl / 10.0, 0.2))
         delay = interval
-        while not self._closed.wait(min(delay, max(deadline - time.monotonic(), 0))):
-            if time.monotonic() >= deadline:
-                self._end("no keepalive succeeded within the %ds TTL" % self.ttl)
-                return
-            sent = time.monotonic()
-            try:
-                stream = self._stub.KeepAlive(iter([fencer_pb2.KeepAliveRequest(session_id=sid)]),
-                                              metadata=self._md, timeout=max(deadline - sent, 0.05))
-                resp = next(stream)
-                stream.cancel()
-            except grpc.RpcError as e:
-                err = errors.from_rpc_error(e)
-                if isinstance(err, errors.SessionNotFoundError):
-                    self._end("the session expired")
+        stream = None
+        try:
+            while not self._closed.wait(min(delay, max(deadline - time.monotonic(), 0))):
+                sent = time.monotonic()
+                if sent >= deadline:
+                    self._end("no keepalive succeeded within the %ds TTL" % self.ttl)
                     return
-                delay = min(0.2, interval)
-                continue
-            except StopIteration:
-                delay = min(0.2, interval)
-                continue
-            deadline = sent + resp.ttl_seconds
-            delay = interval
+                if stream is None:
+                    stream = _KeepAliveStream(self._stub, self._md)
+                try:
+                    ttl = stream.renew(sid, deadline - sent)
+                except (grpc.RpcError, StopIteration) as e:
+                    if isinstance(e, grpc.RpcError) and isinstance(errors.from_rpc_error(e), errors.SessionNotFoundError):
+                        self._end("the session expired")
+                        return
+                    stream.close()
+                    stream, delay = None, min(retry.next(), interval)
+                    continue
+                deadline = sent + ttl
+                retry.reset()
+                delay = interval
+        finally:
+            if stream is not None:
+                stream.close()
 
     def _watch(self, sid, from_rev):
         """Follows the session's WatchLease stream and marks each lease
         reported lost; reconnects from the last revision seen."""
-        backoff = 0.05
+        retry = _Backoff(0.05, 5.0)
         while not self._closed.is_set() and self._session_end is None:
             call = self._stub.WatchLease(fencer_pb2.WatchLeaseRequest(session_id=sid, start_revision=from_rev), metadata=self._md)
             self._watch_call = call
@@ -268,7 +276,8 @@ class Client:
             try:
                 for ev in call:
                     if ev.type == fencer_pb2.WatchLeaseResponse.TYPE_SYNCED:
-                        from_rev, backoff = ev.revision, 0.05
+                        from_rev = ev.revision
+                        retry.reset()
                     elif ev.type == fencer_pb2.WatchLeaseResponse.TYPE_PROGRESS:
                         from_rev = ev.revision + 1
                     elif ev.type == fencer_pb2.WatchLeaseResponse.TYPE_LOST:
@@ -284,8 +293,7 @@ class Client:
                 if err.reason == errors.WATCH_COMPACTED:
                     from_rev = 0
                     self._check_all()
-            self._closed.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
+            self._closed.wait(retry.next())
 
     def _lost(self, token, reason):
         with self._mu:
@@ -328,6 +336,51 @@ class Client:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+class _KeepAliveStream:
+    """One KeepAlive stream, over which each renewal is a request and its
+    answer."""
+
+    def __init__(self, stub, md):
+        self._requests = queue.Queue()
+        self._call = stub.KeepAlive(iter(self._requests.get, None), metadata=md)
+
+    def renew(self, sid, timeout):
+        """Sends one renewal and returns the TTL granted, in seconds. Raises
+        grpc.RpcError if the stream fails or no answer comes within
+        timeout seconds (the stream is then cancelled), StopIteration if
+        the server ended it."""
+        self._requests.put(fencer_pb2.KeepAliveRequest(session_id=sid))
+        timer = threading.Timer(max(timeout, 0.05), self._call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            return next(self._call).ttl_seconds
+        finally:
+            timer.cancel()
+
+    def close(self):
+        self._requests.put(None)
+        self._call.cancel()
+
+
+class _Backoff:
+    """Exponential backoff from initial to cap seconds, each wait drawn from
+    +-50% of its nominal value, so that clients that failed together do not
+    retry together."""
+
+    def __init__(self, initial, cap):
+        self._initial, self._cap = initial, cap
+        self.reset()
+
+    def reset(self):
+        self._nominal = self._initial
+
+    def next(self):
+        wait = self._nominal * random.uniform(0.5, 1.5)
+        self._nominal = min(self._nominal * 2, self._cap)
+        return wait
 
 
 def _bytes(v):

@@ -4,12 +4,16 @@ with /usr/bin/python3)."""
 
 import os
 import socket
+import threading
 import time
 import unittest
 import uuid
 
+import grpc
+
 import fencer
 from fencer import txn
+from fencer.v1 import fencer_pb2_grpc
 
 
 def name(prefix):
@@ -45,6 +49,23 @@ class ClientTest(unittest.TestCase):
             self.assertFalse(lease.lost.is_set(), lease.lost_reason)
             lease.check()
             lease.put(lease.name + "/k", b"still mine")
+
+    def test_keepalive_renews_over_one_stream(self):
+        calls = _CountingInterceptor()
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, calls))
+        with self.a.acquire(name("one-stream")) as lease:
+            time.sleep(3 * self.a.ttl)  # about 9 renewals at TTL/3
+            self.assertFalse(lease.lost.is_set(), lease.lost_reason)
+        self.assertEqual(calls.count("KeepAlive"), 1, calls.calls)
+
+    def test_keepalive_reopens_a_broken_stream(self):
+        calls = _CountingInterceptor(break_first="KeepAlive", after=1.0)
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, calls))
+        with self.a.acquire(name("reopen")) as lease:
+            time.sleep(3 * self.a.ttl)
+            self.assertFalse(lease.lost.is_set(), lease.lost_reason)
+            lease.check()
+        self.assertEqual(calls.count("KeepAlive"), 2, calls.calls)
 
     def test_stale_write_after_the_lease_is_taken(self):
         lease_name = name("stale")
@@ -122,6 +143,32 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(fencer.UnavailableError) as cm:
                 c.acquire("x", wait=False)
             self.assertIn("fencer serve", str(cm.exception))
+
+
+class _CountingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryClientInterceptor,
+                           grpc.UnaryStreamClientInterceptor):
+    """Counts the calls a channel starts, by method. With break_first, it
+    cancels the first call of that method after `after` seconds, as a
+    dropped connection would end it."""
+
+    def __init__(self, break_first=None, after=0):
+        self.calls = []
+        self._break, self._after = break_first, after
+
+    def count(self, method):
+        return sum(1 for m in self.calls if m.endswith("/" + method))
+
+    def _count(self, continuation, details, request):
+        first = self._break is not None and self.count(self._break) == 0 and details.method.endswith("/" + self._break)
+        self.calls.append(details.method)
+        call = continuation(details, request)
+        if first:
+            threading.Timer(self._after, call.cancel).start()
+        return call
+
+    intercept_unary_unary = _count
+    intercept_unary_stream = _count
+    intercept_stream_stream = _count
 
 
 if __name__ == "__main__":
