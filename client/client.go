@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"k8s.io/utils/clock"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -203,40 +206,95 @@ type LossEvent struct {
 
 // WatchSession follows the leases of session id (one of the caller's
 // principal, such as the session fencer acquire opened) from now: it calls
-// synced (if not nil) with the revision the watch starts from once the
-// server has it in place, and lost for each lease reported lost after
+// synced (if not nil) with the revision the watch starts from each time
+// the server has it in place, and lost for each lease reported lost after
 // that, until ctx ends (then it returns ctx's error), lost returns an
-// error, or the stream fails: with an error
-// that matches etcdstore.ErrSessionExpired when the session has ended,
-// and any other error when the server could not be reached. It does not
-// reconnect, and a loss while it was not watching is not reported; a
-// Session's own watch does both.
+// error, or the watch fails for good: with an error that matches
+// etcdstore.ErrSessionExpired when the session has ended.
+//
+// When the stream breaks for a reason that may pass (the server, or its
+// etcd, is unavailable or restarting) it watches again, with jittered
+// backoff (200 ms doubling to 5 s, on the client's clock), from the last
+// revision it saw, so a loss while it was reconnecting is still reported,
+// and none is reported twice. It does not guarantee that: if the server
+// compacted that revision meanwhile, it returns an error, since losses in
+// the gap cannot be known (a Session's own watch then checks each token it
+// holds; WatchSession knows none).
 func (c *Client) WatchSession(ctx context.Context, id int64, synced func(revision int64), lost func(LossEvent) error) error {
-	stream, err := c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id})
+	w := &sessionWatch{c: c, id: id, synced: synced, lost: lost, retry: newBackOff(retryMax)}
+	for {
+		err := w.once(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if status.Code(err) != codes.Unavailable {
+			return err
+		}
+		t := c.clock.NewTimer(w.retry.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C():
+		}
+	}
+}
+
+// sessionWatch is the state of one WatchSession across its reconnects.
+type sessionWatch struct {
+	c      *Client
+	id     int64
+	synced func(int64)
+	lost   func(LossEvent) error
+	retry  backoff.BackOff
+
+	from     int64           // the revision to watch from next; 0: now
+	reported map[string]bool // the tokens reported lost at revision from
+}
+
+// once follows one WatchLease stream until it ends.
+func (w *sessionWatch) once(ctx context.Context) error {
+	stream, err := w.c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: w.id, StartRevision: w.from})
 	if err != nil {
 		return fromStatus(err)
 	}
 	for {
 		ev, err := stream.Recv()
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
 			return fromStatus(err)
 		}
 		switch ev.GetType() {
 		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
-			if synced != nil {
-				synced(ev.GetRevision())
+			w.retry.Reset()
+			w.advance(ev.GetRevision())
+			if w.synced != nil {
+				w.synced(ev.GetRevision())
 			}
+		case fencerv1.WatchLeaseResponse_TYPE_PROGRESS:
+			w.advance(ev.GetRevision() + 1)
 		case fencerv1.WatchLeaseResponse_TYPE_LOST:
+			// One revision may end several leases, so a watch resumes at
+			// the revision of the last loss, and skips what it reported.
+			w.advance(ev.GetRevision())
+			if w.reported[ev.GetToken()] {
+				continue
+			}
 			tok, err := token.Parse(ev.GetToken())
 			if err != nil {
 				return fmt.Errorf("client: watch: server sent %w", err)
 			}
-			if err := lost(LossEvent{Token: tok, Revision: ev.GetRevision(), Reason: ev.GetReason()}); err != nil {
+			if err := w.lost(LossEvent{Token: tok, Revision: ev.GetRevision(), Reason: ev.GetReason()}); err != nil {
 				return err
 			}
+			w.reported[ev.GetToken()] = true
 		}
+	}
+}
+
+// advance moves the resume point to rev, forgetting the losses reported
+// at an earlier one.
+func (w *sessionWatch) advance(rev int64) {
+	if rev != w.from || w.reported == nil {
+		w.from, w.reported = rev, map[string]bool{}
 	}
 }

@@ -14,16 +14,12 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
-	"github.com/fencer-dev/fencer/internal/servicetest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
-	"github.com/fencer-dev/fencer/server"
 )
 
 var (
@@ -65,12 +61,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 	tb.Cleanup(func() { cli.Close() })
 	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/outage-%d/", time.Now().UnixNano())))
 	require.NoError(tb, err)
-	addr, _ := servicetest.Serve(tb, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
-	cin := rpcfault.New()
-	cc, err := grpc.NewClient(addr, append(cin.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	require.NoError(tb, err)
-	tb.Cleanup(func() { cc.Close() })
-	c := client.New(cc)
+	c, cin := serveWithFaults(tb, st)
 
 	var outageOver atomic.Bool
 	var synced, recovered sync.WaitGroup

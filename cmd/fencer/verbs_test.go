@@ -159,3 +159,24 @@ func TestBench(t *testing.T) {
 		require.False(t, r.Held, "bench left %s held", r.Name)
 	}
 }
+
+// TestWatchRidesOutAServerRestart: fencer watch goes on watching while
+// fencer serve restarts, and prints a loss that comes after it.
+func TestWatchRidesOutAServerRestart(t *testing.T) {
+	s := startServeProc(t)
+	holder := s.startFencer(nil, "acquire", "-o", "json", "--ttl", "20s", "reports")
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "}\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	var held holdView
+	require.NoError(t, json.Unmarshal([]byte(holder.stdout.String()), &held))
+	w := s.startFencer([]string{"FENCER_SESSION=" + strconv.FormatInt(held.Session, 10)}, "watch")
+	require.Eventually(t, func() bool { return strings.Count(w.stderr.String(), "watching session") == 1 }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
+
+	s.stop()
+	s.start()
+	require.Eventually(t, func() bool { return strings.Count(w.stderr.String(), "watching session") == 2 }, 20*time.Second, 10*time.Millisecond, w.stderr.String())
+	code, _, stderr := s.fencer([]string{"FENCER_TOKEN=" + held.Token}, "release")
+	require.Equal(t, 0, code, stderr)
+	require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
+	require.Equal(t, exitLeaseLost, holder.wait(t, 10*time.Second), holder.stderr.String())
+	require.Equal(t, exitNotFound, w.wait(t, 10*time.Second), "watch ends with the session: %s", w.stderr)
+}

@@ -32,8 +32,10 @@ func (a *app) watchCmd() *cobra.Command {
 		Short: "print each lease of a session that is lost, as it happens",
 		Long: `Follows the leases of a session (--session, or $FENCER_SESSION, which
 fencer acquire sets for its command) and prints one line per lease lost:
-deleted or replaced. It runs until interrupted (exit code 0) or until the
-session ends (exit code 3). The session must be one of the caller's
+deleted or replaced. When the server or its etcd is unavailable it
+watches again, with backoff, from the last revision it saw, so a loss
+meanwhile is still printed. It runs until interrupted (exit code 0) or
+until the session ends (exit code 3). The session must be one of the caller's
 principal. A script can run it in the background to learn at once that
 its lease is gone.`,
 		Example: `  fencer acquire orders -- sh -c 'fencer watch & exec ./worker'`,
