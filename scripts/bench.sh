@@ -69,5 +69,11 @@ serve_pid=$!
 for _ in $(seq 100); do "$tmp/fencer" health --server "$addr" >/dev/null 2>&1 && break; sleep 0.1; done
 "$tmp/fencer" bench --server "$addr" --clients 1 --duration 5s || true
 "$tmp/fencer" bench --server "$addr" --clients 64 --duration 10s || true
+# The same guarded puts straight to the server's etcd, interleaved with the
+# puts through the server, and their ratio.
+for clients in 1 64; do
+  "$tmp/fencer" bench --server "$addr" --clients "$clients" --duration 5s \
+    --ops put,direct-put,put,direct-put,put,direct-put --etcd-endpoints "unix://$tmp/data/etcd.sock" || true
+done
 kill "$serve_pid"
 wait "$serve_pid" || true

@@ -9,17 +9,23 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
 )
 
 // benchFlags are the flags of fencer bench.
 type benchFlags struct {
-	clients  int
-	duration time.Duration
-	ops      []string
-	size     int
+	clients   int
+	duration  time.Duration
+	ops       []string
+	size      int
+	endpoints string    // the server's etcd, for direct-put
+	prefix    string    // the server's key prefix, for direct-put
+	batch     int       // the server's --batch, for direct-put
+	etcd      etcdFlags // credentials for endpoints
 }
 
 // benchResult is one workload's figures.
@@ -42,6 +48,13 @@ var benchWorkloads = map[string]func(ctx context.Context, w *benchWorker) error{
 		_, err := w.c.Put(ctx, w.held.Token(), w.key, w.value)
 		return err
 	},
+	// direct-put: the same guarded Put, sent by the library straight to
+	// the server's etcd with the server's batching: the baseline that
+	// shows what the server and its gRPC hop cost.
+	"direct-put": func(ctx context.Context, w *benchWorker) error {
+		_, err := w.direct.Put(ctx, w.held.Token(), w.key, w.value)
+		return err
+	},
 	// acquire: an Acquire of the client's own lease and its Release.
 	"acquire": func(ctx context.Context, w *benchWorker) error {
 		l, err := w.sess.Acquire(ctx, w.lease+"-cycle")
@@ -55,12 +68,13 @@ var benchWorkloads = map[string]func(ctx context.Context, w *benchWorker) error{
 // benchWorker is one bench client: its own connection, session, lease
 // (held, named lease) and data key.
 type benchWorker struct {
-	c     *client.Client
-	sess  *client.Session
-	held  *client.Lease
-	lease string
-	key   string
-	value []byte
+	c      *client.Client
+	direct *etcdstore.Store // the server's store, opened by this process; nil without --etcd-endpoints
+	sess   *client.Session
+	held   *client.Lease
+	lease  string
+	key    string
+	value  []byte
 }
 
 func (a *app) benchCmd() *cobra.Command {
@@ -72,8 +86,14 @@ func (a *app) benchCmd() *cobra.Command {
 		Long: `Drives a running fencer server with --clients concurrent clients, each on
 its own connection and session, for --duration per workload, and prints
 throughput and latency percentiles:
-  put      a guarded put of the client's own key, with its lease's token
-  acquire  an acquire of the client's own lease, then its release
+  put         a guarded put of the client's own key, with its lease's token
+  direct-put  the same guarded put, sent by this process straight to the
+              server's etcd (--etcd-endpoints, --prefix and --batch as the
+              server has them): the baseline for put, run beside it
+  acquire     an acquire of the client's own lease, then its release
+With put and direct-put both run, it prints their throughput ratio, over
+all their runs: name them alternately (--ops put,direct-put,put,direct-put)
+so that a busy machine weighs on both alike.
 Each client uses leases named bench-<start time>-<workload>-<client> and
 keys under bench/; the keys are deleted and the leases released
 afterwards. Like etcdctl check perf, it
@@ -87,18 +107,36 @@ measures the whole path: this process, the network, the server and etcd.`,
 			if f.clients < 1 || f.duration <= 0 {
 				return usagef("--clients must be at least 1 and --duration positive")
 			}
+			var direct *etcdstore.Store
 			for _, op := range f.ops {
 				if benchWorkloads[op] == nil {
-					return usagef("--ops %q: want put or acquire", op)
+					return usagef("--ops %q: want put, direct-put or acquire", op)
+				}
+				if op == "direct-put" && direct == nil {
+					st, closeStore, err := f.directStore()
+					if err != nil {
+						return err
+					}
+					defer closeStore()
+					direct = st
 				}
 			}
 			var results []benchResult
+			ops, secs := map[string]int{}, map[string]float64{} // by workload, over its runs
 			for _, op := range f.ops {
-				r, err := a.bench(cmd.Context(), f, op)
+				r, err := a.bench(cmd.Context(), f, op, direct)
 				if err != nil {
 					return err
 				}
 				results = append(results, r)
+				if r.PerSecond > 0 {
+					ops[op] += r.Ops
+					secs[op] += float64(r.Ops) / r.PerSecond
+				}
+			}
+			if ops["put"] > 0 && ops["direct-put"] > 0 {
+				ratio := float64(ops["put"]) / secs["put"] / (float64(ops["direct-put"]) / secs["direct-put"])
+				fmt.Fprintf(a.stderr, "fencer bench: put through the server ran at %.2f times the throughput of direct-put\n", ratio)
 			}
 			rows := make([][]string, len(results))
 			ms := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
@@ -112,13 +150,41 @@ measures the whole path: this process, the network, the server and etcd.`,
 	out.register(cmd)
 	cmd.Flags().IntVar(&f.clients, "clients", 16, "concurrent clients, each with its own connection and session")
 	cmd.Flags().DurationVar(&f.duration, "duration", 10*time.Second, "how long each workload runs")
-	cmd.Flags().StringSliceVar(&f.ops, "ops", []string{"put", "acquire"}, "workloads to run, in order: put, acquire")
+	cmd.Flags().StringSliceVar(&f.ops, "ops", []string{"put", "acquire"}, "workloads to run, in order: put, direct-put, acquire")
 	cmd.Flags().IntVar(&f.size, "value-size", 64, "bytes per value written")
+	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "the server's etcd endpoints, for direct-put (fencer serve logs its embedded member's)")
+	cmd.Flags().StringVar(&f.prefix, "prefix", etcdstore.DefaultPrefix, "the server's etcd key prefix, for direct-put")
+	cmd.Flags().IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "the server's --batch, for direct-put")
+	envFlag(cmd.Flags(), "etcd-endpoints", "FENCER_ETCD_ENDPOINTS")
+	f.etcd.register(cmd.Flags())
 	return cmd
 }
 
+// directStore opens the server's store straight on its etcd, for
+// direct-put, and returns a function that closes it.
+func (f benchFlags) directStore() (*etcdstore.Store, func(), error) {
+	endpoints := splitList(f.endpoints)
+	if len(endpoints) == 0 {
+		return nil, nil, usagef("--ops direct-put needs --etcd-endpoints: the server's etcd (fencer serve logs its embedded member's endpoint)")
+	}
+	cfg, err := f.etcd.clientConfig(endpoints, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcd client: %w", err)
+	}
+	st, err := etcdstore.New(cli, etcdstore.WithPrefix(f.prefix), etcdstore.WithBatching(f.batch))
+	if err != nil {
+		cli.Close()
+		return nil, nil, err
+	}
+	return st, func() { cli.Close() }, nil
+}
+
 // bench runs workload op with f.clients clients for f.duration.
-func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, error) {
+func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdstore.Store) (benchResult, error) {
 	run := fmt.Sprintf("bench-%d-%s", time.Now().UnixNano(), op)
 	workers := make([]*benchWorker, f.clients)
 	var conns []*grpc.ClientConn
@@ -142,7 +208,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string) (benchResult, 
 			return benchResult{}, err
 		}
 		conns = append(conns, cc)
-		w := &benchWorker{c: client.New(cc), lease: fmt.Sprintf("%s-%d", run, i), key: fmt.Sprintf("bench/%s/%d", run, i), value: make([]byte, f.size)}
+		w := &benchWorker{c: client.New(cc), direct: direct, lease: fmt.Sprintf("%s-%d", run, i), key: fmt.Sprintf("bench/%s/%d", run, i), value: make([]byte, f.size)}
 		if w.sess, err = w.c.NewSession(); err != nil {
 			return benchResult{}, err
 		}

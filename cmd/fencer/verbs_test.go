@@ -151,6 +151,24 @@ func TestBench(t *testing.T) {
 		require.LessOrEqual(t, r.P50, r.P90)
 		require.LessOrEqual(t, r.P90, r.P99)
 	}
+
+	// The baseline: the same guarded puts, straight to the server's etcd.
+	code, _, stderr = s.fencer(nil, "bench", "--ops", "direct-put")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "needs --etcd-endpoints")
+	code, stdout, stderr = s.fencer(nil, "bench", "--clients", "2", "--duration", "500ms", "-o", "json",
+		"--ops", "put,direct-put", "--etcd-endpoints", "unix://"+filepath.Join(s.dataDir, "etcd.sock"))
+	require.Equal(t, 0, code, stderr)
+	results = nil
+	require.NoError(t, json.Unmarshal([]byte(stdout), &results))
+	require.Len(t, results, 2)
+	for i, op := range []string{"put", "direct-put"} {
+		require.Equal(t, op, results[i].Op)
+		require.Positive(t, results[i].Ops)
+		require.Zero(t, results[i].Errors)
+	}
+	require.Contains(t, stderr, "times the throughput of direct-put")
+
 	code, stdout, stderr = s.fencer(nil, "status", "-o", "json")
 	require.Equal(t, 0, code, stderr)
 	var rows []statusRow
