@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/fencer-dev/fencer/client"
 )
@@ -140,12 +143,25 @@ func (c *connFlags) dial() (*grpc.ClientConn, error) {
 		}
 		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(tok, secure)))
 	}
-	target := "passthrough:///" + addrs[0]
-	if len(addrs) > 1 {
-		target = "fencer:///" + strings.Join(addrs, ",")
-		opts = append(opts, grpc.WithResolvers(staticResolver{}), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	if len(addrs) == 1 {
+		return grpc.NewClient("passthrough:///"+addrs[0], opts...)
 	}
-	return grpc.NewClient(target, opts...)
+	// Several servers: grpc's manual resolver hands out all of them, and
+	// round_robin spreads the calls. Each address carries its host as the
+	// server name that TLS verifies, since the target names no single
+	// server.
+	r := manual.NewBuilderWithScheme("fencer")
+	state := resolver.State{}
+	for _, a := range addrs {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			host = a
+		}
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a, ServerName: host})
+	}
+	r.InitialState(state)
+	opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	return grpc.NewClient("fencer:///servers", opts...)
 }
 
 // tlsConfig builds the client's TLS configuration from the flags.
