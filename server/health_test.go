@@ -56,18 +56,18 @@ func TestHealthFollowsEtcd(t *testing.T) {
 
 	awaitHealth(t, w, healthpb.HealthCheckResponse_SERVING)
 	require.Equal(t, http.StatusOK, probe(srv, "/readyz"))
-	require.Equal(t, 1.0, gauge(t, srv, "fencer_etcd_up"))
+	require.Equal(t, 1.0, scrape(t, srv, "fencer_etcd_up"))
 
 	proxy.Pause()
 	awaitHealth(t, w, healthpb.HealthCheckResponse_NOT_SERVING)
 	require.Equal(t, http.StatusServiceUnavailable, probe(srv, "/readyz"))
 	require.Equal(t, http.StatusOK, probe(srv, "/healthz"))
-	require.Equal(t, 0.0, gauge(t, srv, "fencer_etcd_up"))
+	require.Equal(t, 0.0, scrape(t, srv, "fencer_etcd_up"))
 
 	proxy.Resume()
 	awaitHealth(t, w, healthpb.HealthCheckResponse_SERVING)
 	require.Equal(t, http.StatusOK, probe(srv, "/readyz"))
-	require.Equal(t, 1.0, gauge(t, srv, "fencer_etcd_up"))
+	require.Equal(t, 1.0, scrape(t, srv, "fencer_etcd_up"))
 }
 
 // TestHealthWithoutEtcd starts a server whose etcd endpoint has nothing
@@ -90,7 +90,7 @@ func TestHealthWithoutEtcd(t *testing.T) {
 	unreachable := func(m map[string]any) bool { return m["msg"] == "etcd unreachable: not serving" }
 	require.Eventually(t, func() bool { return len(rec.find(unreachable)) > 0 }, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, slog.LevelWarn, rec.find(unreachable)[0]["level"])
-	require.Equal(t, 0.0, gauge(t, srv, "fencer_etcd_up"))
+	require.Equal(t, 0.0, scrape(t, srv, "fencer_etcd_up"))
 	require.Equal(t, http.StatusServiceUnavailable, probe(srv, "/readyz"))
 	require.Equal(t, http.StatusOK, probe(srv, "/healthz"))
 	resp, err := healthpb.NewHealthClient(dial(t, "", addr)).Check(ctx, &healthpb.HealthCheckRequest{})

@@ -2,22 +2,18 @@ package server
 
 import (
 	"net/http"
-	"path"
-	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc/status"
 )
 
 // metrics are one Server's Prometheus metrics, in a registry of its own so
 // that several servers can run in one process.
 type metrics struct {
 	reg          *prometheus.Registry
-	requests     *prometheus.CounterVec
-	latency      *prometheus.HistogramVec
-	streams      *prometheus.GaugeVec
+	grpc         *grpcprom.ServerMetrics // grpc_server_*: calls, codes, latency, messages
 	sessions     prometheus.Counter
 	acquisitions prometheus.Counter
 	keepalives   prometheus.Counter
@@ -30,16 +26,8 @@ type metrics struct {
 func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fencer_server_requests_total", Help: "RPCs handled, by method and gRPC code.",
-		}, []string{"method", "code"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "fencer_server_request_duration_seconds", Help: "RPC latency by method (streams: their lifetime).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"method"}),
-		streams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "fencer_server_open_streams", Help: "Open KeepAlive and WatchLease streams.",
-		}, []string{"method"}),
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets(prometheus.ExponentialBuckets(0.0005, 2, 16)))),
 		sessions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fencer_server_sessions_opened_total", Help: "Sessions opened (etcd leases granted).",
 		}),
@@ -62,25 +50,11 @@ func newMetrics() *metrics {
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.streams, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches, m.etcdUp,
+	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
-}
-
-// observe records one finished RPC; err is already a status.
-func (m *metrics) observe(fullMethod string, err error, d time.Duration) {
-	method := path.Base(fullMethod)
-	m.requests.WithLabelValues(method, status.Code(err).String()).Inc()
-	m.latency.WithLabelValues(method).Observe(d.Seconds())
-}
-
-// streamStarted counts an open stream until the returned func is called.
-func (m *metrics) streamStarted(fullMethod string) func() {
-	g := m.streams.WithLabelValues(path.Base(fullMethod))
-	g.Inc()
-	return g.Dec
 }

@@ -150,8 +150,10 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.streamInterceptor),
+		// grpc-middleware's metrics see the status that fencer's own
+		// interceptor makes of each error.
+		grpc.ChainUnaryInterceptor(s.m.grpc.UnaryServerInterceptor(), s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.m.grpc.StreamServerInterceptor(), s.streamInterceptor),
 		grpc.MaxRecvMsgSize(MaxRequestBytes),
 		// Find clients that vanished, so their streams end.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
@@ -164,6 +166,7 @@ func New(cfg Config) (*Server, error) {
 	fencerv1.RegisterFencerServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
+	s.m.grpc.InitializeMetrics(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(fencerv1.FencerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	return s, nil
@@ -214,12 +217,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) MetricsHandler() http.Handler { return s.m.handler() }
 
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	start := time.Now()
 	if public(info.FullMethod) {
-		resp, err := handler(ctx, req)
-		s.m.observe(info.FullMethod, err, time.Since(start))
-		return resp, err
+		return handler(ctx, req)
 	}
+	start := time.Now()
 	p, err := s.auth.Authenticate(ctx)
 	if err == nil {
 		err = s.authz.authorize(p, req)
@@ -231,13 +232,11 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 		err = s.hideOthers(ctx, p, req, err)
 	}
 	err = toStatus(err)
-	s.m.observe(info.FullMethod, err, time.Since(start))
 	s.logCall(ctx, info.FullMethod, p, err, time.Since(start))
 	return resp, err
 }
 
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	start := time.Now()
 	if public(info.FullMethod) {
 		// Health watches would otherwise hold graceful shutdown for
 		// as long as their clients stay.
@@ -251,20 +250,17 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 		}()
 		err := handler(srv, &ctxStream{ServerStream: ss, ctx: ctx})
 		cancel()
-		s.m.observe(info.FullMethod, err, time.Since(start))
 		return err
 	}
+	start := time.Now()
 	p, err := s.auth.Authenticate(ss.Context())
 	if err == nil {
-		done := s.m.streamStarted(info.FullMethod)
 		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ss.Context()), p)})
-		done()
 	}
 	if errors.Is(err, io.EOF) {
 		err = nil
 	}
 	err = toStatus(err)
-	s.m.observe(info.FullMethod, err, time.Since(start))
 	s.logCall(ss.Context(), info.FullMethod, p, err, time.Since(start))
 	return err
 }

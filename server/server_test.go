@@ -419,19 +419,50 @@ func TestHealthAndShutdown(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, probe(srv, "/readyz"))
 }
 
-// gauge scrapes srv's metrics for the value of an unlabelled gauge.
-func gauge(t *testing.T, srv *server.Server, name string) float64 {
+// TestCallMetrics: the grpc_server_* metrics count each call with the
+// code that fencer's interceptor made of its error (a stale write is
+// FailedPrecondition, not Unknown; a bad credential Unauthenticated), and
+// started minus handled is the open streams.
+func TestCallMetrics(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	addr, srv := startServer(t, etcdtest.Store(t))
+	c := client.New(dial(t, alice, addr))
+	l, err := newSession(t, c).Acquire(ctx, "metrics")
+	require.NoError(t, err)
+	released, err := c.Release(ctx, l.Token())
+	require.NoError(t, err)
+	require.True(t, released)
+	_, err = c.Put(ctx, l.Token(), "metrics/k", []byte("v"))
+	require.ErrorIs(t, err, token.ErrStale)
+	_, _, err = client.New(dial(t, "not-a-token-of-anyone", addr)).Get(ctx, "metrics/k")
+	require.ErrorIs(t, err, client.ErrUnauthenticated)
+
+	const svc = `grpc_service="fencer.v1.FencerService"`
+	series := func(metric, labels string) float64 {
+		return scrape(t, srv, metric+"{"+labels+"}")
+	}
+	require.Equal(t, 1.0, series("grpc_server_handled_total", `grpc_code="FailedPrecondition",grpc_method="Put",`+svc+`,grpc_type="unary"`))
+	require.Equal(t, 1.0, series("grpc_server_handled_total", `grpc_code="Unauthenticated",grpc_method="Get",`+svc+`,grpc_type="unary"`))
+	require.Equal(t, 1.0, series("grpc_server_handled_total", `grpc_code="OK",grpc_method="Release",`+svc+`,grpc_type="unary"`))
+	require.Equal(t, 1.0, series("grpc_server_handling_seconds_count", `grpc_method="Put",`+svc+`,grpc_type="unary"`))
+	open := series("grpc_server_started_total", `grpc_method="WatchLease",`+svc+`,grpc_type="server_stream"`)
+	require.Equal(t, 1.0, open, "the session's lease watch is open, and none has ended")
+}
+
+// scrape returns the value of the series (a metric name with its labels,
+// in the exposition's order) in srv's metrics, failing t if there is none.
+func scrape(t *testing.T, srv *server.Server, series string) float64 {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			require.NoError(t, err)
 			return f
 		}
 	}
-	t.Fatalf("no metric %s", name)
+	t.Fatalf("no series %s in:\n%s", series, rec.Body.String())
 	return 0
 }
 
@@ -447,7 +478,7 @@ func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
 		leases = append(leases, l)
 	}
 	require.Eventually(t, func() bool {
-		return gauge(t, srv, "fencer_server_lease_watches") == 1
+		return scrape(t, srv, "fencer_server_lease_watches") == 1
 	}, 5*time.Second, 10*time.Millisecond, "five sessions' streams on one etcd watch")
 
 	_, err := st.Client().Delete(ctx, st.HolderKey("shared-2"))

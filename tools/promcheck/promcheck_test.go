@@ -1,6 +1,7 @@
 package promcheck
 
 import (
+	"bytes"
 	"encoding/json"
 	"go/ast"
 	"go/constant"
@@ -9,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -22,8 +24,13 @@ import (
 // root is fencer's repository root, from this package's directory.
 const root = "../.."
 
+// metricLibraries are the modules whose metrics fencer registers as they
+// come: go-grpc-middleware's Prometheus provider (grpc_server_*).
+var metricLibraries = []string{"github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"}
+
 // registered returns the names of every Prometheus metric that fencer's
-// non-test Go code declares in a prometheus.*Opts literal, with the series
+// non-test Go code, or that of metricLibraries at the versions fencer's
+// go.mod selects, declares in a prometheus.*Opts literal, with the series
 // suffixes of histograms and summaries. A Name given by a constant is
 // resolved within its package.
 func registered(t *testing.T) map[string]bool {
@@ -31,30 +38,26 @@ func registered(t *testing.T) map[string]bool {
 	type pkgFiles struct{ files []*ast.File }
 	pkgs := map[string]*pkgFiles{}
 	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	dirs := []string{root}
+	for _, m := range metricLibraries {
+		cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", m)
+		cmd.Dir = root
+		out, err := cmd.Output()
+		if err != nil || len(bytes.TrimSpace(out)) == 0 {
+			t.Fatalf("go list -m %s in fencer's module: %v", m, err)
 		}
-		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "tools" || d.Name() == "testdata") {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		dir := filepath.Dir(path)
-		if pkgs[dir] == nil {
-			pkgs[dir] = &pkgFiles{}
-		}
-		pkgs[dir].files = append(pkgs[dir].files, f)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		dirs = append(dirs, string(bytes.TrimSpace(out)))
 	}
+	for _, dir := range dirs {
+		walkGo(t, dir, func(path string, f *ast.File) {
+			d := filepath.Dir(path)
+			if pkgs[d] == nil {
+				pkgs[d] = &pkgFiles{}
+			}
+			pkgs[d].files = append(pkgs[d].files, f)
+		}, fset)
+	}
+
 	names := map[string]bool{}
 	for _, p := range pkgs {
 		consts := map[string]string{}
@@ -126,6 +129,32 @@ func registered(t *testing.T) map[string]bool {
 	return names
 }
 
+// walkGo parses every non-test Go file under dir, but for hidden, tools
+// and testdata directories, and hands each to add.
+func walkGo(t *testing.T, dir string, add func(path string, f *ast.File), fset *token.FileSet) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != dir && (strings.HasPrefix(d.Name(), ".") || d.Name() == "tools" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		add(path, f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func fieldValue(cl *ast.CompositeLit, field string) ast.Expr {
 	for _, e := range cl.Elts {
 		if kv, ok := e.(*ast.KeyValueExpr); ok {
@@ -182,7 +211,7 @@ func checkNames(t *testing.T, reg map[string]bool, where string, names []string)
 
 func TestRegisteredFindsFencersMetrics(t *testing.T) {
 	reg := registered(t)
-	for _, n := range []string{"fencer_server_rejected_writes_total", "fencer_server_request_duration_seconds_bucket", "fencer_self_fence_total", "fencer_lease_renewal_failures_total"} {
+	for _, n := range []string{"fencer_server_rejected_writes_total", "grpc_server_handling_seconds_bucket", "grpc_server_handled_total", "fencer_self_fence_total", "fencer_lease_renewal_failures_total"} {
 		if !reg[n] {
 			t.Errorf("%s not found among %d registered names", n, len(reg))
 		}
