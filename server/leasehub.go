@@ -42,6 +42,50 @@ const (
 // stream that falls behind the shared watch is ended, and no message is
 // queued for it after the one it missed, so its client resumes from the
 // last revision it saw.
+//
+// Design. One mutex (mu) guards the shared run, every feed's place (on the
+// shared run, catching up, or left) and the buffer; nothing blocks while
+// holding it, since a feed takes a message only if it has room (and is
+// ended otherwise). Each run and each catch-up has one goroutine, the only
+// one that reads its etcd watch. A feed moves one way: subscribe puts it
+// on the shared run, or on a catch-up that hands it over (handOver) once
+// it has seen every revision the run's buffer lacks; a failed run ends its
+// feeds (failLocked) and, unless etcd compacted what it needed, a
+// successor takes over its buffer from where it stopped, after a backoff.
+// A shared run starts only at the store's head, so it never replays
+// history that a feed might already have had.
+//
+// Races and the tests that pin them (server/leasehub_test.go unless said):
+//   - A loss between the shared watch's start and a stream's subscribe:
+//     the buffer replays it (TestLeaseHubSharesOneWatchAndReplaysItsBuffer).
+//   - A stream from before the buffer: a catch-up, then a handover with no
+//     loss missed or repeated at the seam
+//     (TestLeaseHubCatchesUpAStreamFromBeforeItsBufferThenHandsItOver), and
+//     the buffer stays bounded (TestLeaseHubBufferIsBounded).
+//   - A stream slower than the losses: it is ended, nothing is queued after
+//     the message it missed, and it resumes where it was
+//     (TestLeaseHubEndsAFeedThatFallsBehindAndQueuesNothingAfter); more
+//     losses in one revision than a feed holds still all arrive
+//     (TestLeaseHubDeliversMoreLossesInOneRevisionThanAFeedHolds).
+//   - One stream's start (compacted, in the future, fresh) never leaks into
+//     another's (TestLeaseHubStreamsDoNotInheritEachOthersStart).
+//   - Unsubscribe racing handOver under the lock: the feed never joins the
+//     shared run after it left (TestLeaseHubNeverJoinsAnUnsubscribedFeed).
+//   - A catch-up longer than one etcd response while no shared run exists:
+//     the run it starts begins at the head, not mid-history
+//     (TestLeaseHubStartsNoSharedWatchInThePast).
+//   - A failed shared watch: feeds end and rejoin its successor at once
+//     (TestLeaseHubRestartsAFailedSharedWatchWithItsBuffer); a successor
+//     meeting a compacted previous value ends for good and the next stream
+//     starts afresh (TestLeaseHubRecoversFromACompactedPreviousValue);
+//     successors back off, and start over once etcd answers
+//     (TestLeaseHubRestartsBackOffAndStartOverOnceAnswered).
+//   - Close: every feed ends, later subscriptions end at once
+//     (TestLeaseHubCloseEndsFeeds).
+//   - A loss between the acquiring Txn and its reply reaches the session's
+//     stream, opened before or after (loss_test.go,
+//     TestLossBetweenAcquisitionAndReplyIsReported); many streams share one
+//     etcd watch (server_test.go, TestWatchLeaseStreamsShareOneEtcdWatch).
 type leaseHub struct {
 	cli    *clientv3.Client
 	store  *etcdstore.Store
