@@ -140,12 +140,9 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ..
 	return r.GetResponseDeleteRange().GetDeleted() > 0, nil
 }
 
-// Value is a data value with the revisions etcd recorded for it.
-type Value struct {
-	Data           []byte
-	CreateRevision int64
-	ModRevision    int64
-}
+// Value is token.Value: a data value with the revisions etcd recorded for
+// it.
+type Value = token.Value
 
 // Get reads the data key key. It is not guarded: any reader may read. It
 // reports false when the key does not exist.

@@ -26,8 +26,15 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 }
 
+var _ token.Holder = (*Lease)(nil)
+
 // Token returns the fencing token of this acquisition.
 func (l *Lease) Token() token.Token { return l.tok }
+
+// Context returns a context that is done when this acquisition ends, as
+// Done closes; its cause (context.Cause) is what Err returns. Work bound
+// to it stops promptly but advisorily; writes are fenced by the store.
+func (l *Lease) Context() context.Context { return l.ctx }
 
 // Done is closed when this acquisition ends: released, its holder key
 // deleted or replaced by someone else, or its session ended. Done closing

@@ -19,8 +19,9 @@ import (
 
 // Limits on input, checked before anything is sent to etcd.
 const (
-	// MaxNameLen is the longest lease or resource name, in bytes.
-	MaxNameLen = 253
+	// MaxNameLen is the longest lease or resource name, in bytes
+	// (token.MaxNameLen).
+	MaxNameLen = token.MaxNameLen
 	// MaxKeyLen is the longest data key, in bytes.
 	MaxKeyLen = 1024
 	// MaxValueLen is the largest data value, in bytes. etcd's own request
@@ -88,22 +89,10 @@ func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" +
 func (s *Store) DataKey(key string) string { return s.prefix + "data/" + key }
 
 // ValidateName checks a lease or resource name: 1 to MaxNameLen bytes of
-// UTF-8 without "/", spaces or control characters.
-func ValidateName(arg, name string) error {
-	switch {
-	case name == "":
-		return invalid(arg, name, "empty")
-	case len(name) > MaxNameLen:
-		return invalid(arg, name, "longer than "+strconv.Itoa(MaxNameLen)+" bytes")
-	case !utf8.ValidString(name):
-		return invalid(arg, name, "not valid UTF-8")
-	case strings.Contains(name, "/"):
-		return invalid(arg, name, `contains the key separator "/"`)
-	case strings.IndexFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
-		return invalid(arg, name, "contains a space or control character")
-	}
-	return nil
-}
+// UTF-8 without "/", spaces or control characters. It is
+// token.ValidateName, the one name check of the store, the server and the
+// client.
+func ValidateName(arg, name string) error { return token.ValidateName(arg, name) }
 
 // ValidateKey checks a data key: 1 to MaxKeyLen bytes of UTF-8 without
 // control characters. "/" is allowed, so keys may form a hierarchy.
@@ -162,17 +151,8 @@ func decodeRecord(v []byte) record {
 	return r
 }
 
-// Status is a lease's holder as the store sees it.
-type Status struct {
-	// Name is the lease name.
-	Name string
-	// Token is the current token; zero if the lease is free.
-	Token token.Token
-	// Holder is the holder identity; empty if the lease is free.
-	Holder string
-	// Epoch is the acquisition counter, also when the lease is free.
-	Epoch uint64
-}
+// Status is token.Status: a lease's holder as the store sees it.
+type Status = token.Status
 
 // Status reads the current holder of lease name. The answer may be stale by
 // the time it returns; use Guard to act on it.

@@ -27,6 +27,9 @@ type flagHolder struct {
 
 func (h *flagHolder) Token() token.Token { return h.tok }
 
+// Context is never done: the fenced writes under test consult Err.
+func (h *flagHolder) Context() context.Context { return context.Background() }
+
 func (h *flagHolder) Err() error {
 	if h.lost.Load() {
 		return errors.New("lost in test")

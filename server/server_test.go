@@ -328,7 +328,7 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 
 	// The Go client returns the library's argument error.
 	_, err = client.New(dial(t, alice, addr)).Put(ctx, l.Token(), "", nil)
-	var ae *etcdstore.ArgumentError
+	var ae *token.ArgumentError
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, "key", ae.Arg)
 }
