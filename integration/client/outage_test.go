@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
@@ -81,7 +82,7 @@ func runOutage(tb testing.TB, n int, d time.Duration, retry func(time.Duration) 
 	var wg sync.WaitGroup
 	for i := range n {
 		var once sync.Once
-		opts := []client.SessionOption{client.WithHooks(client.SessionHooks{
+		opts := []client.SessionOption{clienttest.WithHooks(clienttest.SessionHooks{
 			Received: func(ev *fencerv1.WatchLeaseResponse) {
 				if ev.GetType() == fencerv1.WatchLeaseResponse_TYPE_SYNCED && outageOver.Load() {
 					once.Do(recovered.Done)
@@ -89,7 +90,7 @@ func runOutage(tb testing.TB, n int, d time.Duration, retry func(time.Duration) 
 			},
 		})}
 		if retry != nil {
-			opts = append(opts, client.WithRetry(retry))
+			opts = append(opts, clienttest.WithRetry(retry))
 		}
 		s, err := c.NewSession(opts...)
 		require.NoError(tb, err)
