@@ -30,7 +30,9 @@ var (
 	// ErrAlreadyHeld means the session already holds the lease it was
 	// asked to acquire; a session holds a lease at most once at a time.
 	ErrAlreadyHeld = errors.New("etcdstore: lease already held by this session")
-	// ErrCondition means the caller's own compares in TryAcquireOn failed.
+	// ErrCondition means the caller's own compares failed in an
+	// acquisition on an etcd lease the caller keeps alive itself (the
+	// service's remote sessions, through internal/acquireon).
 	ErrCondition = errors.New("etcdstore: acquire condition failed")
 )
 

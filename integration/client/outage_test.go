@@ -21,6 +21,7 @@ import (
 	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
 	"github.com/fencer-dev/fencer/internal/servicetest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -134,7 +135,7 @@ func runOutage(tb testing.TB, n int, d time.Duration, retry func(time.Duration) 
 	for i, l := range leases {
 		require.NoError(tb, l.Err(), "lease %d ended in the outage", i)
 	}
-	_, err = cli.Delete(ctx, st.HolderKey("l0"))
+	_, err = cli.Delete(ctx, holderkey.Key(st.Prefix(), "l0"))
 	require.NoError(tb, err)
 	etcdtest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
 	return res

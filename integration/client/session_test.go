@@ -15,6 +15,7 @@ import (
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -76,7 +77,7 @@ func acquire(ctx context.Context, s *client.Session, name string) <-chan acquisi
 // returns the revision of the deletion.
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
 	t.Helper()
-	resp, err := st.Client().Delete(etcdtest.Context(t), st.HolderKey(name))
+	resp, err := st.Client().Delete(etcdtest.Context(t), holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Deleted)
 	return resp.Header.Revision
