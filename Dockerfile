@@ -7,6 +7,9 @@
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+COPY token/go.mod token/go.sum ./token/
+COPY proto/go.mod proto/go.sum ./proto/
+COPY client/go.mod client/go.sum ./client/
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/fencer ./cmd/fencer

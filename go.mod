@@ -6,6 +6,9 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/creack/pty v1.1.18
+	github.com/fencer-dev/fencer/client v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/proto v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-logr/logr v1.4.4
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.0
@@ -122,3 +125,9 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
+
+replace github.com/fencer-dev/fencer/token => ./token
+
+replace github.com/fencer-dev/fencer/proto => ./proto
+
+replace github.com/fencer-dev/fencer/client => ./client

@@ -9,9 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
-	"k8s.io/utils/clock"
 
-	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -21,7 +19,7 @@ import (
 // use. Errors are the library's: see fromStatus for the mapping.
 type Client struct {
 	rpc   fencerv1.FencerServiceClient
-	clock clock.Clock
+	clock Clock
 }
 
 // Option configures a Client.
@@ -29,11 +27,11 @@ type Option func(*Client)
 
 // WithClock sets the clock that paces keepalives and measures sessions'
 // local deadlines. Tests use a fake clock.
-func WithClock(clk clock.Clock) Option { return func(c *Client) { c.clock = clk } }
+func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // New returns a Client that calls through cc. It does not close cc.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
-	c := &Client{rpc: fencerv1.NewFencerServiceClient(cc), clock: clock.RealClock{}}
+	c := &Client{rpc: fencerv1.NewFencerServiceClient(cc), clock: realClock{}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -77,7 +75,7 @@ func writeOpts(opts []WriteOption) writeOptions {
 // resource it advances, from whichever lease owns them, instead of failing
 // with a *token.ForeignLeaseError: the request's take_over field. The
 // takeover is fenced like any write, committing only while tok is current;
-// see etcdstore.TakeOver.
+// see the library's etcdstore.TakeOver.
 func TakeOver() WriteOption { return func(o *writeOptions) { o.takeOver = true } }
 
 // Check returns nil if tok is its lease's current token, and a
@@ -89,8 +87,8 @@ func (c *Client) Check(ctx context.Context, tok token.Token) error {
 }
 
 // Advance records tok as the highest token that has passed for resource;
-// see etcdstore.Store.Advance. A resource another lease advanced yields a
-// *token.ForeignLeaseError unless TakeOver is given.
+// see the library's etcdstore.Store.Advance. A resource another lease
+// advanced yields a *token.ForeignLeaseError unless TakeOver is given.
 func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
 	o := writeOpts(opts)
 	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String(), TakeOver: o.takeOver})
@@ -114,15 +112,15 @@ func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []b
 
 // Get reads key; found is false when it does not exist. Reads are not
 // guarded.
-func (c *Client) Get(ctx context.Context, key string) (v etcdstore.Value, found bool, err error) {
+func (c *Client) Get(ctx context.Context, key string) (v token.Value, found bool, err error) {
 	resp, err := c.rpc.Get(ctx, &fencerv1.GetRequest{Key: key})
 	if err != nil {
-		return etcdstore.Value{}, false, fromStatus(err)
+		return token.Value{}, false, fromStatus(err)
 	}
 	if !resp.GetFound() {
-		return etcdstore.Value{}, false, nil
+		return token.Value{}, false, nil
 	}
-	return etcdstore.Value{Data: resp.GetValue(), CreateRevision: resp.GetCreateRevision(), ModRevision: resp.GetModRevision()}, true, nil
+	return token.Value{Data: resp.GetValue(), CreateRevision: resp.GetCreateRevision(), ModRevision: resp.GetModRevision()}, true, nil
 }
 
 // Delete deletes key if and only if tok is current and key belongs to
@@ -154,8 +152,8 @@ func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.
 // revision's view, but the whole list is not: a lease acquired or released
 // while List reads shows as it was when its page was read. It may be out
 // of date when it returns.
-func (c *Client) List(ctx context.Context) ([]etcdstore.Status, error) {
-	var out []etcdstore.Status
+func (c *Client) List(ctx context.Context) ([]token.Status, error) {
+	var out []token.Status
 	req := &fencerv1.ListLeasesRequest{}
 	for {
 		resp, err := c.rpc.ListLeases(ctx, req)
@@ -163,7 +161,7 @@ func (c *Client) List(ctx context.Context) ([]etcdstore.Status, error) {
 			return nil, fromStatus(err)
 		}
 		for _, l := range resp.GetLeases() {
-			st := etcdstore.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
+			st := token.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
 			if l.GetHeld() {
 				tok, err := token.Parse(l.GetToken())
 				if err != nil {
@@ -210,7 +208,7 @@ type LossEvent struct {
 // the server has it in place, and lost for each lease reported lost after
 // that, until ctx ends (then it returns ctx's error), lost returns an
 // error, or the watch fails for good: with an error that matches
-// etcdstore.ErrSessionExpired when the session has ended.
+// token.ErrSessionExpired when the session has ended.
 //
 // When the stream breaks for a reason that may pass (the server, or its
 // etcd, is unavailable or restarting) it watches again, with jittered

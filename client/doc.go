@@ -24,4 +24,13 @@
 //   - The client does not retry calls; the grpc connection's own policy
 //     (e.g. several server addresses with round_robin) decides which
 //     server a call reaches.
+//
+// # Imports
+//
+// client is a module of its own (github.com/fencer-dev/fencer/client) on
+// token, proto and grpc. It must not import etcdstore, server,
+// kubeadapter or any other package of the root module, any go.etcd.io
+// module, or any k8s.io or sigs.k8s.io module, so that a gRPC user's
+// module graph holds none of them (internal/layout enforces it). Its
+// errors are therefore the token package's, which etcdstore aliases.
 package client

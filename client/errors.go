@@ -7,7 +7,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -26,8 +25,8 @@ var (
 // fromStatus is the one place where the client turns a gRPC status into
 // the errors the Go library returns: *token.StaleError (with Newer when the
 // server knew it), *token.HeldError, *token.ForeignLeaseError,
-// *token.MalformedError, token.ErrNotHeld, *etcdstore.ArgumentError and
-// etcdstore.ErrSessionExpired, or ErrPermissionDenied and
+// *token.MalformedError, token.ErrNotHeld, *token.ArgumentError and
+// token.ErrSessionExpired, or ErrPermissionDenied and
 // ErrUnauthenticated. Any other error is returned wrapped, so that
 // status.Code still reports its code.
 func fromStatus(err error) error {
@@ -58,9 +57,9 @@ func fromStatus(err error) error {
 	case fencerv1.ReasonInvalidToken:
 		return &token.MalformedError{Field: md["token_field"], Input: md["input"], Reason: md["reason"]}
 	case fencerv1.ReasonInvalidArgument:
-		return &etcdstore.ArgumentError{Arg: md["field"], Value: md["input"], Reason: md["reason"]}
+		return &token.ArgumentError{Arg: md["field"], Value: md["input"], Reason: md["reason"]}
 	case fencerv1.ReasonSessionNotFound:
-		return fmt.Errorf("client: %s: %w", st.Message(), etcdstore.ErrSessionExpired)
+		return fmt.Errorf("client: %s: %w", st.Message(), token.ErrSessionExpired)
 	case fencerv1.ReasonPermissionDenied:
 		return fmt.Errorf("client: %s: %w", st.Message(), ErrPermissionDenied)
 	case fencerv1.ReasonUnauthenticated:

@@ -9,15 +9,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
-
-// TestMain also stops the embedded etcd member of session_test.go and
-// checks for leaked goroutines with the rules that etcd needs.
-func TestMain(m *testing.M) { etcdtest.Main(m) }
 
 func withInfo(code codes.Code, reason string, md map[string]string) error {
 	st, err := status.New(code, "msg").WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md})
@@ -52,8 +46,8 @@ func TestFromStatus(t *testing.T) {
 		{"foreign", withInfo(codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": "a", "got": "b"}), token.ErrForeignLease, nil},
 		{"not held", withInfo(codes.FailedPrecondition, fencerv1.ReasonLeaseNotHeld, nil), token.ErrNotHeld, nil},
 		{"malformed", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidToken, map[string]string{"token_field": "revision"}), token.ErrMalformed, nil},
-		{"argument", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"field": "key"}), etcdstore.ErrInvalidArgument, nil},
-		{"session", withInfo(codes.NotFound, fencerv1.ReasonSessionNotFound, nil), etcdstore.ErrSessionExpired, nil},
+		{"argument", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"field": "key"}), token.ErrInvalidArgument, nil},
+		{"session", withInfo(codes.NotFound, fencerv1.ReasonSessionNotFound, nil), token.ErrSessionExpired, nil},
 		{"permission", withInfo(codes.PermissionDenied, fencerv1.ReasonPermissionDenied, nil), ErrPermissionDenied, nil},
 		{"unauthenticated", withInfo(codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil), ErrUnauthenticated, nil},
 		{"compacted", withInfo(codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil), errWatchCompacted, nil},

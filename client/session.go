@@ -9,7 +9,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -44,7 +43,7 @@ func newBackOff(maxInterval time.Duration) backoff.BackOff {
 type SessionOption func(*Session)
 
 // WithTTL sets the session's TTL, a whole number of seconds from 1 to 3600
-// (default etcdstore.DefaultTTL). The session's leases vanish this long
+// (default token.DefaultTTL). The session's leases vanish this long
 // after the last successful renewal, and the session fails closed locally
 // no later than that.
 func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl = ttl } }
@@ -100,12 +99,12 @@ type sessionHooks struct {
 // NewSession returns a session that opens on its first acquisition. It
 // does no I/O. Close must be called to release its goroutines.
 func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
-	s := &Session{c: c, ttl: etcdstore.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}, renewed: make(chan struct{}, 1)}
+	s := &Session{c: c, ttl: token.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}, renewed: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(s)
 	}
 	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
-		return nil, &etcdstore.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
+		return nil, &token.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
@@ -122,7 +121,7 @@ func (s *Session) ID() int64 {
 func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 
 // Err returns nil while the session runs, and then why it ended:
-// etcdstore.ErrSessionClosed or etcdstore.ErrSessionExpired, wrapped.
+// token.ErrSessionClosed or token.ErrSessionExpired, wrapped.
 func (s *Session) Err() error {
 	if s.ctx.Err() == nil {
 		return nil
@@ -214,19 +213,19 @@ func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
 // leases still vanish when its TTL runs out. Close is idempotent.
 func (s *Session) Close(ctx context.Context) error {
 	s.mu.Lock()
-	closed := errors.Is(s.Err(), etcdstore.ErrSessionClosed)
+	closed := errors.Is(s.Err(), token.ErrSessionClosed)
 	id := s.id
 	s.mu.Unlock()
 	if closed {
 		return nil
 	}
-	s.end(etcdstore.ErrSessionClosed)
+	s.end(token.ErrSessionClosed)
 	s.wg.Wait()
 	if id == 0 {
 		return nil
 	}
 	_, err := s.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: id}})
-	if err := fromStatus(err); err != nil && !errors.Is(err, etcdstore.ErrSessionExpired) {
+	if err := fromStatus(err); err != nil && !errors.Is(err, token.ErrSessionExpired) {
 		return fmt.Errorf("client: close session: %w", err)
 	}
 	return nil
@@ -256,7 +255,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 		tick.Stop()
 		expire.Stop()
 	}()
-	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", etcdstore.ErrSessionExpired, s.ttl)
+	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", token.ErrSessionExpired, s.ttl)
 	var ka *keepAliveStream
 	defer func() { ka.close() }()
 	retry := s.retry(max(s.ttl/10, retryInitial))
@@ -279,7 +278,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 		case errors.Is(err, errExpired):
 			s.end(expired)
 			return
-		case errors.Is(err, etcdstore.ErrSessionExpired):
+		case errors.Is(err, token.ErrSessionExpired):
 			s.end(err)
 			return
 		case err != nil:
@@ -385,7 +384,7 @@ func (s *Session) watch(id, from int64) {
 			return
 		}
 		switch {
-		case errors.Is(err, etcdstore.ErrSessionExpired):
+		case errors.Is(err, token.ErrSessionExpired):
 			s.end(err)
 			return
 		case errors.Is(err, errWatchCompacted):
@@ -449,7 +448,7 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 			// One etcd revision may end several leases: resume at it.
 			*from = ev.GetRevision()
 			if tok, err := token.Parse(ev.GetToken()); err == nil {
-				s.lose(tok, fmt.Errorf("%w: %s (%s)", etcdstore.ErrLeaseLost, tok, ev.GetReason()))
+				s.lose(tok, fmt.Errorf("%w: %s (%s)", token.ErrLeaseLost, tok, ev.GetReason()))
 			}
 		}
 		if h := s.hooks.received; h != nil {
@@ -485,7 +484,7 @@ func (s *Session) checkAll(ctx context.Context) error {
 		err := s.check(ctx, l.tok)
 		switch {
 		case errors.Is(err, token.ErrStale):
-			s.lose(l.tok, fmt.Errorf("%w: %w", etcdstore.ErrLeaseLost, err))
+			s.lose(l.tok, fmt.Errorf("%w: %w", token.ErrLeaseLost, err))
 		case err != nil && failed == nil:
 			failed = fmt.Errorf("client: check %s after the watch was compacted: %w", l.tok, err)
 		}
@@ -503,7 +502,7 @@ func (s *Session) recheck(l *Lease) {
 		err := s.check(l.ctx, l.tok)
 		switch {
 		case errors.Is(err, token.ErrStale):
-			s.lose(l.tok, fmt.Errorf("%w: %w", etcdstore.ErrLeaseLost, err))
+			s.lose(l.tok, fmt.Errorf("%w: %w", token.ErrLeaseLost, err))
 			return
 		case err == nil, l.ctx.Err() != nil:
 			return
@@ -613,7 +612,7 @@ func (l *Lease) Token() token.Token { return l.tok }
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held and then why it ended:
-// etcdstore.ErrReleased, ErrLeaseLost, ErrSessionClosed or
+// token.ErrReleased, ErrLeaseLost, ErrSessionClosed or
 // ErrSessionExpired, wrapped with detail. All of them also match
 // token.ErrNotHeld.
 func (l *Lease) Err() error {
@@ -623,7 +622,7 @@ func (l *Lease) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// Release ends the Lease with etcdstore.ErrReleased (Done closes first,
+// Release ends the Lease with token.ErrReleased (Done closes first,
 // as with the library) and then asks the server to delete the holder key
 // if and only if it is still this acquisition's, so a retried or late
 // Release never deletes a newer holder's key. If that call fails, the
@@ -632,7 +631,7 @@ func (l *Lease) Err() error {
 // etcd unless its key is still this acquisition's.
 func (l *Lease) Release(ctx context.Context) error {
 	l.sess.forget(l)
-	l.end(etcdstore.ErrReleased)
+	l.end(token.ErrReleased)
 	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}})
 	if err := fromStatus(err); err != nil {
 		return fmt.Errorf("client: release %s: %w", l.tok, err)

@@ -23,4 +23,9 @@
 // Compaction frees space inside the database file for reuse but does not
 // shrink the file; only a defragmentation does (etcdctl defrag, which
 // blocks the member while it runs).
+//
+// # Imports
+//
+// embedetcd imports etcd's server, never the Kubernetes client libraries,
+// etcdstore, server, client or kubeadapter (internal/layout enforces it).
 package embedetcd

@@ -67,4 +67,13 @@
 //     one small key each under owners/.
 //   - Writes that shared a Txn report the same revision; a revision does not
 //     identify one write.
+//
+// # Imports
+//
+// etcdstore imports token and etcd's client, never etcd's server code
+// (go.etcd.io/etcd/server), the Kubernetes client libraries (k8s.io/api,
+// apimachinery, client-go, controller-runtime; k8s.io/utils/clock, which
+// has no dependencies, is its clock), proto, client, server or
+// kubeadapter (internal/layout enforces it). Its shared errors, Value and
+// Status are aliases of the token package's.
 package etcdstore

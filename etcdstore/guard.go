@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -72,7 +73,7 @@ func current(tok token.Token, resp *clientv3.TxnResponse, i int) bool {
 func staleError(tok token.Token, resp *clientv3.TxnResponse, i int) error {
 	e := &token.StaleError{Token: tok}
 	if kvs := resp.Responses[i].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		if cur, _ := holderOf(tok.Lease, kvs[0]); cur.Revision > tok.Revision {
+		if cur, _ := holderkey.Of(tok.Lease, kvs[0]); cur.Revision > tok.Revision {
 			e.Newer = cur
 		}
 	}
@@ -140,12 +141,9 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ..
 	return r.GetResponseDeleteRange().GetDeleted() > 0, nil
 }
 
-// Value is a data value with the revisions etcd recorded for it.
-type Value struct {
-	Data           []byte
-	CreateRevision int64
-	ModRevision    int64
-}
+// Value is token.Value: a data value with the revisions etcd recorded for
+// it.
+type Value = token.Value
 
 // Get reads the data key key. It is not guarded: any reader may read. It
 // reports false when the key does not exist.

@@ -12,6 +12,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/acquireon"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -26,8 +28,15 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 }
 
+var _ token.Holder = (*Lease)(nil)
+
 // Token returns the fencing token of this acquisition.
 func (l *Lease) Token() token.Token { return l.tok }
+
+// Context returns a context that is done when this acquisition ends, as
+// Done closes; its cause (context.Cause) is what Err returns. Work bound
+// to it stops promptly but advisorily; writes are fenced by the store.
+func (l *Lease) Context() context.Context { return l.ctx }
 
 // Done is closed when this acquisition ends: released, its holder key
 // deleted or replaced by someone else, or its session ended. Done closing
@@ -113,16 +122,12 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 	return l, 0, nil
 }
 
-// TryAcquireOn acquires lease name for holder on an etcd lease that the
-// caller grants and keeps alive itself, as fencer's service does for remote
-// sessions. cond are further compares that must hold in the acquiring Txn
-// (for example, that id belongs to the caller); if they fail, nothing is
-// written and ErrCondition is returned. It returns a *token.HeldError, with
-// the revision it was seen at, when the lease is held.
-//
-// Nothing watches a lease acquired this way: the caller detects its loss.
-func (s *Store) TryAcquireOn(ctx context.Context, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (tok token.Token, heldAt int64, err error) {
-	return s.acquire(ctx, id, holder, name, cond...)
+// The service's acquisition on etcd leases it keeps alive itself is
+// internal/acquireon's, not part of this package's API.
+func init() {
+	acquireon.TryAcquireOn = func(ctx context.Context, store any, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (token.Token, int64, error) {
+		return store.(*Store).acquire(ctx, id, holder, name, cond...)
+	}
 }
 
 // acquire creates the holder key of name on etcd lease id and bumps the
@@ -142,7 +147,7 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 			clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
 		}, cond...)
 		resp, err := s.commit(ctx, cmps,
-			[]clientv3.Op{clientv3.OpPut(hk, encodeRecord(record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
+			[]clientv3.Op{clientv3.OpPut(hk, holderkey.Encode(holderkey.Record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
 				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))},
 			[]clientv3.Op{clientv3.OpGet(hk), clientv3.OpGet(ek)})
 		if err != nil {
@@ -154,7 +159,7 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 			return token.Token{Lease: name, Epoch: epoch, Revision: rev}, 0, nil
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-			return token.Token{}, resp.Header.Revision, &token.HeldError{Lease: name, Holder: decodeRecord(kvs[0].Value).Holder}
+			return token.Token{}, resp.Header.Revision, &token.HeldError{Lease: name, Holder: holderkey.Decode(kvs[0].Value).Holder}
 		}
 		now := epochSeen{}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {

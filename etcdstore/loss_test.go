@@ -10,6 +10,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -98,7 +99,7 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 	}))
 	res := tryAcquire(ctx, s, "jobs")
 	<-acquired.reached
-	del, err := st.Client().Delete(ctx, st.HolderKey("jobs"))
+	del, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, del.Deleted)
 	seen.wait(t, ctx, del.Header.Revision) // the watch has seen the deletion, with nothing held
@@ -131,7 +132,7 @@ func TestReplacementBeforeRegistrationEndsLease(t *testing.T) {
 	other := newSession(t, st)
 	res := tryAcquire(ctx, s, "jobs")
 	<-acquired.reached
-	_, err := st.Client().Delete(ctx, st.HolderKey("jobs"))
+	_, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
 	lo, err := other.TryAcquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -164,7 +165,7 @@ func TestLossBeforeRegistrationAcrossResync(t *testing.T) {
 	<-acquired.reached
 	breakWatch()
 	<-resync.reached // the broken watch is gone and saw no deletion
-	_, err := st.Client().Delete(ctx, st.HolderKey("jobs"))
+	_, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
 	close(resync.open)
 	<-watching // re-read and watching again, from after the deletion
@@ -202,7 +203,7 @@ func TestResyncKeepsLeaseAcquiredAfterItsRead(t *testing.T) {
 	require.NoError(t, l.Err(), "a lease acquired after the re-read was ended by it")
 
 	// The new watch still ends it on loss.
-	_, err = st.Client().Delete(ctx, st.HolderKey("jobs"))
+	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
 	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the watch came back")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
 )
 
@@ -129,7 +130,7 @@ func runOutage(tb testing.TB, n int, d time.Duration, retry func() backoff.BackO
 	for i, l := range leases {
 		require.NoError(tb, l.Err(), "lease %d ended in the outage", i)
 	}
-	_, err = cli.Delete(ctx, st.HolderKey("l0"))
+	_, err = cli.Delete(ctx, holderkey.Key(st.Prefix(), "l0"))
 	require.NoError(tb, err)
 	etcdtest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
 	return res

@@ -18,8 +18,9 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-// DefaultTTL is a Session's etcd lease TTL unless WithTTL says otherwise.
-const DefaultTTL = 10 * time.Second
+// DefaultTTL is a Session's etcd lease TTL unless WithTTL says otherwise
+// (token.DefaultTTL, shared with the gRPC client).
+const DefaultTTL = token.DefaultTTL
 
 // SessionOption configures a Session.
 type SessionOption func(*sessionConfig)

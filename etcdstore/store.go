@@ -2,7 +2,6 @@ package etcdstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -14,13 +13,15 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
 
 // Limits on input, checked before anything is sent to etcd.
 const (
-	// MaxNameLen is the longest lease or resource name, in bytes.
-	MaxNameLen = 253
+	// MaxNameLen is the longest lease or resource name, in bytes
+	// (token.MaxNameLen).
+	MaxNameLen = token.MaxNameLen
 	// MaxKeyLen is the longest data key, in bytes.
 	MaxKeyLen = 1024
 	// MaxValueLen is the largest data value, in bytes. etcd's own request
@@ -74,12 +75,7 @@ func (s *Store) Client() *clientv3.Client { return s.cli }
 // Prefix returns the Store's key prefix.
 func (s *Store) Prefix() string { return s.prefix }
 
-func (s *Store) holderKey(name string) string { return s.prefix + "leases/" + name }
-
-// HolderKey returns the etcd key of lease name's holder record. Its create
-// revision is the current token's revision; it is attached to the holder's
-// etcd lease.
-func (s *Store) HolderKey(name string) string { return s.holderKey(name) }
+func (s *Store) holderKey(name string) string { return holderkey.Key(s.prefix, name) }
 
 func (s *Store) epochKey(name string) string     { return s.prefix + "epochs/" + name }
 func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
@@ -88,22 +84,10 @@ func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" +
 func (s *Store) DataKey(key string) string { return s.prefix + "data/" + key }
 
 // ValidateName checks a lease or resource name: 1 to MaxNameLen bytes of
-// UTF-8 without "/", spaces or control characters.
-func ValidateName(arg, name string) error {
-	switch {
-	case name == "":
-		return invalid(arg, name, "empty")
-	case len(name) > MaxNameLen:
-		return invalid(arg, name, "longer than "+strconv.Itoa(MaxNameLen)+" bytes")
-	case !utf8.ValidString(name):
-		return invalid(arg, name, "not valid UTF-8")
-	case strings.Contains(name, "/"):
-		return invalid(arg, name, `contains the key separator "/"`)
-	case strings.IndexFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
-		return invalid(arg, name, "contains a space or control character")
-	}
-	return nil
-}
+// UTF-8 without "/", spaces or control characters. It is
+// token.ValidateName, the one name check of the store, the server and the
+// client.
+func ValidateName(arg, name string) error { return token.ValidateName(arg, name) }
 
 // ValidateKey checks a data key: 1 to MaxKeyLen bytes of UTF-8 without
 // control characters. "/" is allowed, so keys may form a hierarchy.
@@ -140,39 +124,8 @@ func validToken(tok token.Token) error {
 	return nil
 }
 
-// record is the value of a holder key.
-type record struct {
-	Holder string `json:"holder"`
-	Epoch  uint64 `json:"epoch"`
-}
-
-func encodeRecord(r record) string {
-	b, _ := json.Marshal(r)
-	return string(b)
-}
-
-// decodeRecord reads a holder key's value. A value written by something
-// other than fencer yields a record with only its raw text as holder, so
-// that a foreign writer's key still blocks acquisition.
-func decodeRecord(v []byte) record {
-	var r record
-	if err := json.Unmarshal(v, &r); err != nil {
-		return record{Holder: string(v)}
-	}
-	return r
-}
-
-// Status is a lease's holder as the store sees it.
-type Status struct {
-	// Name is the lease name.
-	Name string
-	// Token is the current token; zero if the lease is free.
-	Token token.Token
-	// Holder is the holder identity; empty if the lease is free.
-	Holder string
-	// Epoch is the acquisition counter, also when the lease is free.
-	Epoch uint64
-}
+// Status is token.Status: a lease's holder as the store sees it.
+type Status = token.Status
 
 // Status reads the current holder of lease name. The answer may be stale by
 // the time it returns; use Guard to act on it.
@@ -189,30 +142,9 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 		st.Epoch, _ = strconv.ParseUint(string(kvs[0].Value), 10, 64)
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-		st.Token, st.Holder = holderOf(name, kvs[0])
+		st.Token, st.Holder = holderkey.Of(name, kvs[0])
 	}
 	return st, nil
-}
-
-// ParseHolder reads a holder key's key-value pair, as seen in a Get or a
-// watch event, into the lease's Status. ok is false if kv is not a holder
-// key of this store.
-func (s *Store) ParseHolder(kv *mvccpb.KeyValue) (st Status, ok bool) {
-	name, ok := strings.CutPrefix(string(kv.Key), s.prefix+"leases/")
-	if !ok || ValidateName("name", name) != nil {
-		return Status{}, false
-	}
-	st = Status{Name: name}
-	st.Token, st.Holder = holderOf(name, kv)
-	st.Epoch = st.Token.Epoch
-	return st, true
-}
-
-// holderOf reads kv, the holder key of lease name: the current token and
-// its holder.
-func holderOf(name string, kv *mvccpb.KeyValue) (token.Token, string) {
-	r := decodeRecord(kv.Value)
-	return token.Token{Lease: name, Epoch: r.Epoch, Revision: kv.CreateRevision}, r.Holder
 }
 
 // ListPage returns the status of at most limit leases that have ever been
@@ -259,7 +191,7 @@ func (s *Store) ListPage(ctx context.Context, after string, limit int) (page []S
 func (s *Store) List(ctx context.Context) ([]Status, error) {
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(s.prefix+"epochs/", clientv3.WithPrefix()),
-		clientv3.OpGet(s.prefix+"leases/", clientv3.WithPrefix()),
+		clientv3.OpGet(s.holderKey(""), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: list: %w", err)
@@ -272,9 +204,9 @@ func (s *Store) List(ctx context.Context) ([]Status, error) {
 func (s *Store) statuses(epochs, holders []*mvccpb.KeyValue) []Status {
 	held := map[string]Status{}
 	for _, kv := range holders {
-		name := strings.TrimPrefix(string(kv.Key), s.prefix+"leases/")
+		name := strings.TrimPrefix(string(kv.Key), s.holderKey(""))
 		st := Status{Name: name}
-		st.Token, st.Holder = holderOf(name, kv)
+		st.Token, st.Holder = holderkey.Of(name, kv)
 		held[name] = st
 	}
 	out := make([]Status, 0, len(epochs))

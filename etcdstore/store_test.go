@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/token"
@@ -568,7 +569,7 @@ func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
 	require.NoError(t, err)
 	acquire := func(s *etcdstore.Store) token.Token {
 		t.Helper()
-		tok, _, err := s.TryAcquireOn(ctx, grant.ID, "holder", "known")
+		tok, _, err := acquireon.TryAcquireOn(ctx, s, grant.ID, "holder", "known")
 		require.NoError(t, err)
 		_, err = s.Release(ctx, tok)
 		require.NoError(t, err)

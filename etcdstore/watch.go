@@ -9,6 +9,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/internal/holderkey"
 )
 
 // Watch recovery is paced by an exponential backoff with jitter: after the
@@ -51,7 +53,7 @@ type observation struct {
 // no loss is missed; it retries that read with backoff (newWatchBackOff).
 func (s *Session) watch(rev int64) {
 	defer s.wg.Done()
-	prefix := s.store.prefix + "leases/"
+	prefix := s.store.holderKey("")
 	retry := s.retry()
 	for {
 		s.follow(prefix, rev, retry)
@@ -196,7 +198,7 @@ func (s *Session) apply(l *Lease, o observation) {
 	case o.kv.CreateRevision != l.tok.Revision:
 		reason = fmt.Errorf("%w: holder key of %q replaced at revision %d", ErrLeaseLost, name, o.kv.CreateRevision)
 	default:
-		holder := decodeRecord(o.kv.Value).Holder
+		holder := holderkey.Decode(o.kv.Value).Holder
 		if holder == s.holder {
 			return
 		}

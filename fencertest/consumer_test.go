@@ -25,6 +25,12 @@ func TestConsumerModule(t *testing.T) {
 	goMod := "module example.com/consumer\n\ngo 1.26.0\n\n" +
 		"require github.com/fencer-dev/fencer v0.0.0\n\n" +
 		"replace github.com/fencer-dev/fencer => " + root + "\n"
+	// A dependency's replace directives do not apply to its consumers, so
+	// the consumer replaces fencer's light modules too, as it would require
+	// their released versions.
+	for _, m := range []string{"token", "proto", "client"} {
+		goMod += "replace github.com/fencer-dev/fencer/" + m + " => " + filepath.Join(root, m) + "\n"
+	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(goMod), 0o600))
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	require.NoError(t, err)

@@ -44,4 +44,10 @@
 //     off in both directions on Linux only.
 //   - Every step is bounded by Timeout; on a machine too slow for that, the
 //     kit fails the test rather than waiting forever.
+//
+// # Imports
+//
+// fencertest never imports the Kubernetes client libraries or
+// kubeadapter; those helpers are in kubefencertest, so that etcd-only
+// users do not compile Kubernetes (internal/layout enforces it).
 package fencertest

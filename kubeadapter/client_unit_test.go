@@ -27,6 +27,9 @@ type flagHolder struct {
 
 func (h *flagHolder) Token() token.Token { return h.tok }
 
+// Context is never done: the fenced writes under test consult Err.
+func (h *flagHolder) Context() context.Context { return context.Background() }
+
 func (h *flagHolder) Err() error {
 	if h.lost.Load() {
 		return errors.New("lost in test")
@@ -231,6 +234,57 @@ func TestInvalidUnstructuredMetadataIsRefused(t *testing.T) {
 			require.ErrorIs(t, c.Update(t.Context(), obj("o")), ErrInvalidObject)
 			require.ErrorIs(t, c.Status().Update(t.Context(), obj("o")), ErrInvalidObject)
 			require.Zero(t, writes.Load())
+		})
+	}
+}
+
+// TestFencedWriteRefusesNonKubeLease hands a fenced Update a token.Holder
+// whose token is an etcd store lease's ("jobs"), as an etcdstore.Lease or
+// a client.Lease would give: the type is accepted, and the write is
+// refused as malformed before anything is sent.
+func TestFencedWriteRefusesNonKubeLease(t *testing.T) {
+	var writes int
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "o"}}
+	inner := fake.NewClientBuilder().WithObjects(cm).WithInterceptorFuncs(interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			writes++
+			return c.Update(ctx, obj, opts...)
+		},
+	}).Build()
+	c, err := NewClient(inner, &flagHolder{tok: token.Token{Lease: "jobs", Epoch: 1, Revision: 7}})
+	require.NoError(t, err)
+	var got corev1.ConfigMap
+	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(cm), &got))
+	got.Data = map[string]string{"k": "v"}
+	require.ErrorIs(t, c.Update(t.Context(), &got), token.ErrMalformed)
+	require.Zero(t, writes, "a write was sent")
+	var after corev1.ConfigMap
+	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(cm), &after))
+	require.Empty(t, after.Data)
+	require.Empty(t, after.Annotations)
+}
+
+// TestLostErrorMatchesSharedEndings checks that a Held's end matches the
+// token package's ending it is a case of, as an etcdstore.Lease's and a
+// client.Lease's do, and no other.
+func TestLostErrorMatchesSharedEndings(t *testing.T) {
+	shared := []error{token.ErrReleased, token.ErrLeaseLost, token.ErrSessionExpired, token.ErrSessionClosed}
+	for _, tc := range []struct {
+		reason, want error
+	}{
+		{ErrReleased, token.ErrReleased},
+		{ErrLeaseTaken, token.ErrLeaseLost},
+		{ErrLeaseDeleted, token.ErrLeaseLost},
+		{ErrLeaseReplaced, token.ErrLeaseLost},
+		{ErrRenewDeadline, token.ErrSessionExpired},
+	} {
+		t.Run(tc.reason.Error(), func(t *testing.T) {
+			err := error(&LostError{Token: token.Token{Lease: "ns/fence", Revision: 1}, Reason: tc.reason})
+			require.ErrorIs(t, err, token.ErrNotHeld)
+			require.ErrorIs(t, err, tc.reason)
+			for _, s := range shared {
+				require.Equal(t, s == tc.want, errors.Is(err, s), "errors.Is(%v, %v)", err, s)
+			}
 		})
 	}
 }

@@ -83,4 +83,11 @@
 //     with the stamp and a resourceVersion precondition added, so fields
 //     the caller's Go type does not know are kept.
 //   - DeleteAllOf and subresources other than status are refused.
+//
+// # Imports
+//
+// kubeadapter imports token and the Kubernetes client libraries, never
+// any go.etcd.io module, etcdstore, server, client, embedetcd or proto
+// (internal/layout enforces it). Its fenced writes take a token.Holder, so
+// any fencer lease type is accepted where the type system is concerned.
 package kubeadapter

@@ -53,7 +53,9 @@ var (
 	ErrMemberLost = errors.New("kubeadapter: member lost")
 
 	// ErrReleased is the reason a Held ended because Release was called.
-	ErrReleased = errors.New("kubeadapter: lease released")
+	// It is token.ErrReleased, which ends the etcd store's and the gRPC
+	// client's released leases too.
+	ErrReleased = token.ErrReleased
 	// ErrRenewDeadline is the reason a Held ended because no renewal
 	// succeeded within Config.RenewDeadline of the last successful write.
 	ErrRenewDeadline = errors.New("kubeadapter: renew deadline exceeded")
@@ -87,7 +89,11 @@ func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
 
 // LostError says why a Held is no longer held. It matches both
 // token.ErrNotHeld and its Reason (ErrReleased, ErrRenewDeadline,
-// ErrLeaseTaken, ErrLeaseDeleted or ErrLeaseReplaced) with errors.Is.
+// ErrLeaseTaken, ErrLeaseDeleted or ErrLeaseReplaced) with errors.Is, and
+// the shared ending of the token package that the reason is a case of:
+// token.ErrLeaseLost for ErrLeaseTaken, ErrLeaseDeleted and
+// ErrLeaseReplaced, token.ErrSessionExpired for ErrRenewDeadline. So
+// errors.Is(err, token.ErrLeaseLost) answers alike for every kind of lease.
 type LostError struct {
 	// Token is the token of the acquisition that ended.
 	Token token.Token
@@ -106,8 +112,17 @@ func (e *LostError) Error() string {
 	return fmt.Sprintf("kubeadapter: %s no longer held: %v (holder %q)", e.Token, e.Reason, e.Holder)
 }
 
-// Unwrap returns token.ErrNotHeld and the reason.
-func (e *LostError) Unwrap() []error { return []error{token.ErrNotHeld, e.Reason} }
+// Unwrap returns token.ErrNotHeld, the reason and, if there is one, the
+// token package's ending that the reason is a case of.
+func (e *LostError) Unwrap() []error {
+	switch e.Reason {
+	case ErrLeaseTaken, ErrLeaseDeleted, ErrLeaseReplaced:
+		return []error{token.ErrNotHeld, e.Reason, token.ErrLeaseLost}
+	case ErrRenewDeadline:
+		return []error{token.ErrNotHeld, e.Reason, token.ErrSessionExpired}
+	}
+	return []error{token.ErrNotHeld, e.Reason}
+}
 
 // AcquireError reports an acquisition the API server refuses for a reason
 // waiting will not change. It matches ErrCannotAcquire, and the API error

@@ -75,6 +75,8 @@ func (e *Elector) start(ctx context.Context, got *coordinationv1.Lease, writeSta
 	return h, nil
 }
 
+var _ token.Holder = (*Held)(nil)
+
 // Token returns the token of this acquisition. It never changes, and it
 // stays readable after the Held ended.
 func (h *Held) Token() token.Token { return h.tok }

@@ -204,6 +204,10 @@ func (h *replicaHolder) set(t token.Token) { h.mu.Lock(); h.tok = t; h.mu.Unlock
 
 func (h *replicaHolder) Token() token.Token { h.mu.Lock(); defer h.mu.Unlock(); return h.tok }
 
+// Context is never done: fenced writes consult Err, and the replica's
+// loss is left to the store to find.
+func (h *replicaHolder) Context() context.Context { return context.Background() }
+
 func (h *replicaHolder) Err() error {
 	if h.Token().IsZero() {
 		return token.ErrNotHeld

@@ -155,8 +155,9 @@ func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
 // show the store's.
 type staticHolder struct{ tok token.Token }
 
-func (h staticHolder) Token() token.Token { return h.tok }
-func (h staticHolder) Err() error         { return nil }
+func (h staticHolder) Token() token.Token       { return h.tok }
+func (h staticHolder) Context() context.Context { return context.Background() }
+func (h staticHolder) Err() error               { return nil }
 
 // installPolicy installs deploy/admission/policy.yaml, once per package,
 // and waits until the API server enforces it.

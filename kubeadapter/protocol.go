@@ -12,18 +12,13 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-// Holder is what fenced writes need from a held lease. *Held implements
-// it.
-type Holder interface {
-	// Token returns the token to stamp. It must not change while the
-	// Holder is held.
-	Token() token.Token
-	// Err returns nil while the lease is held and a non-nil error once it
-	// is not. Fenced writes check it before every attempt, so that a
-	// holder that knows it lost the lease stops retrying; their safety
-	// never depends on it.
-	Err() error
-}
+// Holder is what fenced writes need from a held lease: token.Holder, the
+// one lease contract of fencer. *Held and *ShardHeld implement it, and so
+// do the etcd store's and the gRPC client's leases, whose tokens name no
+// Kubernetes Lease and are refused with a *token.MalformedError. Fenced
+// writes check Err before every attempt, so that a holder that knows it
+// lost the lease stops retrying; their safety never depends on it.
+type Holder = token.Holder
 
 // DefaultMaxAttempts is the number of write attempts a fenced write makes
 // when its writes keep conflicting, unless WithMaxAttempts says otherwise.

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Runs every fuzz target in the module for FUZZTIME (default 10s) each.
+# Runs every fuzz target of the root module and the light modules (token,
+# proto, client) for FUZZTIME (default 10s) each.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fuzztime="${FUZZTIME:-10s}"
-for pkg in $(go list ./...); do
-	for target in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
-		echo "== $pkg $target ($fuzztime)"
-		go test -run "^\$" -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 100x "$pkg"
+for mod in . token proto client; do
+	for pkg in $(cd "$mod" && go list ./...); do
+		for target in $(cd "$mod" && go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+			echo "== $pkg $target ($fuzztime)"
+			(cd "$mod" && go test -run "^\$" -fuzz "^${target}\$" -fuzztime "$fuzztime" -fuzzminimizetime 100x "$pkg")
+		done
 	done
 done

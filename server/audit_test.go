@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -88,7 +89,7 @@ func TestAuditRecords(t *testing.T) {
 	requireRecords(t, rec.audit("acquire"), want("acquire", "alice", l1.Token()))
 
 	// Lost: the holder key goes from outside.
-	_, err = st.Client().Delete(ctx, st.HolderKey("jobs"))
+	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
 	etcdtest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
 	require.Eventually(t, func() bool { return len(rec.audit("lost")) == 1 }, 5*time.Second, 10*time.Millisecond)

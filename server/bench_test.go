@@ -22,6 +22,7 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 )
 
 // BenchmarkServiceGuardedPut compares a guarded Put through the gRPC
@@ -57,7 +58,7 @@ func BenchmarkServiceGuardedPut(b *testing.B) {
 			require.NoError(b, err)
 			tok := l.Token()
 			// The baseline is the documented hand-written guard, one compare.
-			guard := clientv3.Compare(clientv3.CreateRevision(st.HolderKey(tok.Lease)), "=", tok.Revision)
+			guard := clientv3.Compare(clientv3.CreateRevision(holderkey.Key(st.Prefix(), tok.Lease)), "=", tok.Revision)
 			value := []byte("some value of a typical size, say sixty-four bytes long........")
 			variants := []func(key string) error{
 				func(key string) error {

@@ -48,4 +48,11 @@
 //     SERVING does not promise that the next call reaches etcd.
 //   - Writes made with a raw etcd client bypass both the guard's caller
 //     check and the principal binding.
+//
+// # Imports
+//
+// server imports etcdstore, token and proto, never etcd's server code (it
+// serves over an etcd client; embedetcd runs members), the Kubernetes
+// client libraries, client, embedetcd or kubeadapter (internal/layout
+// enforces it).
 package server

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -68,7 +67,7 @@ func toStatus(err error) error {
 	var fe *fieldError
 	if errors.As(err, &fe) {
 		desc := err.Error()
-		var ae *etcdstore.ArgumentError
+		var ae *token.ArgumentError
 		var me *token.MalformedError
 		switch {
 		case errors.As(err, &ae):
@@ -95,7 +94,7 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		held      *token.HeldError
 		foreign   *token.ForeignLeaseError
 		malformed *token.MalformedError
-		arg       *etcdstore.ArgumentError
+		arg       *token.ArgumentError
 		fe        *fieldError
 	)
 	field := ""

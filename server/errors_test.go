@@ -14,10 +14,10 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // requireEtcdError checks that err is the status fencer sends for an etcd
@@ -49,13 +49,13 @@ func TestEtcdRefusalsMapToCodes(t *testing.T) {
 	l, err := newSession(t, c).Acquire(ctx, "jobs")
 	require.NoError(t, err)
 
-	// The Go client turns INVALID_ARGUMENT into an *etcdstore.ArgumentError;
+	// The Go client turns INVALID_ARGUMENT into an *token.ArgumentError;
 	// the raw call shows the status.
 	raw := fencerv1.NewFencerServiceClient(cc)
 	_, err = raw.Put(ctx, &fencerv1.PutRequest{Token: l.Token().String(), Key: "big", Value: make([]byte, 100<<10)})
 	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large")
 	_, err = c.Put(ctx, l.Token(), "big", make([]byte, 100<<10))
-	var arg *etcdstore.ArgumentError
+	var arg *token.ArgumentError
 	require.ErrorAs(t, err, &arg)
 	require.Equal(t, "request", arg.Arg)
 

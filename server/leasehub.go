@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
@@ -230,7 +231,7 @@ func (h *leaseHub) close() {
 // progress request (on progressCtx) reaches only them.
 func (h *leaseHub) watch(ctx context.Context, start int64, tag string) (wch clientv3.WatchChan, progressCtx context.Context) {
 	ctx = metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "fencer-watch", tag)
-	return h.cli.Watch(ctx, h.store.HolderKey(""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify()), ctx
+	return h.cli.Watch(ctx, holderkey.Key(h.store.Prefix(), ""), clientv3.WithPrefix(), clientv3.WithRev(start), clientv3.WithPrevKV(), clientv3.WithProgressNotify()), ctx
 }
 
 // startShared starts the shared watch from revision start.

@@ -11,7 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
@@ -40,7 +42,7 @@ func (r *hubRig) session() clientv3.LeaseID {
 // hold acquires leases names on session id.
 func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
 	for _, name := range names {
-		_, _, err := r.st.TryAcquireOn(etcdtest.Context(r.t), id, "holder", name)
+		_, _, err := acquireon.TryAcquireOn(etcdtest.Context(r.t), r.st, id, "holder", name)
 		require.NoError(r.t, err)
 	}
 }
@@ -50,7 +52,7 @@ func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
 func (r *hubRig) lose(names ...string) int64 {
 	var ops []clientv3.Op
 	for _, name := range names {
-		ops = append(ops, clientv3.OpDelete(r.st.HolderKey(name)))
+		ops = append(ops, clientv3.OpDelete(holderkey.Key(r.st.Prefix(), name)))
 	}
 	resp, err := r.st.Client().Txn(etcdtest.Context(r.t)).Then(ops...).Commit()
 	require.NoError(r.t, err)
@@ -323,7 +325,7 @@ func TestLeaseHubStartsNoSharedWatchInThePast(t *testing.T) {
 	from := r.now() + 1
 	lost := r.lose("a1")
 	for i := range 2500 { // holder-key revisions that are no losses
-		_, err := r.st.Client().Put(etcdtest.Context(t), r.st.HolderKey(fmt.Sprintf("x%d", i)), "v")
+		_, err := r.st.Client().Put(etcdtest.Context(t), holderkey.Key(r.st.Prefix(), fmt.Sprintf("x%d", i)), "v")
 		require.NoError(t, err)
 	}
 	now := r.now()

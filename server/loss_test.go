@@ -9,6 +9,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -49,7 +50,7 @@ func nextLost(t *testing.T, stream fencerv1.FencerService_WatchLeaseClient) *fen
 
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) {
 	t.Helper()
-	resp, err := st.Client().Delete(etcdtest.Context(t), st.HolderKey(name))
+	resp, err := st.Client().Delete(etcdtest.Context(t), holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Deleted)
 }

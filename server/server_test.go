@@ -22,6 +22,7 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -328,7 +329,7 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 
 	// The Go client returns the library's argument error.
 	_, err = client.New(dial(t, alice, addr)).Put(ctx, l.Token(), "", nil)
-	var ae *etcdstore.ArgumentError
+	var ae *token.ArgumentError
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, "key", ae.Arg)
 }
@@ -481,7 +482,7 @@ func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
 		return scrape(t, srv, "fencer_server_lease_watches") == 1
 	}, 5*time.Second, 10*time.Millisecond, "five sessions' streams on one etcd watch")
 
-	_, err := st.Client().Delete(ctx, st.HolderKey("shared-2"))
+	_, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "shared-2"))
 	require.NoError(t, err)
 	etcdtest.WaitClosed(t, leases[2].Done(), 5*time.Second, "the loss of shared-2")
 	require.ErrorIs(t, leases[2].Err(), etcdstore.ErrLeaseLost)

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/acquireon"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -106,7 +107,7 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 	holder := holderName(principal, id)
 	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
 	for {
-		tok, heldAt, err := s.store.TryAcquireOn(ctx, id, holder, name, mine)
+		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, mine)
 		switch {
 		case err == nil:
 			s.owners.put(tok, holder)

@@ -34,14 +34,11 @@ const (
 
 // The validators below are pure: they check a request against the limits
 // and return its parsed parts, or an error naming the offending field
-// (wrapping *etcdstore.ArgumentError or *token.MalformedError). Nothing is
+// (wrapping *token.ArgumentError or *token.MalformedError). Nothing is
 // sent to etcd for a request that fails them.
 
 func invalidArg(field, value, reason string) error {
-	if len(value) > 64 {
-		value = value[:64]
-	}
-	return &fieldError{field: field, err: &etcdstore.ArgumentError{Arg: field, Value: value, Reason: reason}}
+	return &fieldError{field: field, err: token.InvalidArgument(field, value, reason)}
 }
 
 // parseToken parses a token field and checks that the store could have
@@ -54,14 +51,14 @@ func parseToken(field, s string) (token.Token, error) {
 	if err != nil {
 		return token.Token{}, inField(field, err)
 	}
-	if err := etcdstore.ValidateName("lease", tok.Lease); err != nil {
+	if err := token.ValidateName("lease", tok.Lease); err != nil {
 		return token.Token{}, inField(field, err)
 	}
 	return tok, nil
 }
 
 func validateName(field, name string) error {
-	return inField(field, etcdstore.ValidateName(field, name))
+	return inField(field, token.ValidateName(field, name))
 }
 
 func validateKey(field, key string) error {

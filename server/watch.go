@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -117,7 +118,7 @@ func lostEvent(ev *clientv3.Event, id clientv3.LeaseID, store *etcdstore.Store) 
 		}
 		reason = "replaced"
 	}
-	st, ok := store.ParseHolder(prev)
+	st, ok := holderkey.Parse(store.Prefix(), prev)
 	if !ok {
 		return nil
 	}

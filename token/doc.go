@@ -36,4 +36,10 @@
 // This package only describes and compares tokens. The guarantee that a
 // stale token cannot write comes from the store's conditional write, never
 // from a comparison made here.
+//
+// # Imports
+//
+// token is a module of its own (github.com/fencer-dev/fencer/token) and
+// imports only the standard library: no other fencer package, no etcd, no
+// Kubernetes module (internal/layout enforces it).
 package token

@@ -100,8 +100,57 @@ func (e *MalformedError) Error() string {
 func (e *MalformedError) Unwrap() error { return ErrMalformed }
 
 func malformed(field, input, reason string) error {
-	if len(input) > 64 {
-		input = input[:64]
+	return &MalformedError{Field: field, Input: truncate(input), Reason: reason}
+}
+
+// Errors that end a held lease or reject an argument, shared by every
+// package that holds leases (etcdstore, client, kubeadapter) so that
+// errors.Is answers the same whichever kind of lease ended. The errors a
+// Holder's Err returns wrap one of them and also match ErrNotHeld.
+var (
+	// ErrReleased ends a lease that its holder released.
+	ErrReleased = errors.New("token: lease released")
+	// ErrLeaseLost ends a lease whose holder record was deleted or
+	// replaced by someone else.
+	ErrLeaseLost = errors.New("token: lease lost")
+	// ErrSessionClosed ends the leases of a session that was closed.
+	ErrSessionClosed = errors.New("token: session closed")
+	// ErrSessionExpired ends the leases of a session whose store lease
+	// expired or could not be renewed before its local deadline.
+	ErrSessionExpired = errors.New("token: session expired")
+	// ErrInvalidArgument means a name, key or value was rejected before
+	// anything was sent to the store.
+	ErrInvalidArgument = errors.New("token: invalid argument")
+)
+
+// ArgumentError says which argument was invalid and why. It wraps
+// ErrInvalidArgument.
+type ArgumentError struct {
+	// Arg names the argument, such as "name" or "key".
+	Arg string
+	// Value is the offending value, truncated to 64 bytes.
+	Value string
+	// Reason says what is wrong.
+	Reason string
+}
+
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
+func (e *ArgumentError) Error() string {
+	return fmt.Sprintf("token: invalid %s %q: %s", e.Arg, e.Value, e.Reason)
+}
+
+// Unwrap returns ErrInvalidArgument.
+func (e *ArgumentError) Unwrap() error { return ErrInvalidArgument }
+
+// InvalidArgument returns an *ArgumentError for arg, with value truncated
+// to 64 bytes.
+func InvalidArgument(arg, value, reason string) error {
+	return &ArgumentError{Arg: arg, Value: truncate(value), Reason: reason}
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64]
 	}
-	return &MalformedError{Field: field, Input: input, Reason: reason}
+	return s
 }

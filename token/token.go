@@ -42,20 +42,52 @@ func (t Token) Validate() error {
 }
 
 // ValidateLease checks a lease name as carried by a Token: non-empty, at
-// most MaxLeaseLen bytes, valid UTF-8, no control or space characters.
-// Stores may restrict names further.
+// most MaxLeaseLen bytes, valid UTF-8, no control or space characters. It
+// returns a *MalformedError otherwise. Stores restrict names further: the
+// etcd store and the service by ValidateName, Kubernetes stamps by
+// ValidateKubeLease. Every name ValidateName accepts, ValidateLease
+// accepts too.
 func ValidateLease(lease string) error {
-	switch {
-	case lease == "":
-		return malformed("lease", lease, "empty")
-	case len(lease) > MaxLeaseLen:
-		return malformed("lease", lease, "longer than "+strconv.Itoa(MaxLeaseLen)+" bytes")
-	case !utf8.ValidString(lease):
-		return malformed("lease", lease, "not valid UTF-8")
-	case strings.IndexFunc(lease, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
-		return malformed("lease", lease, "contains a space or control character")
+	if reason := nameProblem(lease, MaxLeaseLen, true); reason != "" {
+		return malformed("lease", lease, reason)
 	}
 	return nil
+}
+
+// MaxNameLen is the longest lease or resource name that the etcd store
+// (package etcdstore) and the service (packages server and client)
+// accept, in bytes.
+const MaxNameLen = 253
+
+// ValidateName checks a lease or resource name of the etcd store and the
+// service: 1 to MaxNameLen bytes of UTF-8 without "/", spaces or control
+// characters. arg names the argument in the *ArgumentError it returns
+// otherwise. It is the one name check of the library, the server and the
+// client, and it is ValidateLease's check with the shorter limit and "/"
+// refused, so a name it accepts always makes a valid Token.
+func ValidateName(arg, name string) error {
+	if reason := nameProblem(name, MaxNameLen, false); reason != "" {
+		return InvalidArgument(arg, name, reason)
+	}
+	return nil
+}
+
+// nameProblem is the one implementation of ValidateLease and ValidateName:
+// it returns what is wrong with name, or "" when nothing is.
+func nameProblem(name string, maxLen int, slashOK bool) string {
+	switch {
+	case name == "":
+		return "empty"
+	case len(name) > maxLen:
+		return "longer than " + strconv.Itoa(maxLen) + " bytes"
+	case !utf8.ValidString(name):
+		return "not valid UTF-8"
+	case !slashOK && strings.Contains(name, "/"):
+		return `contains the key separator "/"`
+	case strings.IndexFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
+		return "contains a space or control character"
+	}
+	return ""
 }
 
 // Compare orders two tokens of the same lease by Revision, then Epoch. It

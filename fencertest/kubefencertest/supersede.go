@@ -37,6 +37,10 @@ var _ kubeadapter.Holder = (*Taken)(nil)
 // Token returns the token of the takeover.
 func (t *Taken) Token() token.Token { return t.tok }
 
+// Context returns a context that is never done: Taken does not watch the
+// Lease, so it never learns of a loss.
+func (t *Taken) Context() context.Context { return context.Background() }
+
 // Err returns nil: Taken does not watch the Lease, so it never learns of a
 // loss.
 func (t *Taken) Err() error { return nil }

@@ -16,8 +16,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
@@ -74,7 +76,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 	var wg sync.WaitGroup
 	for i := range n {
 		var first, again sync.Once
-		opts := []client.SessionOption{client.WithTTL(ttl), client.WithHooks(client.SessionHooks{
+		opts := []client.SessionOption{client.WithTTL(ttl), clienttest.WithHooks(clienttest.SessionHooks{
 			Watch: func(int64) {
 				if outageOver.Load() {
 					watches[i].Add(1)
@@ -91,7 +93,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 			},
 		})}
 		if retry != nil {
-			opts = append(opts, client.WithRetry(retry))
+			opts = append(opts, clienttest.WithRetry(retry))
 		}
 		s, err := c.NewSession(opts...)
 		require.NoError(tb, err)
@@ -144,7 +146,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 	for i, l := range leases {
 		require.NoError(tb, l.Err(), "lease %d ended in the outage", i)
 	}
-	_, err = cli.Delete(ctx, st.HolderKey("l0"))
+	_, err = cli.Delete(ctx, holderkey.Key(st.Prefix(), "l0"))
 	require.NoError(tb, err)
 	etcdtest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
 	return res

@@ -16,6 +16,7 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
 	"github.com/fencer-dev/fencer/internal/servicetest"
 	"github.com/fencer-dev/fencer/server"
@@ -109,7 +110,7 @@ func TestWatchSessionReconnects(t *testing.T) {
 		}
 	}
 	log.mu.Unlock()
-	resp, err := st.Client().Txn(ctx).Then(clientv3.OpDelete(st.HolderKey("b")), clientv3.OpDelete(st.HolderKey("c"))).Commit()
+	resp, err := st.Client().Txn(ctx).Then(clientv3.OpDelete(holderkey.Key(st.Prefix(), "b")), clientv3.OpDelete(holderkey.Key(st.Prefix(), "c"))).Commit()
 	require.NoError(t, err)
 	waitLoss(t, log)
 	waitLoss(t, log)
@@ -126,7 +127,7 @@ func TestWatchSessionReconnects(t *testing.T) {
 	require.Equal(t, []token.Token{leases["a"].Token(), leases["b"].Token(), leases["c"].Token(), d.Token()}, lost, "each loss reported exactly once, in order")
 	require.Equal(t, resp.Header.Revision, synced[2], "the third watch resumed at the revision of b's and c's loss")
 	require.NoError(t, s.Close(ctx))
-	require.ErrorIs(t, <-done, etcdstore.ErrSessionExpired, "the watch ends with its session")
+	require.ErrorIs(t, <-done, token.ErrSessionExpired, "the watch ends with its session")
 }
 
 func waitLoss(t *testing.T, log *lossLog) {

@@ -11,9 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -75,7 +77,7 @@ func acquire(ctx context.Context, s *client.Session, name string) <-chan acquisi
 // returns the revision of the deletion.
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
 	t.Helper()
-	resp, err := st.Client().Delete(etcdtest.Context(t), st.HolderKey(name))
+	resp, err := st.Client().Delete(etcdtest.Context(t), holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Deleted)
 	return resp.Header.Revision
@@ -89,7 +91,7 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 	acquired := newGate()
 	var tok token.Token
 	lost := make(chan string, 16)
-	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Acquired: func(tk token.Token) {
 			if tk.Lease == "b" {
 				tok = tk
@@ -127,7 +129,7 @@ func TestLossBeforeTheWatchStartsEndsLease(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	st, c := service(t)
 	acquired := newGate()
-	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Acquired: func(token.Token) { acquired.pass() },
 	}))
 	res := acquire(ctx, s, "a")
@@ -150,7 +152,7 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 	watch, acquired := newGate(), newGate()
 	synced := make(chan struct{}, 16) // a stream from now (after a compaction) was synced and checked
 	var fromNow bool                  // the current stream's; only the watch's goroutine uses it
-	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Acquired: func(tk token.Token) {
 			if tk.Lease == "b" {
 				acquired.pass()
@@ -191,7 +193,7 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	st, c := service(t)
 	watch := newGate()
 	var checks atomic.Int32
-	s := newSession(t, c, client.WithHooks(client.SessionHooks{
+	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Watch: func(int64) { watch.pass() },
 		Check: func(ctx context.Context, tok token.Token) error {
 			if checks.Add(1) == 1 {

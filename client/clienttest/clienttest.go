@@ -1,0 +1,41 @@
+// Package clienttest holds the test hooks of package client's sessions,
+// for tests that drive a client.Session against a real fencer server and
+// must stop it at an exact point. Nothing here is for production use.
+//
+// clienttest imports only package client and the client module's own
+// requirements: no etcd server code and no Kubernetes module.
+package clienttest
+
+import (
+	"context"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/client/internal/seam"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// SessionHooks stop a session at the points where a loss could slip
+// between an acquisition and the session's watch. A nil hook does nothing.
+type SessionHooks struct {
+	Acquired func(token.Token)                        // the Acquire call returned; before the Lease is registered
+	Watch    func(from int64)                         // before each WatchLease call
+	Received func(*fencerv1.WatchLeaseResponse)       // a message from the watch has been applied
+	Check    func(context.Context, token.Token) error // instead of Client.Check, for the watch's checks
+}
+
+// WithHooks sets a session's test hooks.
+func WithHooks(h SessionHooks) client.SessionOption {
+	set := seam.WithHooks.(func(func(token.Token), func(int64), func(*fencerv1.WatchLeaseResponse), func(context.Context, token.Token) error) client.SessionOption)
+	return set(h.Acquired, h.Watch, h.Received, h.Check)
+}
+
+// WithRetry sets the backoff that paces a session's reconnects;
+// newBackOff is given the cap the session would use.
+func WithRetry(newBackOff func(maxInterval time.Duration) backoff.BackOff) client.SessionOption {
+	set := seam.WithRetry.(func(func(time.Duration) backoff.BackOff) client.SessionOption)
+	return set(newBackOff)
+}

@@ -1,0 +1,24 @@
+module github.com/fencer-dev/fencer/client
+
+go 1.26.0
+
+require (
+	github.com/cenkalti/backoff/v5 v5.0.3
+	github.com/fencer-dev/fencer/proto v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
+	github.com/stretchr/testify v1.12.1
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
+	google.golang.org/grpc v1.85.0
+)
+
+require (
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+replace github.com/fencer-dev/fencer/token => ../token
+
+replace github.com/fencer-dev/fencer/proto => ../proto

@@ -1,0 +1,22 @@
+// Package layout holds the tests of fencer's layout: which package may
+// import what, and that a gRPC user's module graph stays light. It has no
+// code of its own.
+//
+// fencer is four Go modules:
+//
+//   - github.com/fencer-dev/fencer/token: the token, its encodings, the
+//     shared errors and the lease contract (token.Holder). Standard
+//     library only.
+//   - github.com/fencer-dev/fencer/proto: the fencer.v1 messages and gRPC
+//     stubs. grpc and protobuf only.
+//   - github.com/fencer-dev/fencer/client: the Go client of the service,
+//     on token and proto. No etcd, no Kubernetes module.
+//   - github.com/fencer-dev/fencer: everything else (the etcd store, the
+//     server, kubeadapter, the binary), which requires the three above
+//     through replace directives to their directories.
+//
+// TestImportRules enforces each package's rule, as its doc.go states it;
+// TestLightModuleGraph builds a consumer of the client module alone and
+// checks its module graph; TestModulesTidy checks that go mod tidy would
+// change nothing in any of the four modules.
+package layout

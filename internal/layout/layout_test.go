@@ -1,0 +1,255 @@
+package layout_test
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+const root = "github.com/fencer-dev/fencer"
+
+// lightModules are the modules a gRPC user requires, by directory.
+var lightModules = []string{"token", "proto", "client"}
+
+// kube is the Kubernetes stack that only kubeadapter, its test helpers and
+// the binary may pull in. k8s.io/utils (a clock, no client) is not in it.
+var kube = []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}
+
+// rule is what the packages matching pkg (a path, or a path ending in
+// "/..." for the tree under it) must not import, directly or not.
+type rule struct {
+	pkg     string
+	stdOnly bool     // only the standard library
+	forbid  []string // import paths, each also forbidding the tree under it
+}
+
+func rules() []rule {
+	fencer := func(names ...string) []string {
+		out := make([]string, len(names))
+		for i, n := range names {
+			out[i] = root + "/" + n
+		}
+		return out
+	}
+	cat := func(lists ...[]string) []string {
+		var out []string
+		for _, l := range lists {
+			out = append(out, l...)
+		}
+		return out
+	}
+	noKubeAtAll := []string{"k8s.io", "sigs.k8s.io"}
+	return []rule{
+		{pkg: root + "/token", stdOnly: true},
+		{pkg: root + "/proto/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("token", "client", "etcdstore", "server", "kubeadapter"))},
+		{pkg: root + "/client/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("etcdstore", "server", "kubeadapter", "embedetcd", "fencertest", "internal"))},
+		{pkg: root + "/etcdstore", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
+		{pkg: root + "/server", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
+		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
+		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
+		{pkg: root + "/internal/acquireon", forbid: cat([]string{"go.etcd.io/etcd/server"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
+		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
+	}
+}
+
+func (r rule) matches(path string) bool {
+	if tree, ok := strings.CutSuffix(r.pkg, "/..."); ok {
+		return path == tree || strings.HasPrefix(path, tree+"/")
+	}
+	return path == r.pkg
+}
+
+// violations returns the deps that r forbids.
+func (r rule) violations(deps []string) []string {
+	var bad []string
+	for _, d := range deps {
+		if r.stdOnly {
+			if first, _, _ := strings.Cut(d, "/"); strings.Contains(first, ".") {
+				bad = append(bad, d)
+			}
+			continue
+		}
+		for _, f := range r.forbid {
+			if d == f || strings.HasPrefix(d, f+"/") {
+				bad = append(bad, d)
+				break
+			}
+		}
+	}
+	return bad
+}
+
+// goTool returns the go command that runs this test.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+// repoRoot returns the directory of the root module.
+func repoRoot(t *testing.T) string {
+	dir, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+		t.Fatalf("no go.mod at the repository root %s: %v", dir, err)
+	}
+	return dir
+}
+
+// run runs the go command in dir with extra environment and returns its
+// standard output, failing t with its standard error.
+func run(t *testing.T, dir string, env []string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(goTool(), args...)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "GOWORK=off"), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), dir, err, stderr.String())
+	}
+	return out
+}
+
+// TestImportRules checks every package of the four modules against its
+// rule (see each package's doc.go): the packages it imports, directly or
+// through others, outside tests.
+func TestImportRules(t *testing.T) {
+	patterns := []string{"./..."}
+	for _, m := range lightModules {
+		patterns = append(patterns, root+"/"+m+"/...")
+	}
+	out := run(t, repoRoot(t), nil, append([]string{"list", "-f", "{{.ImportPath}}\t{{join .Deps \" \"}}"}, patterns...)...)
+	checked := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		pkg, deps, _ := strings.Cut(sc.Text(), "\t")
+		for _, r := range rules() {
+			if !r.matches(pkg) {
+				continue
+			}
+			checked[r.pkg] = true
+			if bad := r.violations(strings.Fields(deps)); len(bad) > 0 {
+				t.Errorf("%s must not import %v (%d in all; rule %s)", pkg, bad[:min(len(bad), 5)], len(bad), r.pkg)
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rules() {
+		if !checked[r.pkg] {
+			t.Errorf("rule %s matched no package", r.pkg)
+		}
+	}
+}
+
+// TestRuleBites checks that the rules refuse the imports they name, so
+// that TestImportRules cannot pass by matching nothing.
+func TestRuleBites(t *testing.T) {
+	for _, tc := range []struct {
+		pkg, dep string
+	}{
+		{root + "/token", "github.com/cenkalti/backoff/v5"},
+		{root + "/client", root + "/etcdstore"},
+		{root + "/client/clienttest", "go.etcd.io/etcd/client/v3"},
+		{root + "/client", "k8s.io/utils/clock"},
+		{root + "/etcdstore", "k8s.io/client-go/kubernetes"},
+		{root + "/kubeadapter", root + "/server"},
+		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
+	} {
+		refused := false
+		for _, r := range rules() {
+			if r.matches(tc.pkg) && len(r.violations([]string{tc.dep})) > 0 {
+				refused = true
+			}
+		}
+		if !refused {
+			t.Errorf("no rule refuses %s importing %s", tc.pkg, tc.dep)
+		}
+	}
+}
+
+// consumer is a program of a gRPC user: it calls a fencer server through
+// the client module and nothing else of fencer's.
+const consumer = `package main
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fencer-dev/fencer/client"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+var _ token.Holder = (*client.Lease)(nil)
+
+func main() {
+	cc, err := grpc.NewClient("127.0.0.1:7890", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		panic(err)
+	}
+	defer cc.Close()
+	c := client.New(cc)
+	fmt.Println(c != nil, fencerv1.ErrorDomain, token.ErrStale)
+}
+`
+
+// TestLightModuleGraph builds the consumer above in a module of its own
+// that requires only the client module (with replace directives to this
+// checkout, as a user's go.mod would name released versions), and checks
+// that its module graph holds no Kubernetes module, no etcd module (server
+// or client) and not fencer's root module. Modules come from GOPROXY as the environment sets
+// it.
+func TestLightModuleGraph(t *testing.T) {
+	repo := repoRoot(t)
+	dir := t.TempDir()
+	gomod := "module example.com/consumer\n\ngo 1.26.0\n\nrequire github.com/fencer-dev/fencer/client v0.0.0-00010101000000-000000000000\n\n"
+	for _, m := range lightModules {
+		gomod += "replace " + root + "/" + m + " => " + filepath.Join(repo, m) + "\n"
+	}
+	for name, body := range map[string]string{"go.mod": gomod, "main.go": consumer} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"GOFLAGS=-mod=mod"}
+	run(t, dir, env, "mod", "tidy")
+	run(t, dir, env, "build", "-o", filepath.Join(dir, "consumer"), ".")
+	graph := string(run(t, dir, env, "mod", "graph"))
+	for _, line := range strings.Split(graph, "\n") {
+		for _, bad := range []string{"k8s.io/", "go.etcd.io/", root + "@"} {
+			if strings.Contains(line, bad) {
+				t.Errorf("module graph of a client-only consumer has %q: %s", bad, line)
+			}
+		}
+	}
+	if !strings.Contains(graph, root+"/client@") {
+		t.Fatalf("module graph does not hold the client module:\n%s", graph)
+	}
+}
+
+// TestModulesTidy checks that go mod tidy would change nothing in any of
+// fencer's modules.
+func TestModulesTidy(t *testing.T) {
+	repo := repoRoot(t)
+	for _, m := range append([]string{"."}, lightModules...) {
+		t.Run(m, func(t *testing.T) {
+			run(t, filepath.Join(repo, m), nil, "mod", "tidy", "-diff")
+		})
+	}
+}
