@@ -49,6 +49,29 @@ type SessionOption func(*Session)
 // no later than that.
 func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl = ttl } }
 
+// WithEndEarly makes the session end d before its local deadline: at the
+// send time of the last successful renewal plus the TTL, minus d. A
+// program that needs time to stop its work once the session ends (fencer
+// acquire, which gives its command a grace period and then SIGKILL) ends
+// the session that much earlier, so the work has stopped before etcd could
+// expire the session and another holder acquire its leases. The session
+// then renews every third of TTL − d, and renews at once after an
+// acquisition that waited if less than two of those thirds are left. d
+// must be at least 0 and less than two thirds of the TTL (default 0).
+// Ending early changes only the client's deadline, not the server's
+// expiry, and gives no bound on how late the program's own stop is.
+func WithEndEarly(d time.Duration) SessionOption { return func(s *Session) { s.early = d } }
+
+// WithDeadlineFunc has f called with the time at which the session will
+// end unless a renewal succeeds first (see WithEndEarly), each time that
+// time is set: as the session opens (before the acquisition that opened
+// it returns) and after each successful renewal. f runs on the session's
+// goroutines, one call at a time, and must return promptly: the session
+// does not renew while f runs. It is not called when the session ends.
+func WithDeadlineFunc(f func(end time.Time)) SessionOption {
+	return func(s *Session) { s.onDeadline = f }
+}
+
 // Session is a remote session: an etcd lease that a server granted for
 // this client's principal, renewed over one KeepAlive stream and watched
 // over one WatchLease stream, however many leases it holds. The session is
@@ -56,13 +79,16 @@ func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl 
 //
 // The session ends when Close is called, when the server reports it gone,
 // or when no renewal has succeeded before the local deadline: the send
-// time of the last successful renewal plus the TTL granted, on the
-// client's clock (monotonic by default). That deadline is never later than
+// time of the last successful renewal plus the TTL granted, less what
+// WithEndEarly takes, on the client's clock (monotonic by default). That
+// deadline is never later than
 // etcd's own expiry, so the session fails closed, also when no server can
 // be reached. When it ends, every Lease it holds ends too.
 type Session struct {
-	c   *Client
-	ttl time.Duration
+	c          *Client
+	ttl        time.Duration
+	early      time.Duration   // see WithEndEarly
+	onDeadline func(time.Time) // see WithDeadlineFunc; nil if not set
 
 	ctx    context.Context // done when the session ends; its cause is Err's value
 	cancel context.CancelCauseFunc
@@ -106,6 +132,9 @@ func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
 	}
 	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
 		return nil, &etcdstore.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
+	}
+	if s.early < 0 || 3*s.early >= 2*s.ttl {
+		return nil, &etcdstore.ArgumentError{Arg: "end early", Value: s.early.String(), Reason: fmt.Sprintf("must be at least 0 and less than two thirds of the %s TTL", s.ttl)}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
@@ -188,7 +217,7 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 		if d := s.c.clock.Now().Add(ttl / 2); d.After(deadline) {
 			deadline = d
 		}
-		s.start(resp.GetSessionId(), deadline, tok.Revision)
+		s.start(resp.GetSessionId(), deadline.Add(-s.early), tok.Revision)
 	}
 	l := &Lease{sess: s, tok: tok}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
@@ -198,11 +227,15 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 	return l, nil
 }
 
-// start records the session's id and starts its keepalive and watch.
+// start records the session's id and starts its keepalive and watch;
+// deadline is when the session ends unless renewed.
 func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
 	s.mu.Lock()
 	s.id = id
 	s.mu.Unlock()
+	if f := s.onDeadline; f != nil {
+		f(deadline)
+	}
 	s.wg.Add(2)
 	go s.keepAlive(id, deadline)
 	go s.watch(id, fromRev)
@@ -244,13 +277,20 @@ func (s *Session) end(reason error) {
 	}
 }
 
-// keepAlive renews the session every TTL/3 over one KeepAlive stream,
-// reopening it on error, and ends the session when the local deadline
-// passes or the server reports the session gone.
+// keepAlive renews the session every third of its window (the TTL, less
+// what WithEndEarly takes) over one KeepAlive stream, reopening it on
+// error, and ends the session when the local deadline passes or the server
+// reports the session gone. When less than two thirds of the window are
+// left at the start (an acquisition that waited), it renews at once.
 func (s *Session) keepAlive(id int64, deadline time.Time) {
 	defer s.wg.Done()
-	interval := s.ttl / 3
-	tick := s.c.clock.NewTimer(interval)
+	window := s.ttl - s.early
+	interval := window / 3
+	first := interval
+	if deadline.Sub(s.c.clock.Now()) < 2*interval {
+		first = 0
+	}
+	tick := s.c.clock.NewTimer(first)
 	expire := s.c.clock.NewTimer(deadline.Sub(s.c.clock.Now()))
 	defer func() {
 		tick.Stop()
@@ -259,7 +299,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", etcdstore.ErrSessionExpired, s.ttl)
 	var ka *keepAliveStream
 	defer func() { ka.close() }()
-	retry := s.retry(max(s.ttl/10, retryInitial))
+	retry := s.retry(max(window/10, retryInitial))
 	failed := false
 	for {
 		select {
@@ -297,8 +337,12 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 			default:
 			}
 		}
+		end := sent.Add(ttl - s.early)
 		expire.Stop()
-		expire.Reset(sent.Add(ttl).Sub(s.c.clock.Now()))
+		expire.Reset(end.Sub(s.c.clock.Now()))
+		if f := s.onDeadline; f != nil {
+			f(end)
+		}
 		tick.Reset(interval)
 	}
 }

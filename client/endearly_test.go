@@ -1,0 +1,89 @@
+package client_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/fencer-dev/fencer/client"
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/rpcfault"
+	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/server"
+)
+
+// TestEndEarly: a session made to end 1s early (TTL 3s) reports, and
+// keeps, a deadline 2s after the send time of its opening and of each
+// successful renewal, renews every 2s/3, and, cut off from the server,
+// ends at that deadline, a second before the server could expire it.
+func TestEndEarly(t *testing.T) {
+	addr, _ := servicetest.Serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.Anonymous("tester")})
+	in := rpcfault.New()
+	cc, err := grpc.NewClient(addr, append(in.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	clk := testclock.NewFakeClock(time.Now())
+	ends := make(chan time.Time, 16)
+	s := newSession(t, client.New(cc, client.WithClock(clk)),
+		client.WithTTL(3*time.Second), client.WithEndEarly(time.Second),
+		client.WithDeadlineFunc(func(end time.Time) { ends <- end }))
+
+	in.Count()
+	t0 := clk.Now()
+	l, err := s.Acquire(etcdtest.Context(t), "early")
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(2*time.Second), <-ends, "the deadline as the session opens")
+
+	// The keepalive's renewal and expiry timers are set.
+	require.Eventually(t, func() bool { return clk.Waiters() >= 2 }, 10*time.Second, time.Millisecond)
+	renewal := t0.Add(2 * time.Second / 3)
+	clk.SetTime(renewal)
+	var end time.Time
+	select {
+	case end = <-ends:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no renewal 2s/3 after the session opened: calls %s, lease %v, waiters %d", rpcfault.Summary(in.Calls()), l.Err(), clk.Waiters())
+	}
+	require.Equal(t, renewal.Add(2*time.Second), end, "the deadline after a renewal")
+
+	in.Start(status.Error(codes.Unavailable, "partition"))
+	defer in.Stop()
+	clk.SetTime(end)
+	etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "Done of a lease whose session's early deadline passed")
+	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
+	require.True(t, clk.Now().Before(renewal.Add(3*time.Second)))
+}
+
+// TestEndEarlyValidated: an early end that leaves a third of the TTL or
+// less, or is negative, is refused with an *etcdstore.ArgumentError.
+func TestEndEarlyValidated(t *testing.T) {
+	c := client.New(nil)
+	for _, tc := range []struct {
+		early time.Duration
+		ok    bool
+	}{
+		{0, true},
+		{1999 * time.Millisecond, true},
+		{2 * time.Second, false},
+		{3 * time.Second, false},
+		{-time.Nanosecond, false},
+	} {
+		s, err := c.NewSession(client.WithTTL(3*time.Second), client.WithEndEarly(tc.early))
+		if tc.ok {
+			require.NoError(t, err, tc.early)
+			require.NoError(t, s.Close(t.Context()))
+			continue
+		}
+		var arg *etcdstore.ArgumentError
+		require.True(t, errors.As(err, &arg), "%s: %v", tc.early, err)
+		require.Equal(t, "end early", arg.Arg)
+	}
+}
