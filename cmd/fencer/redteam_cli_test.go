@@ -349,22 +349,24 @@ func TestRedTeamCLIFencerPausedPastTTL(t *testing.T) {
 // deadline.
 func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 	s := startServeProc(t)
+	const noFit = "does not fit in --ttl"
 	for i, tc := range []struct {
 		env   []string
 		flags []string
+		says  string // in the message, if not empty
 	}{
-		{nil, []string{"--ttl", "0"}},
-		{nil, []string{"--ttl", "-2s"}},
-		{nil, []string{"--ttl", "500ms"}},
-		{nil, []string{"--ttl", "2562047h"}},
-		{[]string{"FENCER_TTL=0s"}, nil},
-		{[]string{"FENCER_TTL=-5s"}, nil},
-		{[]string{"FENCER_TTL=abc"}, nil},
-		{nil, []string{"--ttl", "2s", "--grace", "5s"}},
-		{nil, []string{"--ttl", "2s", "--grace", "1134ms"}},
-		{nil, []string{"--ttl", "10s", "--grace", "7s"}},
-		{[]string{"FENCER_GRACE=2s"}, []string{"--ttl", "2s"}},
-		{[]string{"FENCER_GRACE=abc"}, nil},
+		{nil, []string{"--ttl", "0"}, ""},
+		{nil, []string{"--ttl", "-2s"}, ""},
+		{nil, []string{"--ttl", "500ms"}, ""},
+		{nil, []string{"--ttl", "2562047h"}, ""},
+		{[]string{"FENCER_TTL=0s"}, nil, ""},
+		{[]string{"FENCER_TTL=-5s"}, nil, ""},
+		{[]string{"FENCER_TTL=abc"}, nil, "FENCER_TTL"},
+		{nil, []string{"--ttl", "2s", "--grace", "5s"}, noFit},
+		{nil, []string{"--ttl", "2s", "--grace", "1134ms"}, "use a --grace below 1.133s"},
+		{nil, []string{"--ttl", "10s", "--grace", "7s"}, noFit},
+		{[]string{"FENCER_GRACE=2s"}, []string{"--ttl", "2s"}, noFit},
+		{[]string{"FENCER_GRACE=abc"}, nil, "FENCER_GRACE"},
 	} {
 		mark := filepath.Join(t.TempDir(), "ran")
 		args := append(append([]string{"acquire"}, tc.flags...), "bad-"+strconv.Itoa(i), "--", "sh", "-c", "touch "+mark)
@@ -372,7 +374,11 @@ func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 		_, err := os.Stat(mark)
 		require.Equal(t, rtExitUsage, code, "%v %v: %s", tc.env, tc.flags, stderr)
 		require.True(t, os.IsNotExist(err), "%v %v: the command ran", tc.env, tc.flags)
+		require.Contains(t, stderr, tc.says)
 	}
+	// The longest --grace that fits is accepted.
+	code, _, stderr := s.fencer(nil, "acquire", "--ttl", "2s", "--grace", "1133ms", "fits", "--", "true")
+	require.Equal(t, 0, code, stderr)
 }
 
 // rtPgidMembers returns the pids, other than skip, in process group pgid.
