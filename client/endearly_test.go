@@ -25,14 +25,9 @@ import (
 // successful renewal, renews every 2s/3, and, cut off from the server,
 // ends at that deadline, a second before the server could expire it.
 func TestEndEarly(t *testing.T) {
-	addr, _ := servicetest.Serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.Anonymous("tester")})
-	in := rpcfault.New()
-	cc, err := grpc.NewClient(addr, append(in.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	require.NoError(t, err)
-	t.Cleanup(func() { cc.Close() })
-	clk := testclock.NewFakeClock(time.Now())
+	c, in, clk, _ := fakeClockService(t)
 	ends := make(chan time.Time, 16)
-	s := newSession(t, client.New(cc, client.WithClock(clk)),
+	s := newSession(t, c,
 		client.WithTTL(3*time.Second), client.WithEndEarly(time.Second),
 		client.WithDeadlineFunc(func(end time.Time) { ends <- end }))
 
@@ -60,6 +55,58 @@ func TestEndEarly(t *testing.T) {
 	etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "Done of a lease whose session's early deadline passed")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 	require.True(t, clk.Now().Before(renewal.Add(3*time.Second)))
+}
+
+// fakeClockService serves a store on the shared etcd member and returns a
+// client of it on a fake clock, whose calls go through in, and a client on
+// the real clock.
+func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testclock.FakeClock, *client.Client) {
+	t.Helper()
+	addr, _ := servicetest.Serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.Anonymous("tester")})
+	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
+		cc, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		require.NoError(t, err)
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	in := rpcfault.New()
+	clk := testclock.NewFakeClock(time.Now())
+	return client.New(dial(in.DialOptions()...), client.WithClock(clk)), in, clk, client.New(dial())
+}
+
+// TestEndEarlyAfterWaiting: an acquisition that waited 5s opens a session
+// (TTL 3s, ending 1.9s early) that the server renewed meanwhile, so the
+// client can count on only half the TTL, less than the 1.9s it takes: the
+// session is renewed before Acquire returns, and its first deadline is
+// 1.1s after that renewal was sent, not already passed.
+func TestEndEarlyAfterWaiting(t *testing.T) {
+	c, in, clk, plain := fakeClockService(t)
+	ctx := etcdtest.Context(t)
+	holder, err := newSession(t, plain).Acquire(ctx, "waited")
+	require.NoError(t, err)
+	ends := make(chan time.Time, 16)
+	s := newSession(t, c,
+		client.WithTTL(3*time.Second), client.WithEndEarly(1900*time.Millisecond),
+		client.WithDeadlineFunc(func(end time.Time) { ends <- end }))
+	in.Count()
+	got := acquire(ctx, s, "waited")
+	require.Eventually(t, func() bool { return in.Calls()["/fencer.v1.FencerService/Acquire"] > 0 }, 10*time.Second, time.Millisecond)
+	clk.SetTime(clk.Now().Add(5 * time.Second)) // the wait, on the session's clock
+	renewal := clk.Now()
+	require.NoError(t, holder.Release(ctx))
+	var a acquisition
+	require.Eventually(t, func() bool {
+		clk.Step(0) // fires the keepalive's first renewal, due at once
+		select {
+		case a = <-got:
+			return true
+		default:
+			return false
+		}
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, a.err)
+	require.NoError(t, a.l.Err())
+	require.Equal(t, renewal.Add(1100*time.Millisecond), <-ends, "the first deadline")
 }
 
 // TestEndEarlyValidated: an early end that leaves a third of the TTL or

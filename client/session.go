@@ -20,8 +20,9 @@ import (
 // next one after twice as long, up to a cap, each drawn at random from
 // ±50% of its nominal value (so at most 1.5 × the cap), and the backoff
 // starts over after a success (a renewal, a watch that the server has
-// synced). The cap is retryMax for the watch and TTL/10 (at least
-// retryInitial) for keepalive, so that a session still renews within
+// synced). The cap is retryMax for the watch and a tenth of the session's
+// window (TTL/10 unless WithEndEarly shortens it; at least retryInitial)
+// for keepalive, so that a session still renews within
 // about a tenth of its TTL of the servers coming back; a renewal that
 // succeeds after failing ends the watch's wait. Clients that lost their
 // servers together thus come back spread out over time, and a long outage
@@ -55,9 +56,12 @@ func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl 
 // acquire, which gives its command a grace period and then SIGKILL) ends
 // the session that much earlier, so the work has stopped before etcd could
 // expire the session and another holder acquire its leases. The session
-// then renews every third of TTL − d, and renews at once after an
-// acquisition that waited if less than two of those thirds are left. d
-// must be at least 0 and less than two thirds of the TTL (default 0).
+// then renews every third of TTL − d. An acquisition that waited opens the
+// session with less of its TTL left (the server renewed it meanwhile); if
+// less than a third of TTL − d would be left, Acquire renews the session
+// before it returns, and the deadline without d applies until then, while
+// nothing holds the lease yet. d must be at least 0 and less than two
+// thirds of the TTL (default 0).
 // Ending early changes only the client's deadline, not the server's
 // expiry, and gives no bound on how late the program's own stop is.
 func WithEndEarly(d time.Duration) SessionOption { return func(s *Session) { s.early = d } }
@@ -81,9 +85,8 @@ func WithDeadlineFunc(f func(end time.Time)) SessionOption {
 // or when no renewal has succeeded before the local deadline: the send
 // time of the last successful renewal plus the TTL granted, less what
 // WithEndEarly takes, on the client's clock (monotonic by default). That
-// deadline is never later than
-// etcd's own expiry, so the session fails closed, also when no server can
-// be reached. When it ends, every Lease it holds ends too.
+// deadline is never later than etcd's own expiry, so the session fails
+// closed, also when no server can be reached. When it ends, every Lease it holds ends too.
 type Session struct {
 	c          *Client
 	ttl        time.Duration
@@ -217,7 +220,12 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 		if d := s.c.clock.Now().Add(ttl / 2); d.After(deadline) {
 			deadline = d
 		}
-		s.start(resp.GetSessionId(), deadline.Add(-s.early), tok.Revision)
+		if renewed := s.start(resp.GetSessionId(), deadline, tok.Revision); renewed != nil {
+			select {
+			case <-renewed:
+			case <-s.ctx.Done(): // register ends the lease
+			}
+		}
 	}
 	l := &Lease{sess: s, tok: tok}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
@@ -228,17 +236,28 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 }
 
 // start records the session's id and starts its keepalive and watch;
-// deadline is when the session ends unless renewed.
-func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
+// deadline is when etcd expires the session at the soonest, unless
+// renewed. If less than a third of the session's window would be left
+// after WithEndEarly's part, start returns a channel that the first
+// successful renewal closes, and until then the session ends at deadline
+// itself; otherwise it returns nil.
+func (s *Session) start(id int64, deadline time.Time, fromRev int64) <-chan struct{} {
 	s.mu.Lock()
 	s.id = id
 	s.mu.Unlock()
-	if f := s.onDeadline; f != nil {
-		f(deadline)
+	var renewed chan struct{}
+	if end := deadline.Add(-s.early); end.Sub(s.c.clock.Now()) < (s.ttl-s.early)/3 {
+		renewed = make(chan struct{})
+	} else {
+		deadline = end
+		if f := s.onDeadline; f != nil {
+			f(end)
+		}
 	}
 	s.wg.Add(2)
-	go s.keepAlive(id, deadline)
+	go s.keepAlive(id, deadline, renewed)
 	go s.watch(id, fromRev)
+	return renewed
 }
 
 // Close releases the session on the server, which ends every lease it
@@ -280,14 +299,14 @@ func (s *Session) end(reason error) {
 // keepAlive renews the session every third of its window (the TTL, less
 // what WithEndEarly takes) over one KeepAlive stream, reopening it on
 // error, and ends the session when the local deadline passes or the server
-// reports the session gone. When less than two thirds of the window are
-// left at the start (an acquisition that waited), it renews at once.
-func (s *Session) keepAlive(id int64, deadline time.Time) {
+// reports the session gone. With renewed (see start), it renews at once
+// and closes renewed after the first renewal that succeeds.
+func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{}) {
 	defer s.wg.Done()
 	window := s.ttl - s.early
 	interval := window / 3
 	first := interval
-	if deadline.Sub(s.c.clock.Now()) < 2*interval {
+	if renewed != nil {
 		first = 0
 	}
 	tick := s.c.clock.NewTimer(first)
@@ -342,6 +361,10 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 		expire.Reset(end.Sub(s.c.clock.Now()))
 		if f := s.onDeadline; f != nil {
 			f(end)
+		}
+		if renewed != nil {
+			close(renewed)
+			renewed = nil
 		}
 		tick.Reset(interval)
 	}

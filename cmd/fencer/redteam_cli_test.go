@@ -342,6 +342,22 @@ func TestRedTeamCLIFencerPausedPastTTL(t *testing.T) {
 	require.False(t, stillRan, "the command ran on while fencer was stopped and the lease passed to another holder")
 }
 
+// TestRedTeamCLIWaiterWithLongGrace: an acquire that waited for the lease
+// opens a session the server renewed while it waited, so only half the
+// TTL is certain, less than --grace 1s and the 200ms for SIGKILL take
+// from the 2s TTL: its command must still run, not be stopped at once.
+func TestRedTeamCLIWaiterWithLongGrace(t *testing.T) {
+	s := startServeProc(t)
+	h, _ := rtHold(t, s, "--ttl", "2s", "longgrace")
+	w := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", "longgrace", "--", "sh", "-c", "sleep 1; echo done")
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for longgrace") }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // so that the server has renewed the waiter's session
+	require.NoError(t, h.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 0, h.wait(t, 10*time.Second), h.stderr.String())
+	require.Equal(t, 0, w.wait(t, 15*time.Second), w.stderr.String())
+	require.Contains(t, w.stdout.String(), "done")
+}
+
 // TestRedTeamCLIBadTTLAndGrace: --ttl and --grace values (and their
 // variables) that cannot fence are usage errors (exit 2), and the command
 // never runs: a --grace that, with the 200ms for SIGKILL, leaves a third

@@ -226,7 +226,8 @@ func readHeartbeats(r io.Reader, beats chan<- int64) {
 // or the session's end has passed with no heartbeat since: then it has
 // signalled the group (SIGTERM watchdogLate after the end, unless fencer
 // said it stops CMD itself, and SIGKILL --grace after the end, at least
-// watchdogLate) and returns.
+// watchdogLate) and returns. Once the time for SIGKILL has come, no
+// SIGTERM is sent any more: the grace is over.
 func guard(beats <-chan int64, grace time.Duration, act func(syscall.Signal)) {
 	var term, kill <-chan time.Time // nil: no end known yet
 	var termT, killT *time.Timer
@@ -238,6 +239,12 @@ func guard(beats <-chan int64, grace time.Duration, act func(syscall.Signal)) {
 		}
 	}()
 	for {
+		select {
+		case <-kill:
+			act(syscall.SIGKILL)
+			return
+		default:
+		}
 		select {
 		case v, ok := <-beats:
 			switch {

@@ -17,7 +17,8 @@ func monoIn(d time.Duration) int64 {
 }
 
 // TestWatchdogGuard: with no heartbeat after the session's end, the
-// watchdog sends SIGTERM and then SIGKILL, and returns; told that fencer
+// watchdog sends SIGTERM and then SIGKILL (SIGKILL alone once the grace is
+// over), and returns; told that fencer
 // is stopping CMD itself, it sends only SIGKILL; a --grace shorter than
 // watchdogLate gets SIGKILL alone; while heartbeats move the end on, or
 // once fencer's pipe closes, it sends nothing.
@@ -42,12 +43,12 @@ func TestWatchdogGuard(t *testing.T) {
 	}
 	both := []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
 	kill := []syscall.Signal{syscall.SIGKILL}
-	require.Equal(t, both, run(time.Second, monoIn(10*time.Millisecond)))
-	require.Equal(t, both, run(time.Second, monoIn(-time.Hour)), "an end already passed")
+	require.Equal(t, both, run(2*time.Second, monoIn(10*time.Millisecond)))
+	require.Equal(t, kill, run(time.Second, monoIn(-time.Hour)), "an end passed longer than the grace ago")
 	require.Equal(t, kill, run(time.Second, monoIn(10*time.Millisecond), hbStopping))
 	require.Equal(t, kill, run(time.Second, hbStopping, monoIn(10*time.Millisecond)), "the next heartbeat does not undo stopping")
 	require.Equal(t, kill, run(0, monoIn(10*time.Millisecond)))
-	require.Equal(t, both, run(time.Second, monoIn(time.Hour), monoIn(10*time.Millisecond)), "the latest heartbeat counts")
+	require.Equal(t, both, run(2*time.Second, monoIn(time.Hour), monoIn(10*time.Millisecond)), "the latest heartbeat counts")
 
 	// Heartbeats an hour ahead, then the pipe closes: nothing is sent.
 	ch := make(chan int64, 1)
