@@ -19,8 +19,9 @@ import (
 // next one after twice as long, up to a cap, each drawn at random from
 // ±50% of its nominal value (so at most 1.5 × the cap), and the backoff
 // starts over after a success (a renewal, a watch that the server has
-// synced). The cap is retryMax for the watch and TTL/10 (at least
-// retryInitial) for keepalive, so that a session still renews within
+// synced). The cap is retryMax for the watch and a tenth of the session's
+// window (TTL/10 unless WithEndEarly shortens it; at least retryInitial)
+// for keepalive, so that a session still renews within
 // about a tenth of its TTL of the servers coming back; a renewal that
 // succeeds after failing ends the watch's wait. Clients that lost their
 // servers together thus come back spread out over time, and a long outage
@@ -48,6 +49,32 @@ type SessionOption func(*Session)
 // no later than that.
 func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl = ttl } }
 
+// WithEndEarly makes the session end d before its local deadline: at the
+// send time of the last successful renewal plus the TTL, minus d. A
+// program that needs time to stop its work once the session ends (fencer
+// acquire, which gives its command a grace period and then SIGKILL) ends
+// the session that much earlier, so the work has stopped before etcd could
+// expire the session and another holder acquire its leases. The session
+// then renews every third of TTL − d. An acquisition that waited opens the
+// session with less of its TTL left (the server renewed it meanwhile); if
+// less than a third of TTL − d would be left, Acquire renews the session
+// before it returns, and the deadline without d applies until then, while
+// nothing holds the lease yet. d must be at least 0 and less than two
+// thirds of the TTL (default 0).
+// Ending early changes only the client's deadline, not the server's
+// expiry, and gives no bound on how late the program's own stop is.
+func WithEndEarly(d time.Duration) SessionOption { return func(s *Session) { s.early = d } }
+
+// WithDeadlineFunc has f called with the time at which the session will
+// end unless a renewal succeeds first (see WithEndEarly), each time that
+// time is set: as the session opens (before the acquisition that opened
+// it returns) and after each successful renewal. f runs on the session's
+// goroutines, one call at a time, and must return promptly: the session
+// does not renew while f runs. It is not called when the session ends.
+func WithDeadlineFunc(f func(end time.Time)) SessionOption {
+	return func(s *Session) { s.onDeadline = f }
+}
+
 // Session is a remote session: an etcd lease that a server granted for
 // this client's principal, renewed over one KeepAlive stream and watched
 // over one WatchLease stream, however many leases it holds. The session is
@@ -55,13 +82,15 @@ func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl 
 //
 // The session ends when Close is called, when the server reports it gone,
 // or when no renewal has succeeded before the local deadline: the send
-// time of the last successful renewal plus the TTL granted, on the
-// client's clock (monotonic by default). That deadline is never later than
-// etcd's own expiry, so the session fails closed, also when no server can
-// be reached. When it ends, every Lease it holds ends too.
+// time of the last successful renewal plus the TTL granted, less what
+// WithEndEarly takes, on the client's clock (monotonic by default). That
+// deadline is never later than etcd's own expiry, so the session fails
+// closed, also when no server can be reached. When it ends, every Lease it holds ends too.
 type Session struct {
-	c   *Client
-	ttl time.Duration
+	c          *Client
+	ttl        time.Duration
+	early      time.Duration   // see WithEndEarly
+	onDeadline func(time.Time) // see WithDeadlineFunc; nil if not set
 
 	ctx    context.Context // done when the session ends; its cause is Err's value
 	cancel context.CancelCauseFunc
@@ -105,6 +134,9 @@ func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
 	}
 	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
 		return nil, &token.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
+	}
+	if s.early < 0 || 3*s.early >= 2*s.ttl {
+		return nil, &etcdstore.ArgumentError{Arg: "end early", Value: s.early.String(), Reason: fmt.Sprintf("must be at least 0 and less than two thirds of the %s TTL", s.ttl)}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil
@@ -187,7 +219,12 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 		if d := s.c.clock.Now().Add(ttl / 2); d.After(deadline) {
 			deadline = d
 		}
-		s.start(resp.GetSessionId(), deadline, tok.Revision)
+		if renewed := s.start(resp.GetSessionId(), deadline, tok.Revision); renewed != nil {
+			select {
+			case <-renewed:
+			case <-s.ctx.Done(): // register ends the lease
+			}
+		}
 	}
 	l := &Lease{sess: s, tok: tok}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
@@ -197,14 +234,29 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 	return l, nil
 }
 
-// start records the session's id and starts its keepalive and watch.
-func (s *Session) start(id int64, deadline time.Time, fromRev int64) {
+// start records the session's id and starts its keepalive and watch;
+// deadline is when etcd expires the session at the soonest, unless
+// renewed. If less than a third of the session's window would be left
+// after WithEndEarly's part, start returns a channel that the first
+// successful renewal closes, and until then the session ends at deadline
+// itself; otherwise it returns nil.
+func (s *Session) start(id int64, deadline time.Time, fromRev int64) <-chan struct{} {
 	s.mu.Lock()
 	s.id = id
 	s.mu.Unlock()
+	var renewed chan struct{}
+	if end := deadline.Add(-s.early); end.Sub(s.c.clock.Now()) < (s.ttl-s.early)/3 {
+		renewed = make(chan struct{})
+	} else {
+		deadline = end
+		if f := s.onDeadline; f != nil {
+			f(end)
+		}
+	}
 	s.wg.Add(2)
-	go s.keepAlive(id, deadline)
+	go s.keepAlive(id, deadline, renewed)
 	go s.watch(id, fromRev)
+	return renewed
 }
 
 // Close releases the session on the server, which ends every lease it
@@ -243,13 +295,20 @@ func (s *Session) end(reason error) {
 	}
 }
 
-// keepAlive renews the session every TTL/3 over one KeepAlive stream,
-// reopening it on error, and ends the session when the local deadline
-// passes or the server reports the session gone.
-func (s *Session) keepAlive(id int64, deadline time.Time) {
+// keepAlive renews the session every third of its window (the TTL, less
+// what WithEndEarly takes) over one KeepAlive stream, reopening it on
+// error, and ends the session when the local deadline passes or the server
+// reports the session gone. With renewed (see start), it renews at once
+// and closes renewed after the first renewal that succeeds.
+func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{}) {
 	defer s.wg.Done()
-	interval := s.ttl / 3
-	tick := s.c.clock.NewTimer(interval)
+	window := s.ttl - s.early
+	interval := window / 3
+	first := interval
+	if renewed != nil {
+		first = 0
+	}
+	tick := s.c.clock.NewTimer(first)
 	expire := s.c.clock.NewTimer(deadline.Sub(s.c.clock.Now()))
 	defer func() {
 		tick.Stop()
@@ -258,7 +317,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", token.ErrSessionExpired, s.ttl)
 	var ka *keepAliveStream
 	defer func() { ka.close() }()
-	retry := s.retry(max(s.ttl/10, retryInitial))
+	retry := s.retry(max(window/10, retryInitial))
 	failed := false
 	for {
 		select {
@@ -296,8 +355,16 @@ func (s *Session) keepAlive(id int64, deadline time.Time) {
 			default:
 			}
 		}
+		end := sent.Add(ttl - s.early)
 		expire.Stop()
-		expire.Reset(sent.Add(ttl).Sub(s.c.clock.Now()))
+		expire.Reset(end.Sub(s.c.clock.Now()))
+		if f := s.onDeadline; f != nil {
+			f(end)
+		}
+		if renewed != nil {
+			close(renewed)
+			renewed = nil
+		}
 		tick.Reset(interval)
 	}
 }

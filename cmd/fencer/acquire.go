@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,17 +35,23 @@ waits for, and waits (--wait-timeout bounds the wait; --wait=false fails at
 once with exit code 5). A server restart while waiting is ridden out: the
 wait goes on once the server answers again.
 
-CMD is stopped when the lease ends (docs/cli.md lists the known gaps:
-a CMD slow to exit after a missed renewal, a stopped fencer, a killed
-watchdog):
+CMD is stopped when the lease ends (docs/cli.md states the timing and
+the gaps that remain):
   - when the lease is lost, CMD's process group gets SIGTERM, then SIGKILL
-    after --grace, and acquire exits 9;
+    after --grace, and acquire exits 9. When renewals fail (a partition, a
+    server gone), the stop starts --grace + 200ms before the lease's local
+    deadline, so CMD is gone before the server can expire the lease;
+    --grace must be less than two thirds of --ttl, less 200ms (default: a
+    quarter of --ttl);
   - SIGINT, SIGTERM and SIGHUP sent to fencer are passed on to CMD's
     process group (SIGKILL after --grace), and the lease is released;
-  - if fencer itself dies (SIGKILL, the OOM killer), CMD's whole process
-    group is killed: by a watchdog process in the group, which sees fencer's
-    end of a pipe close, and on Linux also by the kernel's parent-death
-    signal to CMD;
+  - a watchdog process leads CMD's process group. If fencer dies (SIGKILL,
+    the OOM killer) it kills the group when fencer's end of a pipe closes
+    (on Linux the kernel's parent-death signal also reaches CMD). If fencer
+    is stopped (SIGSTOP, a frozen cgroup), the watchdog stops the group on
+    its own clock, fed by fencer's heartbeats after each renewal, and
+    acquire exits 9 once it runs again. If the watchdog dies, fencer kills
+    the group, releases the lease and exits 10;
   - when CMD exits, what it left running in its process group is killed.
 When standard input is the terminal, CMD runs in the foreground, so
 interactive commands and commands that read standard input work.
@@ -85,6 +92,9 @@ func (a *app) acquireCmd() *cobra.Command {
 			if err := out.validate(); err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("grace") {
+				f.grace = f.ttl / 4
+			}
 			return a.acquire(cmd.Context(), f, &out, args[0], args[1:])
 		},
 	}
@@ -94,21 +104,49 @@ func (a *app) acquireCmd() *cobra.Command {
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL (whole seconds): the lease vanishes this long after fencer stops renewing it")
 	fs.BoolVar(&f.wait, "wait", true, "wait while another holder holds the lease (false: fail at once, exit code 5)")
 	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 (0: wait for ever)")
-	fs.DurationVar(&f.grace, "grace", 5*time.Second, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL")
+	fs.DurationVar(&f.grace, "grace", 0, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL; less than 2/3 of --ttl, less 200ms (default --ttl/4)")
 	envFlag(fs, "ttl", "FENCER_TTL")
 	envFlag(fs, "wait-timeout", "FENCER_WAIT_TIMEOUT")
+	envFlag(fs, "grace", "FENCER_GRACE")
 	return cmd
 }
 
+// killMargin is how long before the lease's local deadline the SIGKILL
+// that ends CMD's grace goes out, after a failed renewal: time for the
+// kernel to end CMD's processes, and for fencer's and the watchdog's
+// timers to be late.
+const killMargin = 200 * time.Millisecond
+
+// checkGrace refuses a grace that, with killMargin, does not fit before
+// the lease's local deadline with more than a third of ttl left for
+// renewals (client.WithEndEarly's bound). A ttl that is not positive is
+// left to the session to refuse.
+func checkGrace(ttl, grace time.Duration) error {
+	if ttl <= 0 || 3*(max(grace, 0)+killMargin) < 2*ttl {
+		return nil
+	}
+	return usagef("--grace %s does not fit in --ttl %s: SIGTERM, --grace and SIGKILL (%s) must all come before the lease's local deadline, leaving more than a third of the TTL for renewals; use a --grace below %s, or a longer --ttl",
+		grace, ttl, killMargin, (2*ttl/3 - killMargin).Round(time.Millisecond))
+}
+
 // acquire acquires name, then runs argv while it is held, or holds it
-// until ctx ends when argv is empty.
+// until ctx ends when argv is empty. With argv, the session ends grace +
+// killMargin before its local deadline, so that CMD is stopped by then.
 func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, name string, argv []string) error {
+	opts := []client.SessionOption{client.WithTTL(f.ttl)}
+	end := &sessionEnd{}
+	if len(argv) > 0 {
+		if err := checkGrace(f.ttl, f.grace); err != nil {
+			return err
+		}
+		opts = append(opts, client.WithEndEarly(max(f.grace, 0)+killMargin), client.WithDeadlineFunc(end.set))
+	}
 	cc, err := a.conn.dial()
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
-	sess, err := client.New(cc).NewSession(client.WithTTL(f.ttl))
+	sess, err := client.New(cc).NewSession(opts...)
 	if err != nil {
 		return err
 	}
@@ -128,7 +166,43 @@ func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, nam
 	}
 	env := append(os.Environ(), a.conn.childEnv()...)
 	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
-	return a.runHeld(ctx, lease, argv, env, f.grace)
+	return a.runHeld(ctx, lease, end, argv, env, f.grace)
+}
+
+// sessionEnd is when acquire's session ends unless renewed, as the
+// session reports it (client.WithDeadlineFunc), passed on to the watchdog
+// as a heartbeat once there is one.
+type sessionEnd struct {
+	mu  sync.Mutex
+	end time.Time
+	wd  *watchdog
+}
+
+func (e *sessionEnd) set(end time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.end = end
+	if e.wd != nil {
+		e.wd.heartbeat(end)
+	}
+}
+
+// feed sends the session's end to wd now and after each renewal.
+func (e *sessionEnd) feed(wd *watchdog) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.wd = wd
+	if !e.end.IsZero() {
+		wd.heartbeat(e.end)
+	}
+}
+
+// passed reports whether the session's end has passed: the watchdog may
+// have stopped CMD then, and the lease is as good as lost.
+func (e *sessionEnd) passed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.end.IsZero() && !time.Now().Before(e.end)
 }
 
 // acquireWaiting acquires name through sess, saying once on standard
@@ -236,17 +310,20 @@ func lossReason(lease *client.Lease) string {
 // runHeld runs argv while lease is held and returns its exit status as an
 // *exitStatus. CMD is stopped (SIGTERM to its process group, SIGKILL after
 // grace) when the lease ends; a signal that ended ctx is passed on to it
-// instead of SIGTERM.
-func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []string, grace time.Duration) error {
+// instead of SIGTERM. If the watchdog dies, CMD's group is killed at once.
+func (a *app) runHeld(ctx context.Context, lease *client.Lease, end *sessionEnd, argv, env []string, grace time.Duration) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, a.stdout, a.stderr
 	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// The watchdog leads CMD's process group and is ready before CMD
 	// starts, so that CMD cannot signal it away first.
-	wd, err := startWatchdog()
+	wd, err := startWatchdog(max(grace, 0))
+	var dogGone <-chan struct{} // nil without a watchdog
 	if err == nil {
 		cmd.SysProcAttr.Pgid = wd.pgid()
+		end.feed(wd)
+		dogGone = wd.Done()
 		defer wd.fire() // after CMD: what it left in its group goes too
 	} else {
 		fmt.Fprintf(a.stderr, "fencer acquire: cannot start the watchdog (%v): processes %s starts may outlive fencer if it is killed\n", err, argv[0])
@@ -272,16 +349,31 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, argv, env []stri
 	lost := false
 	select {
 	case waitErr = <-exited:
+		// The watchdog may have stopped CMD while fencer was stopped.
+		lost = lease.Err() != nil || end.passed()
 	case <-lease.Done():
 		lost = true
 		fmt.Fprintf(a.stderr, "fencer acquire: lease lost (%s); stopping %s\n", lossReason(lease), argv[0])
+		wd.stopping()
 		waitErr = stop(group, exited, syscall.SIGTERM, grace)
+	case <-dogGone:
+		_ = syscall.Kill(-group, syscall.SIGKILL)
+		waitErr = <-exited
+		if wd.Fired() { // it stopped CMD at the session's end, while fencer was stopped
+			lost = true
+			break
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
+		defer cancel()
+		_ = lease.Release(rctx)
+		return &exitStatus{code: exitWatchdogLost, msg: fmt.Sprintf("the watchdog of %s died, so %s and its process group were killed and the lease released", argv[0], argv[0])}
 	case <-ctx.Done():
 		sig := syscall.SIGTERM
 		var se *signalError
 		if errors.As(context.Cause(ctx), &se) {
 			sig = se.sig
 		}
+		wd.stopping()
 		waitErr = stop(group, exited, sig, grace)
 	}
 	if lost {

@@ -18,18 +18,19 @@ import (
 // Exit codes of fencer. docs/cli.md lists the same table, and
 // exitCodesHelp shows it in "fencer --help".
 const (
-	exitOK          = 0
-	exitError       = 1 // anything not classified below
-	exitUsage       = 2
-	exitNotFound    = 3
-	exitStale       = 4
-	exitHeld        = 5
-	exitDenied      = 6
-	exitUnavailable = 7
-	exitForeign     = 8
-	exitLeaseLost   = 9
-	exitCannotExec  = 126
-	exitNoCommand   = 127
+	exitOK           = 0
+	exitError        = 1 // anything not classified below
+	exitUsage        = 2
+	exitNotFound     = 3
+	exitStale        = 4
+	exitHeld         = 5
+	exitDenied       = 6
+	exitUnavailable  = 7
+	exitForeign      = 8
+	exitLeaseLost    = 9
+	exitWatchdogLost = 10 // acquire: the watchdog died while CMD ran
+	exitCannotExec   = 126
+	exitNoCommand    = 127
 )
 
 const exitCodesHelp = `Exit codes:
@@ -43,6 +44,7 @@ const exitCodesHelp = `Exit codes:
   7    unavailable: the server (or its etcd) could not be reached in time
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
   9    lease lost while CMD ran (acquire): CMD was stopped
+  10   the watchdog died while CMD ran (acquire): CMD was killed, the lease released
   126  CMD could not be run (acquire); 127 CMD was not found
   Otherwise acquire exits with CMD's status (128+N if signal N ended it).`
 
