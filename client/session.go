@@ -136,7 +136,7 @@ func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
 		return nil, &token.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
 	}
 	if s.early < 0 || 3*s.early >= 2*s.ttl {
-		return nil, &etcdstore.ArgumentError{Arg: "end early", Value: s.early.String(), Reason: fmt.Sprintf("must be at least 0 and less than two thirds of the %s TTL", s.ttl)}
+		return nil, &token.ArgumentError{Arg: "end early", Value: s.early.String(), Reason: fmt.Sprintf("must be at least 0 and less than two thirds of the %s TTL", s.ttl)}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s, nil

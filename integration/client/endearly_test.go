@@ -71,8 +71,14 @@ func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testcl
 	}
 	in := rpcfault.New()
 	clk := testclock.NewFakeClock(time.Now())
-	return client.New(dial(in.DialOptions()...), client.WithClock(clk)), in, clk, client.New(dial())
+	return client.New(dial(in.DialOptions()...), client.WithClock(clientClock{clk})), in, clk, client.New(dial())
 }
+
+// clientClock gives a fake clock of k8s.io/utils the shape of
+// client.Clock, whose NewTimer returns the client's own Timer type.
+type clientClock struct{ *testclock.FakeClock }
+
+func (c clientClock) NewTimer(d time.Duration) client.Timer { return c.FakeClock.NewTimer(d) }
 
 // TestEndEarlyAfterWaiting: an acquisition that waited 5s opens a session
 // (TTL 3s, ending 1.9s early) that the server renewed meanwhile, so the
