@@ -405,17 +405,24 @@ func (st *scopeStore) Replace(objs []any, listRV string) error {
 }
 
 // UpdateResourceVersion records that the stream has been applied up to
-// resourceVersion, as a bookmark shows.
+// resourceVersion, which the reflector reports after every event; only a
+// bookmark moves it past the events already applied, and then the
+// Sharders are signalled as after an event.
 func (st *scopeStore) UpdateResourceVersion(resourceVersion string) {
 	rv, err := parseRV(resourceVersion)
 	if err != nil {
 		return
 	}
 	w := st.w
+	at := w.clock.Now()
 	w.mu.Lock()
 	s := w.scopes[st.ns]
+	moved := rv > s.progress
 	s.progress = max(s.progress, rv)
 	w.mu.Unlock()
+	if moved {
+		w.finish(nil, at)
+	}
 }
 
 // Resync does nothing: the reflector runs without a resync period.
