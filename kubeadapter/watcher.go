@@ -196,7 +196,7 @@ func (w *Watcher) Start(ctx context.Context) error {
 	for ns := range w.scopes {
 		log := logr.FromContextOrDiscard(ctx).WithValues("namespace", ns)
 		r := cache.NewReflectorWithOptions(w.listWatch(ns, log), &coordinationv1.Lease{}, &scopeStore{w: w, ns: ns},
-			cache.ReflectorOptions{Name: "fencer-leases/" + ns, Logger: &log})
+			cache.ReflectorOptions{Name: "fencer-leases", Logger: &log})
 		wg.Go(func() { r.RunWithContext(ctx) })
 	}
 	wg.Wait()
