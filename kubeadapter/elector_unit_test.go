@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -37,6 +38,19 @@ type fakeLeases struct {
 	failing bool
 	updates int
 }
+
+// CoordinationV1 returns the fake's Lease client, marked as one that
+// cannot stream a list's initial events (as client-go's fake clientset
+// is), so that a Watcher on it lists and then watches.
+func (f *fakeLeases) CoordinationV1() coordinationv1client.CoordinationV1Interface {
+	return listThenWatch{f.Clientset.CoordinationV1()}
+}
+
+type listThenWatch struct {
+	coordinationv1client.CoordinationV1Interface
+}
+
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 func newFakeLeases(t *testing.T, objs ...runtime.Object) *fakeLeases {
 	t.Helper()

@@ -2,7 +2,6 @@ package kubeadapter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,21 +14,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
 	"github.com/fencer-dev/fencer/token"
-)
-
-// Backoff between failed list or watch calls, and the server-side timeout
-// of one watch call.
-const (
-	watchRetryMin = 100 * time.Millisecond
-	watchRetryMax = 30 * time.Second
-	watchTimeout  = 5 * time.Minute
 )
 
 // Watcher is the one Lease watcher of a process. It lists and watches
@@ -147,8 +139,9 @@ func WithRegisterer(reg prometheus.Registerer) WatcherOption {
 	}
 }
 
-// WithWatcherClock sets the clock that times retries and the self-fence
-// latency. The default is the real clock.
+// WithWatcherClock sets the clock that times the self-fence latency. The
+// default is the real clock. It does not time retries: those are client-go's
+// reflector backoff, on the real clock.
 func WithWatcherClock(c clock.Clock) WatcherOption {
 	return func(w *Watcher) error {
 		if c == nil {
@@ -160,8 +153,11 @@ func WithWatcherClock(c clock.Clock) WatcherOption {
 }
 
 // NewWatcher returns a Watcher that lists and watches Leases through
-// leases (for a clientset, clientset.CoordinationV1()). It performs no
-// I/O; Start runs it. It returns a *ConfigError for a nil leases or an
+// leases (for a clientset, clientset.CoordinationV1()) with client-go's
+// reflector, using streaming lists unless leases has an
+// IsWatchListSemanticsUnSupported method that returns true (which a fake
+// that cannot stream initial events must have). It performs no I/O; Start
+// runs it. It returns a *ConfigError for a nil leases or an
 // invalid option, and the registerer's error when the metrics cannot be
 // registered.
 func NewWatcher(leases coordinationv1client.LeasesGetter, opts ...WatcherOption) (*Watcher, error) {
@@ -189,16 +185,19 @@ func NewWatcher(leases coordinationv1client.LeasesGetter, opts ...WatcherOption)
 // Start lists and watches Leases until ctx is done, then returns nil; it
 // returns ErrAlreadyStarted when called a second time. It never returns
 // because of API errors: a failed list or watch is logged (with the
-// logr.Logger of ctx) and retried with backoff, and an expired
-// resourceVersion causes a new list. Start makes a Watcher a
-// controller-runtime manager.Runnable.
+// logr.Logger of ctx), counted and retried with client-go's reflector
+// backoff, and an expired resourceVersion causes a new list. Start makes
+// a Watcher a controller-runtime manager.Runnable.
 func (w *Watcher) Start(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrAlreadyStarted
 	}
 	var wg sync.WaitGroup
 	for ns := range w.scopes {
-		wg.Go(func() { w.run(ctx, ns) })
+		log := logr.FromContextOrDiscard(ctx).WithValues("namespace", ns)
+		r := cache.NewReflectorWithOptions(w.listWatch(ns, log), &coordinationv1.Lease{}, &scopeStore{w: w, ns: ns},
+			cache.ReflectorOptions{Name: "fencer-leases", Logger: &log})
+		wg.Go(func() { r.RunWithContext(ctx) })
 	}
 	wg.Wait()
 	return nil
@@ -227,70 +226,167 @@ func (w *Watcher) scopeOf(namespace string) *scope {
 	return w.scopes[namespace]
 }
 
-// run lists and watches one scope until ctx is done.
-func (w *Watcher) run(ctx context.Context, ns string) {
-	log := logr.FromContextOrDiscard(ctx).WithValues("namespace", ns)
-	var rv string // "" means that a list is needed
-	failures := 0
-	for ctx.Err() == nil {
-		var err error
-		if rv == "" {
-			rv, err = w.list(ctx, ns)
-		} else {
-			rv, err = w.follow(ctx, ns, rv)
+// listWatch lists and watches the Leases of namespace ns (all when ns is
+// metav1.NamespaceAll) through w.leases, and counts and logs every failed
+// call and every error that ends a watch. It uses streaming lists unless
+// w.leases says it does not support them, as client-go's fakes do.
+func (w *Watcher) listWatch(ns string, log logr.Logger) cache.ListerWatcher {
+	failed := func(op string, err error) {
+		kind := WatchFailed
+		if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			kind = WatchExpired
 		}
-		switch {
-		case err == nil:
-			failures = 0
-			continue
-		case ctx.Err() != nil:
-			return
-		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-			w.metrics.watchError(WatchExpired)
-			rv = ""
-			continue
-		}
-		w.metrics.watchError(WatchFailed)
-		failures++
-		delay := min(watchRetryMin<<min(failures-1, 16), watchRetryMax)
-		log.Error(err, "lease watch failed; retrying", "after", delay)
-		t := w.clock.NewTimer(wait.Jitter(delay, 0.5))
+		w.metrics.watchError(kind)
+		log.Error(err, "lease "+op+" failed", "kind", kind)
+	}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			list, err := w.leases.Leases(ns).List(ctx, opts)
+			if err != nil && ctx.Err() == nil {
+				failed("list", err)
+			}
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			wi, err := w.leases.Leases(ns).Watch(ctx, opts)
+			if err != nil {
+				if ctx.Err() == nil {
+					failed("watch", err)
+				}
+				return nil, err
+			}
+			return newErrorCounting(wi, func(err error) { failed("watch", err) }), nil
+		},
+	}
+	return cache.ToListWatcherWithWatchListSemantics(lw, w.leases)
+}
+
+// errorCounting passes on the events of a watch and reports each Error
+// event, which the reflector turns into a relist without telling anyone.
+type errorCounting struct {
+	in     watch.Interface
+	out    chan watch.Event
+	stop   chan struct{}
+	once   sync.Once
+	report func(error)
+}
+
+func newErrorCounting(in watch.Interface, report func(error)) *errorCounting {
+	c := &errorCounting{in: in, out: make(chan watch.Event), stop: make(chan struct{}), report: report}
+	go c.loop()
+	return c
+}
+
+func (c *errorCounting) loop() {
+	defer close(c.out)
+	for {
+		var ev watch.Event
+		var ok bool
 		select {
-		case <-ctx.Done():
-			t.Stop()
+		case ev, ok = <-c.in.ResultChan():
+			if !ok {
+				return
+			}
+		case <-c.stop:
 			return
-		case <-t.C():
+		}
+		if ev.Type == watch.Error {
+			c.report(apierrors.FromObject(ev.Object))
+		}
+		select {
+		case c.out <- ev:
+		case <-c.stop:
+			return
 		}
 	}
 }
 
-// list lists the scope, applies the result and returns its
-// resourceVersion.
-func (w *Watcher) list(ctx context.Context, ns string) (string, error) {
-	list, err := w.leases.Leases(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return "", fmt.Errorf("kubeadapter: list leases: %w", err)
-	}
+// ResultChan returns the events of the underlying watch.
+func (c *errorCounting) ResultChan() <-chan watch.Event { return c.out }
+
+// Stop stops the underlying watch and the forwarding.
+func (c *errorCounting) Stop() {
+	c.once.Do(func() { close(c.stop) })
+	c.in.Stop()
+}
+
+// scopeStore is the store of one scope's reflector: it applies what the
+// reflector lists and watches to w, in the order the reflector delivers
+// it. Keeping the Watcher's own map as the store, rather than reading an
+// informer's event handlers, keeps the list's resourceVersion, against
+// which a Lease missing from a relist is compared with each acquisition.
+type scopeStore struct {
+	w  *Watcher
+	ns string
+}
+
+var (
+	_ cache.ReflectorStore         = (*scopeStore)(nil)
+	_ cache.ResourceVersionUpdater = (*scopeStore)(nil)
+)
+
+// Add applies a watch event that created a Lease.
+func (st *scopeStore) Add(obj any) error { return st.event(obj, false) }
+
+// Update applies a watch event that changed a Lease.
+func (st *scopeStore) Update(obj any) error { return st.event(obj, false) }
+
+// Delete applies a watch event that deleted a Lease; the event carries the
+// deletion's resourceVersion.
+func (st *scopeStore) Delete(obj any) error { return st.event(obj, true) }
+
+func (st *scopeStore) event(obj any, deleted bool) error {
+	w := st.w
 	at := w.clock.Now()
-	rv, err := parseRV(list.ResourceVersion)
+	l, rv, err := leaseAt(obj)
 	if err != nil {
-		return "", err
+		return err
 	}
 	w.mu.Lock()
-	s := w.scopes[ns]
+	s := w.scopes[st.ns]
+	var ends []ending
+	if deleted {
+		k := leaseKey(l)
+		delete(s.leases, k)
+		ends = w.check(k, nil, rv)
+	} else {
+		ends = w.saw(s, l, rv)
+	}
+	s.progress = max(s.progress, rv)
+	w.mu.Unlock()
+	w.finish(ends, at)
+	return nil
+}
+
+// Replace applies a list (or the initial events of a streaming list) at
+// resourceVersion listRV: what it no longer shows was deleted at or
+// before listRV.
+func (st *scopeStore) Replace(objs []any, listRV string) error {
+	w := st.w
+	at := w.clock.Now()
+	rv, err := parseRV(listRV)
+	if err != nil {
+		w.metrics.watchError(WatchFailed)
+		return err
+	}
+	leases := make([]*coordinationv1.Lease, 0, len(objs))
+	rvs := make([]int64, 0, len(objs))
+	for _, obj := range objs {
+		l, lrv, err := leaseAt(obj)
+		if err != nil {
+			w.metrics.watchError(WatchFailed)
+			return err
+		}
+		leases, rvs = append(leases, l), append(rvs, lrv)
+	}
+	w.mu.Lock()
+	s := w.scopes[st.ns]
 	var ends []ending
 	present := map[string]bool{}
-	for i := range list.Items {
-		l := &list.Items[i]
-		lrv, err := parseRV(l.ResourceVersion)
-		if err != nil {
-			w.mu.Unlock()
-			return "", err
-		}
+	for i, l := range leases {
 		present[leaseKey(l)] = true
-		ends = append(ends, w.saw(s, l, lrv)...)
+		ends = append(ends, w.saw(s, l, rvs[i])...)
 	}
-	// What the list no longer shows was deleted at or before rv.
 	for k := range s.leases {
 		if !present[k] {
 			delete(s.leases, k)
@@ -305,71 +401,44 @@ func (w *Watcher) list(ctx context.Context, ns string) (string, error) {
 	}
 	w.mu.Unlock()
 	w.finish(ends, at)
-	return list.ResourceVersion, nil
+	return nil
 }
 
-// errNoProgress means that a watch ended before delivering any event; it
-// is retried with backoff so that a watch that keeps closing at once does
-// not spin.
-var errNoProgress = errors.New("kubeadapter: lease watch closed without events")
-
-// follow watches the scope from rv and applies events until the watch
-// ends, and returns the resourceVersion up to which it applied them.
-func (w *Watcher) follow(ctx context.Context, ns, rv string) (string, error) {
-	timeout := int64(wait.Jitter(watchTimeout, 1) / time.Second)
-	wi, err := w.leases.Leases(ns).Watch(ctx, metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true, TimeoutSeconds: &timeout})
+// UpdateResourceVersion records that the stream has been applied up to
+// resourceVersion, which the reflector reports after every event; only a
+// bookmark moves it past the events already applied, and then the
+// Sharders are signalled as after an event.
+func (st *scopeStore) UpdateResourceVersion(resourceVersion string) {
+	rv, err := parseRV(resourceVersion)
 	if err != nil {
-		return rv, fmt.Errorf("kubeadapter: watch leases: %w", err)
+		return
 	}
-	defer wi.Stop()
-	progressed := false
-	for {
-		var ev watch.Event
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return rv, ctx.Err()
-		case ev, ok = <-wi.ResultChan():
-		}
-		if !ok {
-			if !progressed {
-				return rv, errNoProgress
-			}
-			return rv, nil
-		}
-		at := w.clock.Now()
-		if ev.Type == watch.Error {
-			return rv, fmt.Errorf("kubeadapter: watch leases: %w", apierrors.FromObject(ev.Object))
-		}
-		l, isLease := ev.Object.(*coordinationv1.Lease)
-		if !isLease {
-			return rv, fmt.Errorf("kubeadapter: watch leases: unexpected %T in %s event", ev.Object, ev.Type)
-		}
-		n, err := parseRV(l.ResourceVersion)
-		if err != nil {
-			return rv, err
-		}
-		w.apply(ns, ev.Type, l, n, at)
-		rv, progressed = l.ResourceVersion, true
-	}
-}
-
-// apply applies one watch event with resourceVersion rv, received at at.
-func (w *Watcher) apply(ns string, typ watch.EventType, l *coordinationv1.Lease, rv int64, at time.Time) {
+	w := st.w
+	at := w.clock.Now()
 	w.mu.Lock()
-	s := w.scopes[ns]
-	var ends []ending
-	switch typ {
-	case watch.Added, watch.Modified:
-		ends = w.saw(s, l, rv)
-	case watch.Deleted:
-		k := leaseKey(l)
-		delete(s.leases, k)
-		ends = w.check(k, nil, rv)
-	}
+	s := w.scopes[st.ns]
+	moved := rv > s.progress
 	s.progress = max(s.progress, rv)
 	w.mu.Unlock()
-	w.finish(ends, at)
+	if moved {
+		w.finish(nil, at)
+	}
+}
+
+// Resync does nothing: the reflector runs without a resync period.
+func (*scopeStore) Resync() error { return nil }
+
+// leaseAt returns obj as a Lease and its resourceVersion.
+func leaseAt(obj any) (*coordinationv1.Lease, int64, error) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return nil, 0, fmt.Errorf("kubeadapter: lease watch: unexpected %T", obj)
+	}
+	rv, err := parseRV(l.ResourceVersion)
+	if err != nil {
+		return nil, 0, err
+	}
+	return l, rv, nil
 }
 
 // saw records l, seen at resourceVersion rv, counts it when it is an

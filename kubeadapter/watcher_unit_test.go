@@ -393,6 +393,35 @@ func TestWatcherRelist(t *testing.T) {
 	}
 }
 
+// TestWatcherStaleRelist checks that a relist served at a resourceVersion
+// older than the acquisition, which does not show the Lease yet, ends
+// nothing: a Lease missing from a list is compared with the acquisition
+// at the list's resourceVersion, not treated as deleted now. The loss
+// that follows ends the Held, and its reason shows that the list did not.
+func TestWatcherStaleRelist(t *testing.T) {
+	r := newSelfFenceRig(t)
+	h, seen := r.acquire(t)
+	var once sync.Once
+	r.wl.PrependReactor("list", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		handled := false
+		once.Do(func() { handled = true })
+		if !handled {
+			return false, nil, nil
+		}
+		list := &coordinationv1.LeaseList{}
+		list.ResourceVersion = strconv.FormatInt(h.Token().Revision-1, 10)
+		return true, list, nil
+	})
+	fw := r.wl.current(t)
+	fw.Error(&apierrors.NewResourceExpired("too old").ErrStatus)
+	require.Eventually(t, func() bool {
+		return r.wl.current(t) != fw
+	}, 5*time.Second, time.Millisecond, "the watcher did not relist and watch again")
+	require.NoError(t, h.Err(), "the stale list ended the Held")
+	r.wl.modify(t, otherHolder("other"))
+	r.requireCancelled(t, seen, ErrLeaseTaken)
+}
+
 // TestWatcherSeenBeforeRegistration checks that a loss the Watcher applied
 // between the acquiring write and the Held's registration still ends the
 // Held: the registration is checked against what the Watcher has seen.
