@@ -117,12 +117,16 @@ func (a *app) acquireCmd() *cobra.Command {
 // timers to be late.
 const killMargin = 200 * time.Millisecond
 
-// checkGrace refuses a grace that, with killMargin, does not fit before
-// the lease's local deadline with more than a third of ttl left for
-// renewals (client.WithEndEarly's bound). A ttl that is not positive is
-// left to the session to refuse.
+// checkGrace refuses a negative grace, and one that, with killMargin,
+// does not fit before the lease's local deadline with more than a third of
+// ttl left for renewals (client.WithEndEarly's bound). A ttl out of the
+// session's range (whole seconds from 1s to 1h) is left to the session to
+// refuse, with its own message.
 func checkGrace(ttl, grace time.Duration) error {
-	if ttl <= 0 || 3*(max(grace, 0)+killMargin) < 2*ttl {
+	if grace < 0 {
+		return usagef("--grace %s is negative: give how long CMD has between SIGTERM and SIGKILL, 0 or more", grace)
+	}
+	if ttl < time.Second || ttl > time.Hour || ttl%time.Second != 0 || 3*(grace+killMargin) < 2*ttl {
 		return nil
 	}
 	return usagef("--grace %s does not fit in --ttl %s: SIGTERM, --grace and SIGKILL (%s) must all come before the lease's local deadline, leaving more than a third of the TTL for renewals; use a --grace below %s, or a longer --ttl",
@@ -139,7 +143,7 @@ func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, nam
 		if err := checkGrace(f.ttl, f.grace); err != nil {
 			return err
 		}
-		opts = append(opts, client.WithEndEarly(max(f.grace, 0)+killMargin), client.WithDeadlineFunc(end.set))
+		opts = append(opts, client.WithEndEarly(f.grace+killMargin), client.WithDeadlineFunc(end.set))
 	}
 	cc, err := a.conn.dial()
 	if err != nil {
@@ -318,7 +322,7 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, end *sessionEnd,
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// The watchdog leads CMD's process group and is ready before CMD
 	// starts, so that CMD cannot signal it away first.
-	wd, err := startWatchdog(max(grace, 0))
+	wd, err := startWatchdog(grace)
 	var dogGone <-chan struct{} // nil without a watchdog
 	if err == nil {
 		cmd.SysProcAttr.Pgid = wd.pgid()
@@ -350,7 +354,13 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, end *sessionEnd,
 	select {
 	case waitErr = <-exited:
 		// The watchdog may have stopped CMD while fencer was stopped.
-		lost = lease.Err() != nil || end.passed()
+		// It says so before it signals: a CMD dead of a signal waits for
+		// the word a moment, one that exited by itself does not.
+		wait := time.Duration(0)
+		if childStatus(waitErr) > 128 {
+			wait = time.Second
+		}
+		lost = lease.Err() != nil || end.passed() || wd.stoppedCMD(wait)
 	case <-lease.Done():
 		lost = true
 		fmt.Fprintf(a.stderr, "fencer acquire: lease lost (%s); stopping %s\n", lossReason(lease), argv[0])

@@ -37,11 +37,12 @@ const exitCodesHelp = `Exit codes:
   0    success
   1    any other error
   2    usage: bad flags, arguments, input or token
-  3    not found: no such key (get), the session is gone (watch)
+  3    not found: no such key (get), the session is gone (watch, acquire)
   4    stale: the token is no longer current (check, put, delete, txn, advance)
   5    held: another holder holds the lease (acquire --wait=false, --wait-timeout)
   6    permission denied: credentials refused, or not allowed to use the name
-  7    unavailable: the server (or its etcd) could not be reached in time
+  7    unavailable: the server (or its etcd) could not be reached in time;
+       a write may or may not have committed
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
   9    lease lost while CMD ran (acquire): CMD was stopped
   10   the watchdog died while CMD ran (acquire): CMD was killed, the lease released

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -342,6 +343,26 @@ func TestRedTeamCLIFencerPausedPastTTL(t *testing.T) {
 	require.False(t, stillRan, "the command ran on while fencer was stopped and the lease passed to another holder")
 }
 
+// TestRedTeamCLIWatchdogPausedWhileHeld: a watchdog stopped for longer
+// than the TTL, while fencer goes on renewing, reads the renewals it
+// missed before it judges the session's end, so it leaves CMD running
+// under the lease that is still held, and CMD's exit is acquire's. The
+// watchdog is named fencer-watchdog, so pkill -STOP -x fencer, which
+// stops fencer, leaves it running to stop CMD.
+func TestRedTeamCLIWatchdogPausedWhileHeld(t *testing.T) {
+	s := startServeProc(t)
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "500ms"}, "dogpaused", `echo $$ x; sleep 5; exit 7`)
+	wd, err := syscall.Getpgid(pid) // the watchdog leads CMD's process group
+	require.NoError(t, err)
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", wd))
+	require.NoError(t, err)
+	require.Equal(t, "fencer-watchdog", strings.TrimSpace(string(comm)))
+	require.NoError(t, syscall.Kill(wd, syscall.SIGSTOP))
+	time.Sleep(3 * time.Second) // past the TTL, and several renewals
+	require.NoError(t, syscall.Kill(wd, syscall.SIGCONT))
+	require.Equal(t, 7, p.wait(t, 15*time.Second), "CMD's own exit: %s", p.stderr.String())
+}
+
 // TestRedTeamCLIWaiterWithLongGrace: an acquire that waited for the lease
 // opens a session the server renewed while it waited, so only half the
 // TTL is certain, less than --grace 1s and the 200ms for SIGKILL take
@@ -374,7 +395,11 @@ func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 		{nil, []string{"--ttl", "0"}, ""},
 		{nil, []string{"--ttl", "-2s"}, ""},
 		{nil, []string{"--ttl", "500ms"}, ""},
-		{nil, []string{"--ttl", "2562047h"}, ""},
+		{nil, []string{"--ttl", "2562047h"}, "ttl"},
+		{nil, []string{"--ttl", "9223372036s"}, "must be a whole number of seconds from 1s to 1h"},
+		{nil, []string{"--grace", "-5s"}, "--grace -5s is negative"},
+		{nil, []string{"--grace", "-1ns"}, "is negative"},
+		{[]string{"FENCER_GRACE=-1h"}, nil, "is negative"},
 		{[]string{"FENCER_TTL=0s"}, nil, ""},
 		{[]string{"FENCER_TTL=-5s"}, nil, ""},
 		{[]string{"FENCER_TTL=abc"}, nil, "FENCER_TTL"},

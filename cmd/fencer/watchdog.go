@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -56,6 +57,7 @@ type watchdog struct {
 	w     *os.File      // fencer's end of the heartbeat pipe
 	done  chan struct{} // closed once the watchdog has exited and was reaped
 	fired bool          // it said wdFired; read only after done
+	said  chan struct{} // closed as soon as it says wdFired
 }
 
 // startWatchdog starts a watchdog as the leader of a new process group,
@@ -88,7 +90,7 @@ func startWatchdog(grace time.Duration) (*watchdog, error) {
 		saysR.Close()
 		return nil, err
 	}
-	d := &watchdog{w: w, cmd: cmd, done: make(chan struct{})}
+	d := &watchdog{w: w, cmd: cmd, done: make(chan struct{}), said: make(chan struct{})}
 	// The watchdog says wdReady once it ignores signals; end of file
 	// before that means it died first.
 	_ = saysR.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -113,7 +115,10 @@ func (d *watchdog) follow(says *os.File) {
 		if _, err := says.Read(b); err != nil {
 			break
 		}
-		fired = fired || b[0] == wdFired
+		if b[0] == wdFired && !fired {
+			fired = true
+			close(d.said)
+		}
 	}
 	says.Close()
 	_ = d.cmd.Wait()
@@ -134,14 +139,35 @@ func (d *watchdog) Fired() bool {
 	return d.fired
 }
 
+// stoppedCMD reports whether the watchdog has said it stopped CMD on its
+// own clock, waiting up to wait for it to say so: it says so before it
+// signals the group, so once CMD has died of its signal the word is on
+// its way. With no watchdog it reports false.
+func (d *watchdog) stoppedCMD(wait time.Duration) bool {
+	if d == nil {
+		return false
+	}
+	select {
+	case <-d.said:
+		return true
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-d.said:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
 // heartbeat tells the watchdog that the session now ends at end, unless
 // renewed. The write is bounded: a watchdog that does not read (stopped)
 // cannot hold up the session's renewals.
 func (d *watchdog) heartbeat(end time.Time) {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	// Read before time.Until, so the sum is never later than end.
-	d.send(ts.Nano() + int64(time.Until(end)))
+	now := monoNow() // read before time.Until, so the sum is never later than end
+	d.send(now + int64(time.Until(end)))
 }
 
 // stopping tells the watchdog that fencer is stopping CMD itself, so it
@@ -181,27 +207,27 @@ func (d *watchdog) fire() {
 }
 
 // runWatchdogIfAsked turns this process into a watchdog, if it was
-// started as one, and never returns then: it ignores every signal that
-// can be ignored (whatever the command or a terminal sends its group,
-// SIGUSR1 and SIGPIPE included), says wdReady on descriptor 4, guards the
-// group with the heartbeats read on descriptor 3 until end of file there
-// or until it stopped the group itself, and kills its process group,
-// itself included.
+// started as one, and never returns then: it names itself
+// fencer-watchdog (so that pkill -STOP -x fencer leaves it running),
+// ignores every signal that can be ignored (whatever the command or a
+// terminal sends its group, SIGUSR1 and SIGPIPE included), says wdReady on
+// descriptor 4, guards the group with the heartbeats read on descriptor 3
+// until end of file there or until it stopped the group itself, and kills
+// its process group, itself included.
 func runWatchdogIfAsked() {
 	v, ok := os.LookupEnv(watchdogEnv)
 	if !ok {
 		return
 	}
 	signal.Ignore()
+	_ = os.WriteFile("/proc/self/comm", []byte(watchdogName), 0)
 	grace, err := time.ParseDuration(v)
 	if err != nil {
 		grace = 0
 	}
 	says := os.NewFile(4, "says")
 	_, _ = says.Write([]byte{wdReady})
-	beats := make(chan int64)
-	go readHeartbeats(os.NewFile(3, "fencer"), beats)
-	guard(beats, grace, func(sig syscall.Signal) {
+	guard(os.NewFile(3, "fencer"), grace, func(sig syscall.Signal) {
 		_, _ = says.Write([]byte{wdFired})
 		_ = syscall.Kill(-syscall.Getpgrp(), sig)
 	})
@@ -209,71 +235,77 @@ func runWatchdogIfAsked() {
 	os.Exit(0)
 }
 
-// readHeartbeats sends each number fencer writes on r to beats, and closes
-// beats at end of file.
-func readHeartbeats(r io.Reader, beats chan<- int64) {
-	defer close(beats)
-	b := make([]byte, 8)
+// watchdogName is the watchdog's process name (at most 15 bytes, the
+// kernel's limit).
+const watchdogName = "fencer-watchdog"
+
+// guard follows the heartbeats fencer writes on r until r ends (fencer's
+// pipe closed) or the session's end has passed with no heartbeat since:
+// then it has signalled the group (SIGTERM watchdogLate after the end,
+// unless fencer said it stops CMD itself, and SIGKILL --grace after the
+// end, at least watchdogLate) and returns. Once the time for SIGKILL has
+// come, no SIGTERM is sent any more: the grace is over.
+//
+// Heartbeats waiting in the pipe always count before a deadline does: a
+// watchdog that was stopped itself, while fencer went on renewing, reads
+// the renewals it missed before it judges the session's end, so it does
+// not stop CMD under a lease that is still held.
+func guard(r *os.File, grace time.Duration, act func(syscall.Signal)) {
+	fd := int(r.Fd())
+	var termAt, killAt int64 // CLOCK_MONOTONIC nanoseconds; 0: no end known yet
+	stopping := false
+	var pending []byte // a heartbeat read in part
+	buf := make([]byte, 8*64)
 	for {
-		if _, err := io.ReadFull(r, b); err != nil {
-			return
+		timeout := -1 // no end known: wait for a heartbeat
+		if killAt != 0 {
+			next := killAt
+			if termAt != 0 {
+				next = min(next, termAt)
+			}
+			timeout = int(max(0, time.Duration(next-monoNow()).Milliseconds()+1))
 		}
-		beats <- int64(binary.BigEndian.Uint64(b))
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, timeout)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if n > 0 {
+			m, err := r.Read(buf)
+			if err != nil {
+				return // fencer's end closed: the caller kills the group
+			}
+			pending = append(pending, buf[:m]...)
+			for len(pending) >= 8 {
+				v := int64(binary.BigEndian.Uint64(pending))
+				pending = pending[8:]
+				if v == hbStopping {
+					stopping, termAt = true, 0
+					continue
+				}
+				termAt, killAt = v+int64(watchdogLate), v+int64(max(grace, watchdogLate))
+				if stopping || grace <= watchdogLate {
+					termAt = 0
+				}
+			}
+			continue
+		}
+		now := monoNow()
+		switch {
+		case killAt != 0 && now >= killAt:
+			act(syscall.SIGKILL)
+			return
+		case termAt != 0 && now >= termAt:
+			termAt = 0
+			act(syscall.SIGTERM)
+		}
 	}
 }
 
-// guard follows the heartbeats until beats closes (fencer's pipe ended)
-// or the session's end has passed with no heartbeat since: then it has
-// signalled the group (SIGTERM watchdogLate after the end, unless fencer
-// said it stops CMD itself, and SIGKILL --grace after the end, at least
-// watchdogLate) and returns. Once the time for SIGKILL has come, no
-// SIGTERM is sent any more: the grace is over.
-func guard(beats <-chan int64, grace time.Duration, act func(syscall.Signal)) {
-	var term, kill <-chan time.Time // nil: no end known yet
-	var termT, killT *time.Timer
-	stopping := false
-	defer func() {
-		if termT != nil {
-			termT.Stop()
-			killT.Stop()
-		}
-	}()
-	for {
-		select {
-		case <-kill:
-			act(syscall.SIGKILL)
-			return
-		default:
-		}
-		select {
-		case v, ok := <-beats:
-			switch {
-			case !ok:
-				return
-			case v == hbStopping:
-				stopping = true
-				term = nil
-				continue
-			}
-			if termT != nil {
-				termT.Stop()
-				killT.Stop()
-			}
-			var ts unix.Timespec
-			_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-			left := time.Duration(v - ts.Nano())
-			termT = time.NewTimer(left + watchdogLate)
-			killT = time.NewTimer(left + max(grace, watchdogLate))
-			term, kill = termT.C, killT.C
-			if stopping || grace <= watchdogLate {
-				term = nil
-			}
-		case <-term:
-			term = nil
-			act(syscall.SIGTERM)
-		case <-kill:
-			act(syscall.SIGKILL)
-			return
-		}
-	}
+// monoNow is the CLOCK_MONOTONIC time in nanoseconds, which all processes
+// of a machine share.
+func monoNow() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }
