@@ -531,6 +531,13 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 	}
 	me := s.me()
 	v := s.view(leases, progress, member)
+	if hb := v.members[me.lease]; hb == nil || holderOf(&hb.Spec) != me.holder {
+		// The newest heartbeat record this member knows names another
+		// incarnation (a restart under the same identity, a tombstone)
+		// or is gone: it is lost, even if its Held has not noticed yet.
+		s.endAll(ErrMemberLost)
+		return wait
+	}
 	now := s.clock.Now()
 	live, dead := s.observe(v, now, me)
 	s.adopt(v, member, me)

@@ -1,0 +1,57 @@
+package kubeadapter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Red-team attacks on the Sharder's decisions, driven pass by pass on a
+// fake clock so that each late event happens exactly where the attack
+// needs it. The attacks on the real API server are in
+// shard_redteam_kube_test.go.
+
+// TestShardRedTeamStaleIncarnation: a member restarted under the same
+// identity (a new incarnation) takes the heartbeat Lease while the old
+// incarnation's goroutines still run and its Held has not yet noticed (the
+// Watcher ends it a moment after it updates its cache, and a paused
+// process notices later still). The old incarnation's pass sees its
+// heartbeat naming another incarnation: it must stop owning its shards at
+// once, adopt none handed to it from a stale view, and write no takeover
+// naming itself.
+func TestShardRedTeamStaleIncarnation(t *testing.T) {
+	clk := newUnitClock()
+	f := newFakeLeases(t)
+	a := newUnitSharder(t, f, clk, "a")
+	mine := shardOwnedBy(t, "a", "a", "c")
+	handed := shardOwnedBy(t, "c", "a", "c")
+	a.Track(mine, handed)
+	a.step()
+	_, owns := a.Owns(mine)
+	require.True(t, owns)
+	h, err := a.Shard(mine)
+	require.NoError(t, err)
+	old := a.elector.Identity()
+
+	// The new incarnation of "a" takes the heartbeat Lease.
+	hb := f.lease(t, memberLeaseName(unitRing, "a"))
+	hb.Spec = acquiredSpec(&hb.Spec, "a_reborn", time.Minute, clk.Now())
+	f.put(t, hb)
+	// c, from a view where the old incarnation is still live, hands it a
+	// shard.
+	f.put(t, otherMember("c", "c_1", clk.Now()))
+	f.put(t, assigned("ns", unitRing, handed, nil, incarnation{identity: "a", holder: old, lease: "r-m-a"}, time.Minute, clk.Now()))
+	mineBefore := f.lease(t, ShardLeaseName(unitRing, mine))
+	require.NoError(t, a.member.Err(), "the attack needs a Held that has not noticed yet")
+
+	a.step()
+	_, owns = a.Owns(mine)
+	require.False(t, owns, "an incarnation whose heartbeat names another still owns its shard")
+	require.Error(t, h.Err(), "the stale incarnation's ShardHeld did not end")
+	_, owns = a.Owns(handed)
+	require.False(t, owns, "a stale incarnation adopted a shard handed to it")
+	after := f.lease(t, ShardLeaseName(unitRing, mine))
+	require.Equal(t, mineBefore.ResourceVersion, after.ResourceVersion, "the stale incarnation wrote its shard Lease (a takeover naming itself)")
+	require.Equal(t, old, holderOf(&after.Spec))
+}
