@@ -40,11 +40,13 @@ type heldWrites struct {
 	once     sync.Once
 }
 
-func newHeldWrites(t *testing.T, prefix string) *heldWrites {
-	h := &heldWrites{prefix: prefix, captured: make(chan struct{}), resume: make(chan struct{}), result: make(chan error, 1)}
-	t.Cleanup(func() { h.once.Do(func() { close(h.resume) }) })
-	return h
+func newHeldWrites(prefix string) *heldWrites {
+	return &heldWrites{prefix: prefix, captured: make(chan struct{}), resume: make(chan struct{}), result: make(chan error, 1)}
 }
+
+// unblock lets a held write go, if there is one. Register it as a
+// cleanup after the member's, so that it runs before the member stops.
+func (h *heldWrites) unblock() { h.once.Do(func() { close(h.resume) }) }
 
 func (h *heldWrites) wrap(g coordinationv1client.LeasesGetter) coordinationv1client.LeasesGetter {
 	return heldGetter{g, h}
@@ -63,7 +65,7 @@ func (h *heldWrites) waitCaptured(t *testing.T) {
 // release lets the held write reach the API server and returns its result.
 func (h *heldWrites) release(t *testing.T) error {
 	t.Helper()
-	h.once.Do(func() { close(h.resume) })
+	h.unblock()
 	select {
 	case err := <-h.result:
 		return err
@@ -174,8 +176,9 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 	moving := shardsOwnedBy("late-", "x-1", 1, ids...)[0]
 	staying := shardsOwnedBy("late-", "x-0", 1, ids...)[0]
 	shards := []string{moving, staying}
-	held := newHeldWrites(t, "late-s-")
+	held := newHeldWrites("late-s-")
 	x0 := k.startMemberVia(t, fastShardConfig(k.ns, "late", "x-0"), shards, held.wrap)
+	t.Cleanup(held.unblock)
 	settled(t, []*ringMember{x0}, shards)
 	hStay, err := x0.s.Shard(staying)
 	require.NoError(t, err)
@@ -278,8 +281,17 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
-		{"json patch turns leaseTransitions back", func(t *testing.T, lease string) {
-			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.JSONPatchType, []byte(`[{"op":"replace","path":"/spec/leaseTransitions","value":0}]`), metav1.PatchOptions{})
+		{"json patch rewrites leaseTransitions", func(t *testing.T, lease string) {
+			cur, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, lease, metav1.GetOptions{})
+			require.NoError(t, err)
+			// Back to 0, or forward when it is 0 (a patch that changes
+			// nothing is not written).
+			to := 0
+			if *cur.Spec.LeaseTransitions == 0 {
+				to = 7
+			}
+			patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/leaseTransitions","value":%d}]`, to)
+			_, err = k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
 		{"delete", func(t *testing.T, lease string) {
