@@ -334,3 +334,60 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 		})
 	}
 }
+
+// TestShardRedTeamMoveRateUnderChurn: members join, leave and crash
+// while the ring is still settling, each limited to MovesPerSecond. At
+// every sample, no member has made more shard moves than its burst plus
+// the rate times its age, whatever the churn asks of it (creates, orphan
+// takeovers, handoffs on join and on leave).
+func TestShardRedTeamMoveRateUnderChurn(t *testing.T) {
+	t.Parallel()
+	k := newKube(t)
+	const rate = 10.0
+	shards := make([]string, 60)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("churn-%d", i)
+	}
+	type run struct {
+		m     *ringMember
+		start time.Time
+	}
+	var runs []run
+	start := func(id string) *ringMember {
+		cfg := fastShardConfig(k.ns, "churn", id)
+		cfg.MovesPerSecond = rate
+		at := time.Now()
+		m := k.startMemberWith(t, cfg, shards)
+		runs = append(runs, run{m, at})
+		return m
+	}
+	sampleOnce := func() {
+		for _, r := range runs {
+			n := r.m.metric(t, kubeadapter.MetricShardMoves)
+			// The burst is MovesPerSecond; the age is read after the count.
+			bound := rate + rate*time.Since(r.start).Seconds()
+			require.LessOrEqual(t, n, bound, "%s made %.0f moves, over its rate limit", r.m.name, n)
+		}
+	}
+	sample := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			sampleOnce()
+		}
+	}
+	x0 := start("x-0")
+	sample(time.Second)
+	require.Less(t, x0.metric(t, kubeadapter.MetricShardMoves), float64(len(shards)), "the limit did not hold back the creates")
+	x1 := start("x-1")
+	sample(time.Second)
+	x2 := start("x-2")
+	sample(time.Second)
+	x1.stop()
+	sample(time.Second)
+	x2.leases.killed.Store(true)
+	require.True(t, waitFor(time.Minute, func() bool {
+		sampleOnce()
+		return len(owners([]*ringMember{x0}, shards)) == len(shards)
+	}), "x-0 never owned every shard")
+	sampleOnce()
+	t.Logf("moves: x-0 %.0f, x-1 %.0f, x-2 %.0f", x0.metric(t, kubeadapter.MetricShardMoves), x1.metric(t, kubeadapter.MetricShardMoves), x2.metric(t, kubeadapter.MetricShardMoves))
+}
