@@ -210,14 +210,21 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 
 	before, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, movingLease, metav1.GetOptions{})
 	require.NoError(t, err)
+	// x-0 resumes: its Lease client works again, and the handoff it had
+	// in flight reaches the API server.
+	lost := x0.s.Member()
+	x0.leases.stalled.Store(false)
 	err = held.release(t)
 	require.True(t, apierrors.IsConflict(err), "the late handoff was not refused: %v", err)
-	after, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, movingLease, metav1.GetOptions{})
-	require.NoError(t, err)
-	require.Equal(t, before.ResourceVersion, after.ResourceVersion, "the late handoff changed the shard Lease")
 	_, owns := x0.s.Owns(moving)
 	require.False(t, owns)
-	x0.leases.stalled.Store(false)
+	// x-0 joins again as a new incarnation only once the pass that made
+	// the late write is over.
+	require.True(t, waitFor(20*time.Second, func() bool { m := x0.s.Member(); return m != lost && m.Err() == nil }), "x-0 did not join again")
+	x0.stop()
+	after, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, movingLease, metav1.GetOptions{})
+	require.NoError(t, err)
+	require.Equal(t, before.ResourceVersion, after.ResourceVersion, "a late write of x-0 changed the shard Lease")
 }
 
 // TestShardRedTeamForcedHandoff: a reconcile of x-0 is still running when
