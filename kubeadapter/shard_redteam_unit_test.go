@@ -1,6 +1,7 @@
 package kubeadapter
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -54,4 +55,46 @@ func TestShardRedTeamStaleIncarnation(t *testing.T) {
 	after := f.lease(t, ShardLeaseName(unitRing, mine))
 	require.Equal(t, mineBefore.ResourceVersion, after.ResourceVersion, "the stale incarnation wrote its shard Lease (a takeover naming itself)")
 	require.Equal(t, old, holderOf(&after.Spec))
+}
+
+// TestShardLeaveDrainsThenHandsOff: a leaving member marks its heartbeat
+// first (so the others assign it nothing), ends its ShardHeld at once,
+// writes nothing while work is in flight, then makes one conditional
+// write naming the shard's new owner, and only then releases its
+// heartbeat. A release-first leave would orphan the shard instead, for
+// the survivors to race for it.
+func TestShardLeaveDrainsThenHandsOff(t *testing.T) {
+	clk := newUnitClock()
+	f := newFakeLeases(t)
+	a := newUnitSharder(t, f, clk, "a")
+	shard := shardOwnedBy(t, "a", "a", "d")
+	a.Track(shard)
+	a.step()
+	h, err := a.Shard(shard)
+	require.NoError(t, err)
+	require.True(t, h.enter(), "a reconcile in flight")
+	f.put(t, otherMember("d", "d_1", clk.Now()))
+	name := ShardLeaseName(unitRing, shard)
+	before := f.lease(t, name)
+
+	done := make(chan struct{})
+	go func() { a.leave(context.Background(), a.member); close(done) }()
+	select {
+	case <-h.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the leave did not end the ShardHeld first")
+	}
+	require.ErrorIs(t, h.Err(), ErrReleased)
+	hb := f.lease(t, memberLeaseName(unitRing, "a"))
+	require.Equal(t, "true", hb.Annotations[LeavingAnnotation], "the heartbeat was not marked as leaving first")
+	require.Equal(t, a.elector.Identity(), holderOf(&hb.Spec), "the heartbeat was released before the handoff")
+	require.Equal(t, before.ResourceVersion, f.lease(t, name).ResourceVersion, "the leave wrote while work was in flight")
+
+	h.exit()
+	<-done
+	after := f.lease(t, name)
+	require.Equal(t, "d_1", holderOf(&after.Spec), "the leave did not hand the shard to its new owner")
+	require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
+	require.Equal(t, transitionsOf(&before.Spec)+1, transitionsOf(&after.Spec), "more than one write, or none")
+	require.Empty(t, holderOf(&f.lease(t, memberLeaseName(unitRing, "a")).Spec), "the heartbeat was not released")
 }
