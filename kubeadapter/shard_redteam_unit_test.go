@@ -86,7 +86,7 @@ func TestShardLeaveDrainsThenHandsOff(t *testing.T) {
 	}
 	require.ErrorIs(t, h.Err(), ErrReleased)
 	hb := f.lease(t, memberLeaseName(unitRing, "a"))
-	require.Equal(t, "true", hb.Annotations[LeavingAnnotation], "the heartbeat was not marked as leaving first")
+	require.Equal(t, a.elector.Identity(), hb.Annotations[LeavingAnnotation], "the heartbeat was not marked as leaving first")
 	require.Equal(t, a.elector.Identity(), holderOf(&hb.Spec), "the heartbeat was released before the handoff")
 	require.Equal(t, before.ResourceVersion, f.lease(t, name).ResourceVersion, "the leave wrote while work was in flight")
 
@@ -97,4 +97,11 @@ func TestShardLeaveDrainsThenHandsOff(t *testing.T) {
 	require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
 	require.Equal(t, transitionsOf(&before.Spec)+1, transitionsOf(&after.Spec), "more than one write, or none")
 	require.Empty(t, holderOf(&f.lease(t, memberLeaseName(unitRing, "a")).Spec), "the heartbeat was not released")
+
+	// The same identity joins again: its heartbeat keeps the annotation
+	// of the incarnation that left, yet the others count it live.
+	again := newUnitSharder(t, f, clk, "a")
+	e := newUnitSharder(t, f, clk, "e")
+	live, _ := e.observe(newRingView(unitRing, e.ring.current()), clk.Now(), e.me())
+	require.Contains(t, live, again.me(), "a member that joins again under a left identity takes no shards")
 }

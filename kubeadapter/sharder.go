@@ -504,7 +504,7 @@ func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
 		}
-		next.Annotations[LeavingAnnotation] = "true"
+		next.Annotations[LeavingAnnotation] = holderOf(&next.Spec)
 		start := s.clock.Now()
 		now := metav1.NewMicroTime(start)
 		next.Spec.RenewTime = &now
@@ -800,7 +800,7 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		case name == me.lease || holder == "":
 		case now.Sub(seen.at) >= durationOf(&m.Spec):
 			dead = append(dead, m)
-		case m.Annotations[LeavingAnnotation] == "true":
+		case m.Annotations[LeavingAnnotation] == holder:
 			// Alive, so its shards are not orphaned, but leaving: it is
 			// handing them off and takes none.
 		default:
