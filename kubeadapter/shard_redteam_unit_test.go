@@ -105,3 +105,17 @@ func TestShardLeaveDrainsThenHandsOff(t *testing.T) {
 	live, _ := e.observe(newRingView(unitRing, e.ring.current()), clk.Now(), e.me())
 	require.Contains(t, live, again.me(), "a member that joins again under a left identity takes no shards")
 }
+
+func TestShardViewConfigValidate(t *testing.T) {
+	w, err := NewWatcher(newFakeLeases(t).CoordinationV1())
+	require.NoError(t, err)
+	valid := ShardViewConfig{Namespace: "ns", Ring: "r", Operator: "x-0", RenewDeadline: time.Second, Watcher: w}
+	build := func(c ShardViewConfig) error { _, err := NewShardView(c); return err }
+	requireConfigErrors(t, valid, build, []configCase[ShardViewConfig]{
+		{"Namespace", func(c *ShardViewConfig) { c.Namespace = "" }},
+		{"Ring", func(c *ShardViewConfig) { c.Ring = "" }},
+		{"Operator", func(c *ShardViewConfig) { c.Operator = "" }},
+		{"RenewDeadline", func(c *ShardViewConfig) { c.RenewDeadline = 0 }},
+		{"Watcher", func(c *ShardViewConfig) { c.Watcher = nil }},
+	})
+}
