@@ -190,10 +190,11 @@ func (r *registers) read(ctx context.Context, reg string) {
 // TestShardHistory records the writes of a ring's members to a register
 // per shard while members join, leave gracefully and pause (heartbeat
 // stalled past the lease duration while a goroutine keeps writing with
-// the token it had), and checks the histories with porcupine against the
-// fenced register. Every member writes two registers per shard with the
-// same ownership: through the fenced client, and without a token (the
-// tokenless one-Lease-per-shard baseline of the peers). The paused
+// the token it had, then restarted), and checks the histories with
+// porcupine against the fenced register. Every member writes two
+// registers per shard with the same ownership: through the fenced
+// client, and without a token (the tokenless one-Lease-per-shard
+// baseline of the peers). The paused
 // member's write after the new owner's is made explicitly, so the
 // baseline's history must be illegal and the fenced one legal.
 // -shard-history-rounds repeats the churn.
@@ -262,9 +263,10 @@ func TestShardHistory(t *testing.T) {
 		// Pause the owner of reg-a: its heartbeat stalls, and a goroutine
 		// of it keeps writing with the ownership it had.
 		var paused *ringMember
-		for _, m := range members {
+		at := 0
+		for i, m := range members {
 			if m.name == owner["reg-a"] {
-				paused = m
+				paused, at = m, i
 			}
 		}
 		old, err := paused.s.Shard("reg-a")
@@ -280,7 +282,11 @@ func TestShardHistory(t *testing.T) {
 		before := h.refused("fenced-reg-a")
 		r.write(ctx, paused, cid, "reg-a", blind)
 		stale += h.refused("fenced-reg-a") - before
-		paused.leases.stalled.Store(false)
+		// The paused process is restarted under its identity (a stalled
+		// request of it would hang until its context ends).
+		paused.stop()
+		members[at] = k.startMember(t, "hist", paused.name, shards)
+		work(members[at], 200+round)
 		settled(t, members, shards)
 	}
 	time.Sleep(200 * time.Millisecond)
