@@ -62,7 +62,10 @@ func TestShardView(t *testing.T) {
 	require.Equal(t, tok, d.Token(), "the delegate's token is not the operator's")
 	with := steadyWrites(t, k, x0)
 	t.Logf("Lease writes over 8 renewal periods of one operator: %.0f without delegates, %.0f with 10", without, with)
-	require.InDelta(t, without, with, 1, "delegates added Lease writes")
+	// The API server's count covers every namespace; writes elsewhere
+	// can only add to a window, so delegates must not add more than the
+	// phase of one renewal.
+	require.LessOrEqual(t, with, without+1, "delegates added Lease writes")
 	require.NoError(t, writeRecord(ctx, k, x0, d, "record", "delegate"))
 
 	// The operator pauses: its heartbeat stops changing.
