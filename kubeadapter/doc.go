@@ -62,7 +62,9 @@
 // not own at dispatch, and AcquiredSource enqueues a shard's objects when
 // the member starts to own it. Dead members are detected on each
 // survivor's own clock from an unchanged resourceVersion, never from a
-// record's timestamps. See docs/sharding.md.
+// record's timestamps. A ShardView is a read-only delegate of one member
+// (a pod per namespace) that acts on the member's shards with their
+// tokens and writes no Lease. See docs/sharding.md.
 //
 // # What is not guaranteed
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
@@ -54,11 +55,22 @@ func (k *kube) startMember(tb testing.TB, ring, identity string, shards []string
 // startMemberWith is startMember with cfg, whose Watcher it sets.
 func (k *kube) startMemberWith(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string) *ringMember {
 	tb.Helper()
+	return k.startMemberVia(tb, cfg, shards, nil)
+}
+
+// startMemberVia is startMemberWith with the member's Lease client, inside
+// its stallable, wrapped by wrap when wrap is not nil.
+func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string, wrap func(coordinationv1client.LeasesGetter) coordinationv1client.LeasesGetter) *ringMember {
+	tb.Helper()
 	cs, err := kubernetes.NewForConfig(k.env.Admin())
 	require.NoError(tb, err)
 	crc, err := client.New(k.env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
 	require.NoError(tb, err)
-	st := &stallable{LeasesGetter: cs.CoordinationV1()}
+	var leases coordinationv1client.LeasesGetter = cs.CoordinationV1()
+	if wrap != nil {
+		leases = wrap(leases)
+	}
+	st := &stallable{LeasesGetter: leases}
 	reg := prometheus.NewRegistry()
 	w, err := kubeadapter.NewWatcher(st, kubeadapter.WatchNamespaces(cfg.Namespace), kubeadapter.WithRegisterer(reg))
 	require.NoError(tb, err)

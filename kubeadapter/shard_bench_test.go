@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
@@ -35,9 +36,20 @@ func shardNames(n int) []string {
 // durations (renewal every 2s), and waits until every shard is owned.
 func benchMembers(b *testing.B, k *kube, ring string, n int, shards []string) []*ringMember {
 	b.Helper()
+	return benchMembersEvery(b, k, ring, n, shards, 2*time.Second)
+}
+
+// benchMembersEvery is benchMembers with renewals every period (the
+// lease duration and renew deadline scaled as client-go's 15s/10s/2s are
+// at 2s, and 40s/30s at 10s).
+func benchMembersEvery(b *testing.B, k *kube, ring string, n int, shards []string, period time.Duration) []*ringMember {
+	b.Helper()
 	var members []*ringMember
 	for i := range n {
 		cfg := kubeadapter.DefaultShardConfig(k.ns, ring, fmt.Sprintf("x-%d", i))
+		if period != cfg.RetryPeriod {
+			cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 4*period, 3*period, period
+		}
 		cfg.MovesPerSecond = 2000
 		members = append(members, k.startMemberWith(b, cfg, shards))
 	}
@@ -98,27 +110,108 @@ func BenchmarkOwns(b *testing.B) {
 	})
 }
 
+// bracket is what bracketed counted between its two instants.
+type bracket struct {
+	// writes are the Lease writes the API server accepted, in every
+	// namespace (apiserver_request_total); ring are the Lease events of
+	// the benchmark's namespace seen on a watch, so writes-ring are the
+	// API server's own (its identity Lease, renewed every 10s).
+	writes, ring float64
+	// renewed are the members' own renewal counts.
+	renewed float64
+	// elapsed is the time between the two instants, each the middle of
+	// a scrape of /metrics; slack is half the two scrapes' durations.
+	elapsed, slack time.Duration
+}
+
+func (c bracket) rate(n float64) float64 { return n / c.elapsed.Seconds() }
+
+// bracketed counts the Lease writes between two instants window apart:
+// the API server's own count, the events of k.ns on a watch that arrived
+// between the instants, and the members' renewal counters, read just
+// before each scrape.
+func bracketed(b *testing.B, k *kube, members []*ringMember, window time.Duration) bracket {
+	b.Helper()
+	ctx := context.Background()
+	leases := k.cs.CoordinationV1().Leases(k.ns)
+	list, err := leases.List(ctx, metav1.ListOptions{Limit: 1})
+	require.NoError(b, err)
+	w, err := leases.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	require.NoError(b, err)
+	var mu sync.Mutex
+	var arrivals []time.Time
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Added || ev.Type == watch.Modified || ev.Type == watch.Deleted {
+				mu.Lock()
+				arrivals = append(arrivals, time.Now())
+				mu.Unlock()
+			}
+		}
+	}()
+	scrape := func() (float64, float64, time.Time, time.Duration) {
+		r := renewals(b, members)
+		before := time.Now()
+		n := apiLeaseWrites(b, k)
+		took := time.Since(before)
+		return n, r, before.Add(took / 2), took
+	}
+	w0, r0, t0, s0 := scrape()
+	time.Sleep(window)
+	w1, r1, t1, s1 := scrape()
+	w.Stop()
+	<-watched
+	c := bracket{writes: w1 - w0, renewed: r1 - r0, elapsed: t1.Sub(t0), slack: s0/2 + s1/2}
+	for _, at := range arrivals {
+		if !at.Before(t0) && at.Before(t1) {
+			c.ring++
+		}
+	}
+	return c
+}
+
 // BenchmarkShardRenewals: the steady-state Lease writes of 10,000 shards
-// on 3 members, counted by the API server (apiserver_request_total),
-// for fencer (one heartbeat per member) and for the one-Lease-per-shard
-// baseline of the peers (GET+PUT of each shard's Lease every period, by
-// 64 renewers), at the same 2s period, in the same run.
+// on 3 members, counted between two bracketed instants at least 30s and
+// 5 renewal periods apart by the API server (apiserver_request_total,
+// every namespace) and as the events of the ring's namespace on a watch
+// (the API server's own identity Lease is in kube-system), for fencer (one
+// heartbeat per member) and for the one-Lease-per-shard baseline of the
+// peers (GET+PUT of each shard's Lease every period, by 64 renewers, each
+// Lease lasting two periods as mcr's do), at the same period, in the same
+// run: 2s (client-go's RetryPeriod) and 10s (mcr's). The per-shard
+// sub-benchmark reports its offered and achieved rates, the shard Leases
+// expired at the end of the window (renewTime plus duration before the
+// list began), and the ratio of its achieved rate to fencer's.
 func BenchmarkShardRenewals(b *testing.B) {
-	const period = 2 * time.Second
-	const window = 3 * period
+	for _, period := range []time.Duration{2 * time.Second, 10 * time.Second} {
+		b.Run(fmt.Sprintf("period=%v", period), func(b *testing.B) { benchRenewals(b, period) })
+	}
+}
+
+func benchRenewals(b *testing.B, period time.Duration) {
+	// A member renews k or k±1 times in a window of k of its periods,
+	// by phase: members/window is the count's resolution, reported as
+	// phase-resolution-writes/s. A window of 30s or more keeps it
+	// within 0.1/s.
+	window := max(30*time.Second, 5*period)
 	k := newKube(b)
 	shards := shardNames(benchShards)
 	var fencerRate float64
 	b.Run("fencer", func(b *testing.B) {
-		members := benchMembers(b, k, "renew", 3, shards)
+		members := benchMembersEvery(b, k, "renew", 3, shards, period)
 		time.Sleep(period)
 		b.ResetTimer()
+		var c bracket
 		for b.Loop() {
-			w0 := apiLeaseWrites(b, k)
-			time.Sleep(window)
-			fencerRate = (apiLeaseWrites(b, k) - w0) / window.Seconds()
+			c = bracketed(b, k, members, window)
 		}
-		b.ReportMetric(fencerRate, "lease-writes/s")
+		fencerRate = c.rate(c.ring)
+		reportBracket(b, c)
+		b.ReportMetric(c.rate(c.renewed), "member-counted-renewals/s")
+		b.ReportMetric(float64(len(members))/period.Seconds(), "bound-writes/s")
+		b.ReportMetric(float64(len(members))/c.elapsed.Seconds(), "phase-resolution-writes/s")
 		for _, m := range members {
 			m.stop()
 		}
@@ -128,16 +221,19 @@ func BenchmarkShardRenewals(b *testing.B) {
 		require.NoError(b, err)
 		leases := cs.CoordinationV1().Leases(k.ns)
 		ctx := context.Background()
-		d := int32(2 * period / time.Second * 5)
+		duration := 2 * period
+		d := int32(duration / time.Second)
+		labels := map[string]string{"fencer.dev/bench": "per-shard"}
 		names := make(chan string, 256)
 		var wg sync.WaitGroup
 		for w := range 64 {
 			wg.Go(func() {
 				for i := w; i < benchShards; i += 64 {
 					holder := "baseline"
+					now := metav1.NewMicroTime(time.Now())
 					_, err := leases.Create(ctx, &coordinationv1.Lease{
-						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("base-%d", i)},
-						Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d},
+						ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("base-%d", i), Labels: labels},
+						Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d, AcquireTime: &now, RenewTime: &now},
 					}, metav1.CreateOptions{})
 					require.NoError(b, err)
 				}
@@ -179,22 +275,45 @@ func BenchmarkShardRenewals(b *testing.B) {
 				}
 			}
 		})
-		time.Sleep(period)
+		// Every Lease has had its renewal offered at least twice before
+		// the window.
+		time.Sleep(2 * duration)
 		b.ResetTimer()
-		var achieved float64
+		var c bracket
 		for b.Loop() {
-			w0 := apiLeaseWrites(b, k)
-			time.Sleep(window)
-			achieved = (apiLeaseWrites(b, k) - w0) / window.Seconds()
+			c = bracketed(b, k, nil, window)
 		}
+		listStart := time.Now()
+		list, err := leases.List(ctx, metav1.ListOptions{LabelSelector: "fencer.dev/bench=per-shard"})
+		require.NoError(b, err)
 		stop()
 		wg.Wait()
+		expired := 0
+		for _, l := range list.Items {
+			if l.Spec.RenewTime == nil || l.Spec.RenewTime.Add(duration).Before(listStart) {
+				expired++
+			}
+		}
+		achieved := c.rate(c.ring)
+		reportBracket(b, c)
 		b.ReportMetric(float64(benchShards)/period.Seconds(), "offered-writes/s")
-		b.ReportMetric(achieved, "lease-writes/s")
+		b.ReportMetric(float64(expired), "expired-leases")
 		if fencerRate > 0 {
 			b.ReportMetric(achieved/fencerRate, "baseline/fencer")
+			b.ReportMetric(float64(benchShards)/period.Seconds()/fencerRate, "offered/fencer")
 		}
 	})
+}
+
+// reportBracket reports the writes of c: lease-writes/s are those of the
+// ring's namespace, apiserver-all-lease-writes/s the API server's count
+// over every namespace, which adds its own identity Lease.
+func reportBracket(b *testing.B, c bracket) {
+	b.ReportMetric(c.rate(c.ring), "lease-writes/s")
+	b.ReportMetric(c.ring, "lease-writes")
+	b.ReportMetric(c.rate(c.writes), "apiserver-all-lease-writes/s")
+	b.ReportMetric(c.elapsed.Seconds(), "window-s")
+	b.ReportMetric(c.slack.Seconds()*1000, "bracket-slack-ms")
 }
 
 // BenchmarkShardRebalance: a ring of 3 members over 10,000 shards (2s

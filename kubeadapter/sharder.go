@@ -168,13 +168,18 @@ type ringSource interface {
 //   - a shard whose Lease names no live incarnation (orphaned: a released
 //     heartbeat, a missing one, or one naming a newer incarnation) is
 //     taken over by its rendezvous owner with a conditional write;
-//   - on Stop, a member ends its ShardHelds, drains them (at most
-//     HandoffTimeout), and releases its heartbeat, which orphans its
-//     shards at once: the survivors take each with one write.
+//   - on Stop, a member marks its heartbeat as leaving
+//     (LeavingAnnotation, in a renewal), so that no one assigns it
+//     shards any more, ends its ShardHelds, drains them (at most
+//     HandoffTimeout), hands each shard off with one conditional write
+//     naming its rendezvous owner among the others, and releases its
+//     heartbeat; a shard it did not hand off is orphaned by the release
+//     and taken over by a survivor.
 //
 // What it guarantees: at any resourceVersion a shard Lease names one
 // incarnation; a member acts on a shard (Owns, Shard, Gate) only while its
-// heartbeat Held has not ended and the last record it knows names it; and
+// heartbeat Held has not ended, the last heartbeat record it knows names
+// its incarnation, and the last shard record it knows names it; and
 // every assignment's token is greater than the previous one's. What it
 // does not guarantee: that two members never believe they own a shard at
 // the same instant. A paused or partitioned former owner still believes
@@ -354,8 +359,8 @@ func (s *Sharder) onAcquire(fn func(string)) func() {
 // Start runs the member until ctx is done: it acquires the heartbeat
 // Lease (as a new incarnation after every loss), and makes a pass over the
 // ring on every change the Watcher sees and at least every RetryPeriod.
-// When ctx is done it leaves (ends and drains its ShardHelds, releases the
-// heartbeat) and returns nil. It returns the *AcquireError of a heartbeat
+// When ctx is done it leaves (ends and drains its ShardHelds, hands their
+// shards off, releases the heartbeat; see leave) and returns nil. It returns the *AcquireError of a heartbeat
 // the API server refuses for good, and ErrAlreadyStarted when called a
 // second time. The Watcher must be running.
 func (s *Sharder) Start(ctx context.Context) error {
@@ -451,21 +456,112 @@ func (s *Sharder) lost(ctx context.Context, member *Held) {
 	}
 }
 
-// leave ends and drains every ownership, then releases the heartbeat.
+// leave hands the member's shards to the other live members and then
+// releases the heartbeat. It marks the heartbeat as leaving (one
+// renewal carrying LeavingAnnotation), so that no other member assigns
+// it shards any more; ends every ownership at once and drains them (at
+// most HandoffTimeout in all); then makes, within the rate limit and at
+// most HandoffTimeout more, one conditional write per shard naming its
+// rendezvous owner among the other live members. Shards it could not
+// hand off (no other live member, a conflict, the time spent) are
+// orphaned by the release, and the survivors take them over.
 func (s *Sharder) leave(ctx context.Context, member *Held) {
 	log := logr.FromContextOrDiscard(ctx)
+	ctx = context.WithoutCancel(ctx)
+	marked := s.markLeaving(ctx, member)
 	owned := s.helds()
 	s.publish(nil)
 	for _, h := range owned {
 		h.end(ErrReleased)
 	}
+	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
 	for _, sh := range slices.Sorted(maps.Keys(owned)) {
-		s.drain(context.WithoutCancel(ctx), owned[sh])
+		s.drain(ctx, owned[sh], deadline)
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RenewDeadline)
+	if marked {
+		s.handOffAll(ctx, member)
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
 	defer cancel()
 	if err := member.Release(rctx); err != nil {
 		log.Error(err, "release of heartbeat failed; the other members take its shards after its lease duration")
+	}
+}
+
+// markLeaving renews the heartbeat with LeavingAnnotation set and reports
+// whether the write landed. A renewal that lands first is adopted and the
+// mark retried.
+func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
+	leases := s.leases.Leases(s.cfg.Namespace)
+	for range 3 {
+		if member.Err() != nil {
+			return false
+		}
+		member.mu.Lock()
+		next := member.lease.DeepCopy()
+		member.mu.Unlock()
+		next.Annotations = maps.Clone(next.Annotations)
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		next.Annotations[LeavingAnnotation] = holderOf(&next.Spec)
+		start := s.clock.Now()
+		now := metav1.NewMicroTime(start)
+		next.Spec.RenewTime = &now
+		got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			member.adopt(got)
+			member.extend(start)
+			s.metrics().renewal(member.tok.Lease, true)
+			return true
+		case !apierrors.IsConflict(err):
+			return false
+		}
+		cur, err := leases.Get(ctx, next.Name, metav1.GetOptions{})
+		if err != nil || lossReason(next, cur) != nil {
+			return false
+		}
+		member.adopt(cur)
+	}
+	return false
+}
+
+// handOffAll writes the handoff of every shard the ring shows this member
+// holding to its rendezvous owner among the other live members, and the
+// release of those it no longer tracks, within the rate limit and
+// HandoffTimeout.
+func (s *Sharder) handOffAll(ctx context.Context, member *Held) {
+	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+	if !synced {
+		return
+	}
+	me := s.me()
+	v := s.view(leases, progress, member)
+	live, _ := s.observe(v, s.clock.Now(), me)
+	if len(live) < 2 {
+		return
+	}
+	// live[0] is me: with it left out, every shard I hold has another
+	// owner.
+	batch := plan(v, s.trackedShards(), live[1:], me)
+	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
+	for len(batch) > 0 {
+		n, wait := s.admit(batch)
+		if n == 0 {
+			if s.clock.Now().Add(wait).After(deadline) {
+				return
+			}
+			t := s.clock.NewTimer(wait)
+			<-t.C()
+			continue
+		}
+		for i, got := range s.writeMoves(ctx, batch[:n]) {
+			if got != nil {
+				s.metrics().moved(batch[i].kind)
+			}
+		}
+		batch = batch[n:]
 	}
 }
 
@@ -531,6 +627,13 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 	}
 	me := s.me()
 	v := s.view(leases, progress, member)
+	if hb := v.members[me.lease]; hb == nil || holderOf(&hb.Spec) != me.holder {
+		// The newest heartbeat record this member knows names another
+		// incarnation (a restart under the same identity, a tombstone)
+		// or is gone: it is lost, even if its Held has not noticed yet.
+		s.endAll(ErrMemberLost)
+		return wait
+	}
 	now := s.clock.Now()
 	live, dead := s.observe(v, now, me)
 	s.adopt(v, member, me)
@@ -541,17 +644,12 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 		v = s.view(leases, progress, member)
 		live, _ = s.observe(v, now, me)
 	}
-	var batch []move
-	for _, mv := range plan(v, s.trackedShards(), live, me) {
-		now := s.clock.Now()
-		if !s.limiter.AllowN(now, 1) {
-			r := s.limiter.ReserveN(now, 1)
-			wait = min(wait, max(r.DelayFrom(now), time.Millisecond))
-			r.CancelAt(now)
-			break
-		}
-		batch = append(batch, mv)
+	planned := plan(v, s.trackedShards(), live, me)
+	n, delay := s.admit(planned)
+	if n < len(planned) {
+		wait = min(wait, delay)
 	}
+	batch := planned[:n]
 	s.relinquish(ctx, batch)
 	for i, got := range s.writeMoves(ctx, batch) {
 		if got != nil {
@@ -561,6 +659,21 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 	}
 	s.adopt(s.view(leases, progress, member), member, me)
 	return wait
+}
+
+// admit returns how many of the first moves the rate limit lets this
+// member make now, taking their tokens, and, when it stops one, how long
+// until it would let it through.
+func (s *Sharder) admit(moves []move) (int, time.Duration) {
+	for i := range moves {
+		now := s.clock.Now()
+		if !s.limiter.AllowN(now, 1) {
+			r := s.limiter.ReserveN(now, 1)
+			defer r.CancelAt(now)
+			return i, max(r.DelayFrom(now), time.Millisecond)
+		}
+	}
+	return len(moves), 0
 }
 
 // maxMovesInFlight bounds the shard Lease writes a pass sends at once.
@@ -594,8 +707,9 @@ func (s *Sharder) relinquish(ctx context.Context, batch []move) {
 	for i, h := range ending {
 		h.end(reasons[i])
 	}
+	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
 	for _, h := range ending {
-		s.drain(ctx, h)
+		s.drain(ctx, h, deadline)
 	}
 }
 
@@ -684,10 +798,13 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		holder := holderOf(&m.Spec)
 		switch {
 		case name == me.lease || holder == "":
-		case now.Sub(seen.at) < durationOf(&m.Spec):
-			live = append(live, incarnation{identity: identityOf(s.cfg.Ring, m), holder: holder, lease: name, weight: weightOf(m)})
-		default:
+		case now.Sub(seen.at) >= durationOf(&m.Spec):
 			dead = append(dead, m)
+		case m.Annotations[LeavingAnnotation] == holder:
+			// Alive, so its shards are not orphaned, but leaving: it is
+			// handing them off and takes none.
+		default:
+			live = append(live, incarnation{identity: identityOf(s.cfg.Ring, m), holder: holder, lease: name, weight: weightOf(m)})
 		}
 	}
 	return live, dead
@@ -778,15 +895,15 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 	return got
 }
 
-// drain waits until h's in-flight work has finished, HandoffTimeout has
+// drain waits until h's in-flight work has finished, the deadline has
 // passed on the Sharder's clock (counted as forced), or ctx is done.
-func (s *Sharder) drain(ctx context.Context, h *ShardHeld) {
+func (s *Sharder) drain(ctx context.Context, h *ShardHeld, deadline time.Time) {
 	select {
 	case <-h.drained:
 		return
 	default:
 	}
-	t := s.clock.NewTimer(s.cfg.HandoffTimeout)
+	t := s.clock.NewTimer(deadline.Sub(s.clock.Now()))
 	defer t.Stop()
 	select {
 	case <-h.drained:

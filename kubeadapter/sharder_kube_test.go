@@ -57,7 +57,8 @@ func requireBesideRenewals(t *testing.T, a, b writeCount, want int, what string)
 
 // TestShardJoinLeave: with 300 shards, a fourth member takes about a
 // quarter of them, each moved by one handoff write and from no one else;
-// its graceful leave moves only its shards back, each with one write; a
+// its graceful leave moves only its shards back, each with one handoff
+// write of its own, after draining; a
 // crash moves only the crashed member's shards, after about its lease
 // duration. Writes are counted by the API server.
 func TestShardJoinLeave(t *testing.T) {
@@ -95,9 +96,11 @@ func TestShardJoinLeave(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	requireBesideRenewals(t, c0, countWrites(t, k, all), moved+1, "join")
 
-	// Graceful leave of the joiner.
+	// Graceful leave of the joiner: it hands its shards off.
 	c0 = countWrites(t, k, all)
 	orphans0 := moves(t, members, kubeadapter.MoveOrphan)
+	leaver := []*ringMember{x3}
+	handoffs0 = moves(t, leaver, kubeadapter.MoveHandoff)
 	x3.stop()
 	back := settled(t, members, shards)
 	for _, sh := range shards {
@@ -105,8 +108,10 @@ func TestShardJoinLeave(t *testing.T) {
 			require.Equal(t, after[sh], back[sh], "the leave moved shard %s, which the leaver did not own", sh)
 		}
 	}
-	require.Equal(t, float64(moved), moves(t, members, kubeadapter.MoveOrphan)-orphans0, "one takeover per shard of the leaver")
-	// The leaver's heartbeat release is one write more.
+	require.Equal(t, float64(moved), moves(t, leaver, kubeadapter.MoveHandoff)-handoffs0, "one handoff write by the leaver per shard")
+	require.Zero(t, moves(t, members, kubeadapter.MoveOrphan)-orphans0, "the survivors took over shards that the leaver should have handed off")
+	// The leaver's heartbeat release is one write more (its leaving mark
+	// is a renewal).
 	time.Sleep(100 * time.Millisecond)
 	requireBesideRenewals(t, c0, countWrites(t, k, all), moved+1, "leave")
 

@@ -429,16 +429,38 @@ func TestWeightLabel(t *testing.T) {
 	}
 }
 
+// configCase makes one field of a valid config invalid.
+type configCase[C any] struct {
+	field  string
+	change func(*C)
+}
+
+// requireConfigErrors checks that each case's config fails Validate with
+// a *ConfigError naming its field and matching ErrInvalidConfig, and that
+// build (the constructor) refuses it.
+func requireConfigErrors[C interface{ Validate() error }](t *testing.T, valid C, build func(C) error, cases []configCase[C]) {
+	t.Helper()
+	require.NoError(t, valid.Validate())
+	for _, tc := range cases {
+		t.Run(tc.field, func(t *testing.T) {
+			c := valid
+			tc.change(&c)
+			var ce *ConfigError
+			require.ErrorAs(t, c.Validate(), &ce)
+			require.Equal(t, tc.field, ce.Field)
+			require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
+			require.ErrorIs(t, build(c), ErrInvalidConfig)
+		})
+	}
+}
+
 func TestShardConfigValidate(t *testing.T) {
 	w, err := NewWatcher(newFakeLeases(t).CoordinationV1())
 	require.NoError(t, err)
 	valid := DefaultShardConfig("ns", "ring", "x-0")
 	valid.Watcher = w
-	require.NoError(t, valid.Validate())
-	for _, tc := range []struct {
-		field  string
-		change func(*ShardConfig)
-	}{
+	build := func(c ShardConfig) error { _, err := NewSharder(newFakeLeases(t).CoordinationV1(), c); return err }
+	requireConfigErrors(t, valid, build, []configCase[ShardConfig]{
 		{"Ring", func(c *ShardConfig) { c.Ring = "Not_A_Label" }},
 		{"Ring", func(c *ShardConfig) { c.Ring = "a-ring-name-that-is-far-too-long-for-shard-leases" }},
 		{"Identity", func(c *ShardConfig) { c.Identity = "" }},
@@ -448,16 +470,5 @@ func TestShardConfigValidate(t *testing.T) {
 		{"MovesPerSecond", func(c *ShardConfig) { c.MovesPerSecond = 0 }},
 		{"RenewDeadline", func(c *ShardConfig) { c.RenewDeadline = c.LeaseDuration }},
 		{"Namespace", func(c *ShardConfig) { c.Namespace = "" }},
-	} {
-		t.Run(tc.field, func(t *testing.T) {
-			c := valid
-			tc.change(&c)
-			var ce *ConfigError
-			require.ErrorAs(t, c.Validate(), &ce)
-			require.Equal(t, tc.field, ce.Field)
-			require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
-			_, err := NewSharder(newFakeLeases(t).CoordinationV1(), c)
-			require.ErrorIs(t, err, ErrInvalidConfig)
-		})
-	}
+	})
 }

@@ -36,6 +36,13 @@ const (
 	// MemberAnnotation holds, on a shard Lease, the name of the heartbeat
 	// Lease of the member whose incarnation holderIdentity names.
 	MemberAnnotation = "fencer.dev/member"
+	// LeavingAnnotation is set on a heartbeat Lease by a member that is
+	// leaving the ring, to its incarnation (holderIdentity): the others
+	// keep its shards assigned to it (it is alive) but assign it none,
+	// while it hands its shards to them. A later incarnation of the same
+	// identity, which inherits the annotation with the Lease, is not
+	// leaving.
+	LeavingAnnotation = "fencer.dev/leaving"
 	// WeightLabel holds, on a heartbeat Lease, the member's rendezvous
 	// weight (ShardConfig.Weight) as a decimal integer. A missing or
 	// unparsable value counts as 1.

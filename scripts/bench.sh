@@ -46,8 +46,10 @@ run ./kubeadapter 'BenchmarkLiveLeaseUpdate/leases=10000$' 20x
 run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
 # Sharding on the real kube-apiserver, 10,000 shards: Owns with 16 concurrent
 # readers beside a map behind a sync.RWMutex; steady-state Lease writes of 3
-# members (one heartbeat each, every 2s) beside one Lease per shard renewed
-# with GET+PUT every 2s, counted by the API server's apiserver_request_total.
+# members (one heartbeat each) beside one Lease per shard renewed with GET+PUT,
+# at a 2s and at a 10s period, counted by the API server's
+# apiserver_request_total between two bracketed scrapes (window >= 30s), with
+# the baseline's offered and achieved rates, its expired Leases and the ratios.
 run ./kubeadapter 'BenchmarkOwns$' 2000000x
 echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter"
 go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true

@@ -1,0 +1,301 @@
+package kubeadapter_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/token"
+)
+
+var shardHistoryRounds = flag.Int("shard-history-rounds", 1, "rounds of join, leave and pause in TestShardHistory (make test runs 1)")
+
+// shardReg is the state of a fenced register: the value of the last
+// accepted write and the shard token (revision) it was written with.
+type shardReg struct {
+	val int
+	tok int64
+}
+
+type shardRegIn struct {
+	write bool
+	tok   int64
+	val   int
+}
+
+type shardRegOut struct {
+	ok, unknown bool
+	val         int
+}
+
+// shardRegister is the model the shard histories are checked against:
+// one register per shard, written with the writer's shard token. An
+// accepted write must carry a token no lower than that of every write
+// linearized before it; a read returns the last accepted value. A
+// superseded owner's write that lands after a newer owner's write was
+// seen is not linearizable.
+var shardRegister = porcupine.Model{
+	Init: func() any { return shardReg{} },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(shardReg), input.(shardRegIn), output.(shardRegOut)
+		switch {
+		case !in.write:
+			return out.val == s.val, s
+		case out.unknown:
+			if in.tok >= s.tok {
+				return true, shardReg{val: in.val, tok: in.tok}
+			}
+			return true, s
+		case out.ok:
+			return in.tok >= s.tok, shardReg{val: in.val, tok: in.tok}
+		default:
+			return true, s
+		}
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(shardRegIn), output.(shardRegOut)
+		if !in.write {
+			return fmt.Sprintf("read() -> %d", out.val)
+		}
+		return fmt.Sprintf("write(tok=%d, %d) -> ok=%v unknown=%v", in.tok, in.val, out.ok, out.unknown)
+	},
+}
+
+// shardHistory records the operations on the registers, by register name,
+// on one monotonic clock.
+type shardHistory struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   map[string][]porcupine.Operation
+	open  map[string][]int
+	vals  atomic.Int64
+}
+
+func (h *shardHistory) now() int64 { return time.Since(h.start).Nanoseconds() }
+
+func (h *shardHistory) add(reg string, client int, in shardRegIn, call int64, out shardRegOut) {
+	ret := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if out.unknown {
+		h.open[reg] = append(h.open[reg], len(h.ops[reg]))
+	}
+	h.ops[reg] = append(h.ops[reg], porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+}
+
+// accepted reports whether reg has an accepted write with a token
+// greater than tok.
+func (h *shardHistory) accepted(reg string, tok int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, op := range h.ops[reg] {
+		if in := op.Input.(shardRegIn); in.write && in.tok > tok && op.Output.(shardRegOut).ok {
+			return true
+		}
+	}
+	return false
+}
+
+// refused returns how many writes to reg were refused.
+func (h *shardHistory) refused(reg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, op := range h.ops[reg] {
+		if out := op.Output.(shardRegOut); op.Input.(shardRegIn).write && !out.ok && !out.unknown {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *shardHistory) check(t *testing.T, reg string) porcupine.CheckResult {
+	t.Helper()
+	h.mu.Lock()
+	ops := append([]porcupine.Operation(nil), h.ops[reg]...)
+	end := h.now() + 1
+	for _, i := range h.open[reg] {
+		ops[i].Return = end
+	}
+	h.mu.Unlock()
+	res := porcupine.CheckOperationsTimeout(shardRegister, ops, 30*time.Second)
+	t.Logf("%s: %d operations: %s", reg, len(ops), res)
+	return res
+}
+
+// registers writes and reads the two registers of each shard: fenced-<shard>
+// through the fenced client, and plain-<shard>, the tokenless baseline,
+// with a plain read-modify-write (conditional on the resourceVersion read,
+// as client.Update is, but carrying no token).
+type registers struct {
+	k *kube
+	h *shardHistory
+}
+
+func (r *registers) write(ctx context.Context, m *ringMember, cid int, shard string, holder kubeadapter.Holder) {
+	tok := holder.Token().Revision
+	r.writeOne(ctx, "fenced-"+shard, cid, tok, func(ctx context.Context, cm *corev1.ConfigMap) error {
+		fc, err := kubeadapter.NewClient(m.crc, holder)
+		if err != nil {
+			return err
+		}
+		return fc.Update(ctx, cm)
+	}, m)
+	r.writeOne(ctx, "plain-"+shard, cid, tok, func(ctx context.Context, cm *corev1.ConfigMap) error { return m.crc.Update(ctx, cm) }, m)
+}
+
+func (r *registers) writeOne(ctx context.Context, reg string, cid int, tok int64, update func(context.Context, *corev1.ConfigMap) error, m *ringMember) {
+	val := int(r.h.vals.Add(1))
+	call := r.h.now()
+	var cm corev1.ConfigMap
+	if err := m.crc.Get(ctx, client.ObjectKey{Namespace: r.k.ns, Name: reg}, &cm); err != nil {
+		r.h.add(reg, cid, shardRegIn{write: true, tok: tok, val: val}, call, shardRegOut{})
+		return
+	}
+	cm.Data = map[string]string{"v": strconv.Itoa(val)}
+	err := update(ctx, &cm)
+	out := shardRegOut{ok: err == nil}
+	switch {
+	case err == nil, errors.Is(err, token.ErrStale), errors.Is(err, token.ErrNotHeld), apierrors.IsConflict(err), apierrors.IsForbidden(err):
+	default:
+		out.unknown = true
+	}
+	r.h.add(reg, cid, shardRegIn{write: true, tok: tok, val: val}, call, out)
+}
+
+func (r *registers) read(ctx context.Context, reg string) {
+	call := r.h.now()
+	var cm corev1.ConfigMap
+	if err := r.k.crc.Get(ctx, client.ObjectKey{Namespace: r.k.ns, Name: reg}, &cm); err != nil {
+		return
+	}
+	v, _ := strconv.Atoi(cm.Data["v"])
+	r.h.add(reg, 0, shardRegIn{}, call, shardRegOut{ok: true, val: v})
+}
+
+// TestShardHistory records the writes of a ring's members to a register
+// per shard while members join, leave gracefully and pause (heartbeat
+// stalled past the lease duration while a goroutine keeps writing with
+// the token it had, then restarted), and checks the histories with
+// porcupine against the fenced register. Every member writes two
+// registers per shard with the same ownership: through the fenced
+// client, and without a token (the tokenless one-Lease-per-shard
+// baseline of the peers). The paused
+// member's write after the new owner's is made explicitly, so the
+// baseline's history must be illegal and the fenced one legal.
+// -shard-history-rounds repeats the churn.
+func TestShardHistory(t *testing.T) {
+	k := newKube(t)
+	installPolicy(t, k)
+	ctx := t.Context()
+	shards := []string{"reg-a", "reg-b"}
+	for _, sh := range shards {
+		for _, reg := range []string{"fenced-" + sh, "plain-" + sh} {
+			require.NoError(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: reg}}))
+		}
+	}
+	h := &shardHistory{start: time.Now(), ops: map[string][]porcupine.Operation{}, open: map[string][]int{}}
+	r := &registers{k: k, h: h}
+	var members []*ringMember
+	for i := range 3 {
+		members = append(members, k.startMember(t, "hist", fmt.Sprintf("x-%d", i), shards))
+	}
+	settled(t, members, shards)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	// every runs fn every d until stop is closed.
+	every := func(d time.Duration, fn func()) {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(d):
+				}
+				fn()
+			}
+		})
+	}
+	work := func(m *ringMember, cid int) {
+		every(15*time.Millisecond, func() {
+			for _, sh := range shards {
+				if hd, err := m.s.Shard(sh); err == nil {
+					r.write(ctx, m, cid, sh, hd)
+				}
+			}
+		})
+	}
+	for i, m := range members {
+		work(m, i+1)
+	}
+	every(10*time.Millisecond, func() {
+		for _, sh := range shards {
+			r.read(ctx, "fenced-"+sh)
+			r.read(ctx, "plain-"+sh)
+		}
+	})
+
+	stale := 0
+	for round := range *shardHistoryRounds {
+		// Join, then graceful leave, of a fourth member.
+		joiner := k.startMember(t, "hist", fmt.Sprintf("j-%d", round), shards)
+		work(joiner, 10+round)
+		settled(t, append(members[:3:3], joiner), shards)
+		time.Sleep(200 * time.Millisecond)
+		joiner.stop()
+		owner := settled(t, members, shards)
+
+		// Pause the owner of reg-a: its heartbeat stalls, and a goroutine
+		// of it keeps writing with the ownership it had.
+		var paused *ringMember
+		at := 0
+		for i, m := range members {
+			if m.name == owner["reg-a"] {
+				paused, at = m, i
+			}
+		}
+		old, err := paused.s.Shard("reg-a")
+		require.NoError(t, err)
+		paused.leases.stalled.Store(true)
+		blind := staticHolder{old.Token()}
+		cid := 100 + round
+		require.True(t, waitFor(20*time.Second, func() bool {
+			r.write(ctx, paused, cid, "reg-a", blind)
+			return h.accepted("fenced-reg-a", old.Token().Revision) && h.accepted("plain-reg-a", old.Token().Revision)
+		}), "no new owner wrote reg-a")
+		// The late write, after the new owner's was accepted.
+		before := h.refused("fenced-reg-a")
+		r.write(ctx, paused, cid, "reg-a", blind)
+		stale += h.refused("fenced-reg-a") - before
+		// The paused process is restarted under its identity (a stalled
+		// request of it would hang until its context ends).
+		paused.stop()
+		members[at] = k.startMember(t, "hist", paused.name, shards)
+		work(members[at], 200+round)
+		settled(t, members, shards)
+	}
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	require.Positive(t, stale, "the paused member's late fenced write was not refused")
+	for _, sh := range shards {
+		require.Equal(t, porcupine.Ok, h.check(t, "fenced-"+sh), "the fenced history of %s is not a fenced register", sh)
+	}
+	require.Equal(t, porcupine.Illegal, h.check(t, "plain-reg-a"), "the tokenless baseline's history passed: the check does not bite")
+}

@@ -1,0 +1,216 @@
+package kubeadapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/fencer-dev/fencer/token"
+)
+
+// ShardViewConfig configures a ShardView. NewShardView checks it with
+// Validate.
+type ShardViewConfig struct {
+	// Namespace and Ring are those of the ring (ShardConfig).
+	Namespace, Ring string
+	// Operator is the identity (ShardConfig.Identity) of the ring member
+	// the view is a delegate of.
+	Operator string
+	// RenewDeadline is how long after the view last saw the operator's
+	// heartbeat Lease change it may still act. Use the ring's
+	// RenewDeadline: the ring's LeaseDuration minus it is the margin
+	// that absorbs the view's watch lag.
+	RenewDeadline time.Duration
+	// Watcher is the view's process's one Lease watcher. It must watch
+	// Namespace.
+	Watcher *Watcher
+	// Clock measures durations; nil means the real clock.
+	Clock clock.Clock
+}
+
+// Validate reports the first invalid field as a *ConfigError, or nil.
+func (c ShardViewConfig) Validate() error {
+	switch {
+	case c.Namespace == "":
+		return &ConfigError{Field: "Namespace", Reason: "must not be empty"}
+	case c.Ring == "":
+		return &ConfigError{Field: "Ring", Reason: "must not be empty"}
+	case c.Operator == "":
+		return &ConfigError{Field: "Operator", Reason: "must not be empty"}
+	case c.RenewDeadline <= 0:
+		return &ConfigError{Field: "RenewDeadline", Reason: "must be positive"}
+	case c.Watcher == nil:
+		return &ConfigError{Field: "Watcher", Reason: "must not be nil"}
+	}
+	return nil
+}
+
+// ShardView is a read-only delegate of one ring member (the operator):
+// a process, such as a pod per namespace, that acts on the shards the
+// operator owns without being a member itself, so that Lease writes stay
+// O(members) however many delegates there are. It never writes a Lease.
+//
+// A delegate acts on a shard (Shard, and the ShardDelegate's Err) only
+// while the shard Lease, as its Watcher last saw it, is the assignment
+// its token came from and names the operator's current incarnation, and
+// it has seen the operator's heartbeat Lease change within RenewDeadline
+// on its own clock. Its writes carry the shard's token, so the fenced
+// client and the admission policy refuse a delegate of a former owner
+// exactly as they refuse the owner.
+//
+// What it does not guarantee: a delegate is not drained by a handoff
+// (Gate counts only the operator's own work), and two delegates of one
+// operator share a token, so the store does not order their writes to
+// one object against each other; run one delegate per shard (a
+// StatefulSet of one per namespace) or write through the operator.
+type ShardView struct {
+	cfg   ShardViewConfig
+	clock clock.Clock
+	src   ringSource
+	// snap is the view's latest reading of the ring, replaced whole.
+	snap    atomic.Pointer[viewSnapshot]
+	started atomic.Bool
+}
+
+// viewSnapshot is the ring as the view last read it, and when it last
+// saw the operator's heartbeat change.
+type viewSnapshot struct {
+	v         ringView
+	heartbeat *coordinationv1.Lease
+	changed   time.Time
+}
+
+var _ manager.Runnable = (*ShardView)(nil)
+
+// NewShardView returns a ShardView for cfg, or a *ConfigError. It
+// performs no I/O; Start runs it.
+func NewShardView(cfg ShardViewConfig) (*ShardView, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	v := &ShardView{cfg: cfg, clock: cfg.Clock, src: cfg.Watcher}
+	if v.clock == nil {
+		v.clock = clock.RealClock{}
+	}
+	v.snap.Store(&viewSnapshot{})
+	return v, nil
+}
+
+// NeedLeaderElection returns false: every delegate runs.
+func (v *ShardView) NeedLeaderElection() bool { return false }
+
+// Start reads the ring on every change the Watcher sees, and at least
+// every RenewDeadline/4, until ctx is done; it returns nil then, and
+// ErrAlreadyStarted when called a second time. The Watcher must be
+// running.
+func (v *ShardView) Start(ctx context.Context) error {
+	if !v.started.CompareAndSwap(false, true) {
+		return ErrAlreadyStarted
+	}
+	notify, stop := v.src.subscribe()
+	defer stop()
+	for {
+		v.read()
+		t := v.clock.NewTimer(v.cfg.RenewDeadline / 4)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-notify:
+		case <-t.C():
+		}
+		t.Stop()
+	}
+}
+
+// read takes a new snapshot of the ring.
+func (v *ShardView) read() {
+	leases, _, synced := v.src.labelled(v.cfg.Namespace, RingLabel, v.cfg.Ring)
+	if !synced {
+		return
+	}
+	prev := v.snap.Load()
+	next := &viewSnapshot{v: newRingView(v.cfg.Ring, leases), changed: prev.changed}
+	next.heartbeat = next.v.members[memberLeaseName(v.cfg.Ring, v.cfg.Operator)]
+	if hb := next.heartbeat; hb != nil && (prev.heartbeat == nil || prev.heartbeat.ResourceVersion != hb.ResourceVersion) {
+		next.changed = v.clock.Now()
+	}
+	v.snap.Store(next)
+}
+
+// acting returns the shard Lease of shard when the snapshot lets the
+// delegate act on it, and why not otherwise.
+func (s *viewSnapshot) acting(shard string, ring, operator string, deadline time.Duration, now time.Time) (*coordinationv1.Lease, error) {
+	l := s.v.shards[shard]
+	hb := s.heartbeat
+	switch {
+	case l == nil || hb == nil || holderOf(&hb.Spec) == "":
+		return nil, ErrNotOwner
+	case !holds(l, incarnation{holder: holderOf(&hb.Spec), lease: memberLeaseName(ring, operator)}):
+		return nil, ErrNotOwner
+	case now.Sub(s.changed) >= deadline:
+		return nil, ErrMemberLost
+	}
+	return l, nil
+}
+
+// Shard returns the delegate's ownership of shard, for NewClient, or an
+// error matching ErrNotOwner (or ErrMemberLost when the operator's
+// heartbeat has not been seen to change within RenewDeadline) and
+// token.ErrNotHeld.
+func (v *ShardView) Shard(shard string) (*ShardDelegate, error) {
+	l, err := v.snap.Load().acting(shard, v.cfg.Ring, v.cfg.Operator, v.cfg.RenewDeadline, v.clock.Now())
+	if err != nil {
+		return nil, fmt.Errorf("%w: shard %q of %s: %w", err, shard, v.cfg.Operator, token.ErrNotHeld)
+	}
+	tok, err := TokenOf(l)
+	if err != nil {
+		return nil, err
+	}
+	return &ShardDelegate{v: v, shard: shard, tok: tok, lease: l}, nil
+}
+
+// ShardDelegate is a delegate's use of one assignment of a shard to its
+// operator. It implements Holder.
+type ShardDelegate struct {
+	v     *ShardView
+	shard string
+	tok   token.Token
+	lease *coordinationv1.Lease
+	// lost is the first error Err returned; it is kept.
+	lost atomic.Pointer[LostError]
+}
+
+var _ Holder = (*ShardDelegate)(nil)
+
+// Token returns the token of the shard's assignment to the operator.
+func (d *ShardDelegate) Token() token.Token { return d.tok }
+
+// Err returns nil while the delegate may act on the shard (see
+// ShardView), and, from the first call that finds it may not, a
+// *LostError matching token.ErrNotHeld and ErrShardMoved or
+// ErrMemberLost. It reads the view's latest snapshot and clock.
+func (d *ShardDelegate) Err() error {
+	if lost := d.lost.Load(); lost != nil {
+		return lost
+	}
+	v := d.v
+	l, err := v.snap.Load().acting(d.shard, v.cfg.Ring, v.cfg.Operator, v.cfg.RenewDeadline, v.clock.Now())
+	var lost *LostError
+	switch {
+	case errors.Is(err, ErrMemberLost):
+		lost = &LostError{Token: d.tok, Reason: ErrMemberLost}
+	case err != nil || lossReason(d.lease, l) != nil:
+		lost = &LostError{Token: d.tok, Reason: ErrShardMoved}
+	default:
+		return nil
+	}
+	d.lost.CompareAndSwap(nil, lost)
+	return d.lost.Load()
+}
