@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,9 @@ type ShardView struct {
 	// snap is the view's latest reading of the ring, replaced whole.
 	snap    atomic.Pointer[viewSnapshot]
 	started atomic.Bool
+
+	mu        sync.Mutex
+	delegates map[string]*ShardDelegate // the live delegate of each shard, whose Context Start ends
 }
 
 // viewSnapshot is the ring as the view last read it, and when it last
@@ -106,17 +110,20 @@ func NewShardView(cfg ShardViewConfig) (*ShardView, error) {
 func (v *ShardView) NeedLeaderElection() bool { return false }
 
 // Start reads the ring on every change the Watcher sees, and at least
-// every RenewDeadline/4, until ctx is done; it returns nil then, and
-// ErrAlreadyStarted when called a second time. The Watcher must be
-// running.
+// every RenewDeadline/4, ending the Context of each delegate that may no
+// longer act, until ctx is done; it then ends every delegate's Context
+// (a stopped view vouches for none) and returns nil, or ErrAlreadyStarted
+// when called a second time. The Watcher must be running.
 func (v *ShardView) Start(ctx context.Context) error {
 	if !v.started.CompareAndSwap(false, true) {
 		return ErrAlreadyStarted
 	}
 	notify, stop := v.src.subscribe()
 	defer stop()
+	defer v.sweep(true)
 	for {
 		v.read()
+		v.sweep(false)
 		t := v.clock.NewTimer(v.cfg.RenewDeadline / 4)
 		select {
 		case <-ctx.Done():
@@ -173,7 +180,34 @@ func (v *ShardView) Shard(shard string) (*ShardDelegate, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &ShardDelegate{v: v, shard: shard, tok: tok, lease: l}, nil
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if d := v.delegates[shard]; d != nil && d.tok == tok && d.ctx.Err() == nil {
+		return d, nil
+	} else if d != nil {
+		d.end(&LostError{Token: d.tok, Reason: ErrShardMoved})
+	}
+	d := &ShardDelegate{v: v, shard: shard, tok: tok, lease: l}
+	d.ctx, d.cancel = context.WithCancelCause(context.Background())
+	if v.delegates == nil {
+		v.delegates = map[string]*ShardDelegate{}
+	}
+	v.delegates[shard] = d
+	return d, nil
+}
+
+// sweep ends the delegates that may no longer act, or, with all, every
+// delegate, as a lost member's.
+func (v *ShardView) sweep(all bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for shard, d := range v.delegates {
+		if d.Err() == nil && !all {
+			continue
+		}
+		d.end(&LostError{Token: d.tok, Reason: ErrMemberLost})
+		delete(v.delegates, shard)
+	}
 }
 
 // ShardDelegate is a delegate's use of one assignment of a shard to its
@@ -184,13 +218,29 @@ type ShardDelegate struct {
 	tok   token.Token
 	lease *coordinationv1.Lease
 	// lost is the first error Err returned; it is kept.
-	lost atomic.Pointer[LostError]
+	lost   atomic.Pointer[LostError]
+	ctx    context.Context // ended with lost
+	cancel context.CancelCauseFunc
 }
 
 var _ Holder = (*ShardDelegate)(nil)
 
 // Token returns the token of the shard's assignment to the operator.
 func (d *ShardDelegate) Token() token.Token { return d.tok }
+
+// Context returns a context that ends, with Err's error as its cause, once
+// the view finds the delegate may no longer act: at once on a change its
+// Watcher sees, within RenewDeadline/4 of the heartbeat's deadline, and
+// when the view stops. Err is exact at the moment of the call; Context
+// may end a little later than Err starts failing, never earlier.
+func (d *ShardDelegate) Context() context.Context { return d.ctx }
+
+// end records lost, unless an earlier loss was recorded, and ends the
+// delegate's Context with the recorded one.
+func (d *ShardDelegate) end(lost *LostError) {
+	d.lost.CompareAndSwap(nil, lost)
+	d.cancel(d.lost.Load())
+}
 
 // Err returns nil while the delegate may act on the shard (see
 // ShardView), and, from the first call that finds it may not, a
@@ -211,6 +261,6 @@ func (d *ShardDelegate) Err() error {
 	default:
 		return nil
 	}
-	d.lost.CompareAndSwap(nil, lost)
+	d.end(lost)
 	return d.lost.Load()
 }

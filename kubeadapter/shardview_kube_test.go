@@ -67,11 +67,18 @@ func TestShardView(t *testing.T) {
 	// phase of one renewal.
 	require.LessOrEqual(t, with, without+1, "delegates added Lease writes")
 	require.NoError(t, writeRecord(ctx, k, x0, d, "record", "delegate"))
+	require.NoError(t, d.Context().Err(), "the Context of a delegate that may act")
 
 	// The operator pauses: its heartbeat stops changing.
 	x0.leases.stalled.Store(true)
 	require.True(t, waitFor(10*time.Second, func() bool { return d.Err() != nil }), "the delegate kept acting after the operator's heartbeat stopped")
 	require.ErrorIs(t, d.Err(), kubeadapter.ErrMemberLost)
+	select {
+	case <-d.Context().Done():
+		require.ErrorIs(t, context.Cause(d.Context()), kubeadapter.ErrMemberLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the delegate's Context did not end after its Err did")
+	}
 	require.ErrorIs(t, writeRecord(ctx, k, x0, d, "record", "delegate-late"), token.ErrNotHeld)
 	_, err := views[0].Shard(shard)
 	require.ErrorIs(t, err, token.ErrNotHeld)
