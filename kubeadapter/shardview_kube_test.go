@@ -92,10 +92,13 @@ func TestShardView(t *testing.T) {
 	require.NoError(t, writeRecord(ctx, k, x1, h1, "record", "x-1"))
 	requireFencedOut(t, k, x0, d.Token(), "record")
 
-	// The operator resumes as a new incarnation and gets its shard back:
-	// its delegates follow it with a greater token.
-	x0.leases.stalled.Store(false)
-	require.True(t, waitFor(20*time.Second, func() bool {
+	// The operator comes back as a new incarnation (restarted under its
+	// identity: a request it had stalled would hang until its context
+	// ends) and gets its shard back: its delegates follow it with a
+	// greater token.
+	x0.stop()
+	k.startMember(t, "view", "x-0", []string{shard})
+	require.True(t, waitFor(60*time.Second, func() bool {
 		d2, err := views[0].Shard(shard)
 		if err != nil {
 			return false
