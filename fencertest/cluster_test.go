@@ -2,9 +2,12 @@ package fencertest_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
@@ -22,7 +25,13 @@ func TestCluster(t *testing.T) {
 
 	victim := (cl.Leader(t) + 1) % 3
 	cl.Stop(victim)
-	_, err = st.Put(c, held.Token(), "total", []byte("1"))
+	// A write on the connection to the stopped member fails UNAVAILABLE
+	// (it may or may not have committed); etcd's client then moves to a
+	// live member, so the same write, retried, commits.
+	require.Eventually(t, func() bool {
+		_, err = st.Put(c, held.Token(), "total", []byte("1"))
+		return status.Code(err) != codes.Unavailable
+	}, 30*time.Second, 100*time.Millisecond, "the write never reached a live member: %v", err)
 	require.NoError(t, err, "two of three members make a quorum")
 	cl.Restart(t, victim)
 
