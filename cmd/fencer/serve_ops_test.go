@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -119,6 +120,14 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return resp.StatusCode
 	}
+	// The metrics listener may start a moment after the gRPC one answers.
+	require.Eventually(t, func() bool {
+		conn, err := net.Dial("tcp", metrics)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "the metrics port never listened")
 	require.Equal(t, http.StatusOK, get("/healthz"))
 	require.Eventually(t, func() bool { return get("/readyz") == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
 
