@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
@@ -29,6 +34,7 @@ type ringMember struct {
 	s      *kubeadapter.Sharder
 	reg    *prometheus.Registry
 	leases *stallable
+	net    *netCut
 	crc    client.Client
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -62,9 +68,12 @@ func (k *kube) startMemberWith(tb testing.TB, cfg kubeadapter.ShardConfig, shard
 // its stallable, wrapped by wrap when wrap is not nil.
 func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string, wrap func(coordinationv1client.LeasesGetter) coordinationv1client.LeasesGetter) *ringMember {
 	tb.Helper()
-	cs, err := kubernetes.NewForConfig(k.env.Admin())
+	net := &netCut{inflight: map[int]context.CancelFunc{}}
+	rc := rest.CopyConfig(k.env.Admin())
+	rc.Wrap(net.wrap)
+	cs, err := kubernetes.NewForConfig(rc)
 	require.NoError(tb, err)
-	crc, err := client.New(k.env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
+	crc, err := client.New(rc, client.Options{Scheme: clientgoscheme.Scheme})
 	require.NoError(tb, err)
 	var leases coordinationv1client.LeasesGetter = cs.CoordinationV1()
 	if wrap != nil {
@@ -79,7 +88,7 @@ func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards
 	require.NoError(tb, err)
 	s.Track(shards...)
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &ringMember{name: cfg.Identity, s: s, reg: reg, leases: st, crc: crc, cancel: cancel, done: make(chan struct{})}
+	m := &ringMember{name: cfg.Identity, s: s, reg: reg, leases: st, net: net, crc: crc, cancel: cancel, done: make(chan struct{})}
 	sharderDone := make(chan struct{})
 	go func() {
 		defer close(m.done)
@@ -89,6 +98,76 @@ func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards
 	}()
 	tb.Cleanup(m.stop)
 	return m
+}
+
+// netCut is a member's network link to the API server. While it is cut,
+// every request fails at once without reaching the server, and every
+// request in flight, watches included, is ended: a partition.
+type netCut struct {
+	mu       sync.Mutex
+	cut      bool
+	next     int
+	inflight map[int]context.CancelFunc
+}
+
+var errPartitioned = errors.New("test: partitioned from the API server")
+
+// set cuts the link (true) or heals it (false).
+func (n *netCut) set(cut bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.cut = cut
+	if cut {
+		for _, cancel := range n.inflight {
+			cancel()
+		}
+	}
+}
+
+func (n *netCut) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		ctx, cancel := context.WithCancel(req.Context())
+		n.mu.Lock()
+		if n.cut {
+			n.mu.Unlock()
+			cancel()
+			return nil, errPartitioned
+		}
+		id := n.next
+		n.next++
+		n.inflight[id] = cancel
+		n.mu.Unlock()
+		done := func() {
+			n.mu.Lock()
+			delete(n.inflight, id)
+			n.mu.Unlock()
+			cancel()
+		}
+		resp, err := rt.RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			done()
+			return nil, err
+		}
+		resp.Body = &closeHook{ReadCloser: resp.Body, done: done}
+		return resp, nil
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// closeHook calls done once, when the body is closed.
+type closeHook struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (c *closeHook) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.done)
+	return err
 }
 
 // stop leaves the ring gracefully and waits until the member's goroutines

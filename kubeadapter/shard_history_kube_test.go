@@ -22,7 +22,7 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-var shardHistoryRounds = flag.Int("shard-history-rounds", 1, "rounds of join, leave and pause in TestShardHistory (make test runs 1)")
+var shardHistoryRounds = flag.Int("shard-history-rounds", 1, "rounds of join, leave, pause, partition and kill in TestShardHistory (make test runs 1)")
 
 // shardReg is the state of a fenced register: the value of the last
 // accepted write and the shard token (revision) it was written with.
@@ -188,15 +188,17 @@ func (r *registers) read(ctx context.Context, reg string) {
 }
 
 // TestShardHistory records the writes of a ring's members to a register
-// per shard while members join, leave gracefully and pause (heartbeat
+// per shard while members join, leave gracefully, pause (heartbeat
 // stalled past the lease duration while a goroutine keeps writing with
-// the token it had, then restarted), and checks the histories with
+// the token it had, then restarted), are partitioned from the API server
+// past the lease duration and healed, and are killed and restarted at
+// once under the same identity, and checks the histories with
 // porcupine against the fenced register. Every member writes two
 // registers per shard with the same ownership: through the fenced
 // client, and without a token (the tokenless one-Lease-per-shard
-// baseline of the peers). The paused
-// member's write after the new owner's is made explicitly, so the
-// baseline's history must be illegal and the fenced one legal.
+// baseline of the peers). Each fault's
+// late write, after the new owner's, is made explicitly, so the
+// baseline's histories must be illegal and the fenced ones legal.
 // -shard-history-rounds repeats the churn.
 func TestShardHistory(t *testing.T) {
 	k := newKube(t)
@@ -250,7 +252,31 @@ func TestShardHistory(t *testing.T) {
 		}
 	})
 
-	stale := 0
+	// ownerOf returns the member that owns shard now, and its index.
+	ownerOf := func(shard string) (*ringMember, int) {
+		owner := settled(t, members, shards)
+		for i, m := range members {
+			if m.name == owner[shard] {
+				return m, i
+			}
+		}
+		t.Fatalf("no member owns %s", shard)
+		return nil, 0
+	}
+	// late makes m's writes to shard with its old token until a newer
+	// owner's writes to both registers were accepted, then one more: the
+	// late write, which the fenced register must refuse.
+	late := func(m *ringMember, cid int, shard string, old token.Token, why string) {
+		t.Helper()
+		blind := staticHolder{old}
+		require.True(t, waitFor(20*time.Second, func() bool {
+			r.write(ctx, m, cid, shard, blind)
+			return h.accepted("fenced-"+shard, old.Revision) && h.accepted("plain-"+shard, old.Revision)
+		}), "%s: no new owner wrote %s", why, shard)
+		before := h.refused("fenced-" + shard)
+		r.write(ctx, m, cid, shard, blind)
+		require.Equal(t, before+1, h.refused("fenced-"+shard), "%s: the late fenced write to %s was not refused", why, shard)
+	}
 	for round := range *shardHistoryRounds {
 		// Join, then graceful leave, of a fourth member.
 		joiner := k.startMember(t, "hist", fmt.Sprintf("j-%d", round), shards)
@@ -258,44 +284,55 @@ func TestShardHistory(t *testing.T) {
 		settled(t, append(members[:3:3], joiner), shards)
 		time.Sleep(200 * time.Millisecond)
 		joiner.stop()
-		owner := settled(t, members, shards)
 
 		// Pause the owner of reg-a: its heartbeat stalls, and a goroutine
-		// of it keeps writing with the ownership it had.
-		var paused *ringMember
-		at := 0
-		for i, m := range members {
-			if m.name == owner["reg-a"] {
-				paused, at = m, i
-			}
-		}
+		// of it keeps writing with the ownership it had. The paused
+		// process is then restarted under its identity (a stalled
+		// request of it would hang until its context ends).
+		paused, at := ownerOf("reg-a")
 		old, err := paused.s.Shard("reg-a")
 		require.NoError(t, err)
 		paused.leases.stalled.Store(true)
-		blind := staticHolder{old.Token()}
-		cid := 100 + round
-		require.True(t, waitFor(20*time.Second, func() bool {
-			r.write(ctx, paused, cid, "reg-a", blind)
-			return h.accepted("fenced-reg-a", old.Token().Revision) && h.accepted("plain-reg-a", old.Token().Revision)
-		}), "no new owner wrote reg-a")
-		// The late write, after the new owner's was accepted.
-		before := h.refused("fenced-reg-a")
-		r.write(ctx, paused, cid, "reg-a", blind)
-		stale += h.refused("fenced-reg-a") - before
-		// The paused process is restarted under its identity (a stalled
-		// request of it would hang until its context ends).
+		late(paused, 100+round, "reg-a", old.Token(), "pause")
 		paused.stop()
 		members[at] = k.startMember(t, "hist", paused.name, shards)
 		work(members[at], 200+round)
+
+		// Partition the owner of reg-b from the API server, past the
+		// lease duration, then heal it: it must have ended its ownership
+		// on its own clock before the new owner wrote, its late write
+		// with the token it had is refused, and it rejoins by itself.
+		cut, _ := ownerOf("reg-b")
+		old, err = cut.s.Shard("reg-b")
+		require.NoError(t, err)
+		cut.net.set(true)
+		require.True(t, waitFor(20*time.Second, func() bool {
+			return h.accepted("fenced-reg-b", old.Token().Revision) && h.accepted("plain-reg-b", old.Token().Revision)
+		}), "partition: no new owner wrote reg-b")
+		require.Error(t, old.Context().Err(), "partition: the cut owner's ShardHeld had not ended when the new owner wrote")
+		cut.net.set(false)
+		late(cut, 300+round, "reg-b", old.Token(), "partition")
+
+		// Kill the owner of reg-a: its Lease calls fail at once and it
+		// stops without release or handoff; a worker that outlived it
+		// keeps its token. The same identity starts again at once, while
+		// its old heartbeat is still live.
+		killed, at := ownerOf("reg-a")
+		old, err = killed.s.Shard("reg-a")
+		require.NoError(t, err)
+		killed.leases.killed.Store(true)
+		killed.stop()
+		members[at] = k.startMember(t, "hist", killed.name, shards)
+		work(members[at], 400+round)
+		late(killed, 500+round, "reg-a", old.Token(), "kill")
 		settled(t, members, shards)
 	}
 	time.Sleep(200 * time.Millisecond)
 	close(stop)
 	wg.Wait()
 
-	require.Positive(t, stale, "the paused member's late fenced write was not refused")
 	for _, sh := range shards {
 		require.Equal(t, porcupine.Ok, h.check(t, "fenced-"+sh), "the fenced history of %s is not a fenced register", sh)
+		require.Equal(t, porcupine.Illegal, h.check(t, "plain-"+sh), "the tokenless baseline's history of %s passed: the check does not bite", sh)
 	}
-	require.Equal(t, porcupine.Illegal, h.check(t, "plain-reg-a"), "the tokenless baseline's history passed: the check does not bite")
 }
