@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -316,12 +317,138 @@ func reportBracket(b *testing.B, c bracket) {
 	b.ReportMetric(c.slack.Seconds()*1000, "bracket-slack-ms")
 }
 
+// handover times the moves of a rebalance: for each shard whose
+// rendezvous owner changes, the instant the old owner's ShardHeld ended
+// and the instant the new owner was first seen owning it (its Owns,
+// polled every millisecond). A sample in which the new owner owns a
+// shard whose old ShardHeld has not ended is an overlap.
+type handover struct {
+	mu       sync.Mutex
+	ended    map[string]time.Time
+	started  map[string]time.Time
+	old      map[string]*kubeadapter.ShardHeld
+	overlaps int
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+// watchHandover arms a handover for the shards whose owner in prev is not
+// their rendezvous owner among afterNames; members are the members now.
+func watchHandover(b *testing.B, members []*ringMember, prev map[string]string, afterNames []string) *handover {
+	b.Helper()
+	ms := make([]rendezvous.Member, len(afterNames))
+	for i, n := range afterNames {
+		ms[i] = rendezvous.Member{Name: n, Weight: 1}
+	}
+	byName := map[string]*ringMember{}
+	for _, m := range members {
+		byName[m.name] = m
+	}
+	h := &handover{ended: map[string]time.Time{}, started: map[string]time.Time{}, old: map[string]*kubeadapter.ShardHeld{}}
+	for sh, o := range prev {
+		if want, _ := rendezvous.Owner(sh, ms); want == o {
+			continue
+		}
+		held, err := byName[o].s.Shard(sh)
+		require.NoError(b, err)
+		h.old[sh] = held
+		context.AfterFunc(held.Context(), func() {
+			at := time.Now()
+			h.mu.Lock()
+			h.ended[sh] = at
+			h.mu.Unlock()
+		})
+	}
+	return h
+}
+
+// sample polls the new owners, named by rendezvous among after, until
+// stopped.
+func (h *handover) sample(after []*ringMember) {
+	ms := make([]rendezvous.Member, len(after))
+	byName := map[string]*ringMember{}
+	for i, m := range after {
+		ms[i] = rendezvous.Member{Name: m.name, Weight: 1}
+		byName[m.name] = m
+	}
+	to := map[string]*ringMember{}
+	for sh := range h.old {
+		want, _ := rendezvous.Owner(sh, ms)
+		to[sh] = byName[want]
+	}
+	h.stop, h.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(h.done)
+		for len(to) > 0 {
+			select {
+			case <-h.stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			for sh, m := range to {
+				if _, ok := m.s.Owns(sh); !ok {
+					continue
+				}
+				at := time.Now()
+				h.mu.Lock()
+				if h.old[sh].Err() == nil {
+					h.overlaps++
+				}
+				h.started[sh] = at
+				h.mu.Unlock()
+				delete(to, sh)
+			}
+		}
+	}()
+}
+
+// report stops the sampler and reports the gaps' p50, p99 and max in ms,
+// the overlaps, and the moves it saw both ends of.
+func (h *handover) report(b *testing.B) {
+	close(h.stop)
+	<-h.done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var gaps []time.Duration
+	for sh, st := range h.started {
+		if end, ok := h.ended[sh]; ok {
+			gaps = append(gaps, st.Sub(end))
+		}
+	}
+	b.ReportMetric(float64(len(gaps)), "moves-timed")
+	b.ReportMetric(float64(h.overlaps), "overlaps")
+	if h.overlaps > 0 {
+		b.Errorf("%d shards were owned by the new owner while the old ShardHeld had not ended", h.overlaps)
+	}
+	if len(gaps) == 0 {
+		return
+	}
+	slices.Sort(gaps)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(gaps[len(gaps)/2]), "gap-p50-ms")
+	b.ReportMetric(ms(gaps[len(gaps)*99/100]), "gap-p99-ms")
+	b.ReportMetric(ms(gaps[len(gaps)-1]), "gap-max-ms")
+	if gaps[0] < 0 {
+		b.Errorf("a new owner started %v before the old ShardHeld ended", -gaps[0])
+	}
+}
+
+// names returns the members' names.
+func names(members []*ringMember) []string {
+	out := make([]string, len(members))
+	for i, m := range members {
+		out[i] = m.name
+	}
+	return out
+}
+
 // BenchmarkShardRebalance: a ring of 3 members over 10,000 shards (2s
 // renewals, 15s lease duration) gets a fourth member, loses it
 // gracefully, then loses a member to a crash (its Lease client killed, no
 // release). For each, it reports the shards moved, the shard-Lease writes
 // the members counted, the API server's Lease writes beside renewals,
-// and the time until every shard had its rendezvous owner again.
+// the time until every shard had its rendezvous owner again, and the
+// handover gap of each move (see handover).
 func BenchmarkShardRebalance(b *testing.B) {
 	k := newKube(b)
 	shards := shardNames(benchShards)
@@ -329,15 +456,18 @@ func BenchmarkShardRebalance(b *testing.B) {
 	owner := settled(b, members, shards)
 	// measure runs change, which returns the members after it, and
 	// reports what it cost until the ring settled.
-	measure := func(b *testing.B, before []*ringMember, change func() []*ringMember) []*ringMember {
+	measure := func(b *testing.B, before []*ringMember, afterNames []string, change func() []*ringMember) []*ringMember {
 		b.Helper()
 		prev := owner
 		c0 := countWrites(b, k, before)
 		moves0 := moves(b, before, kubeadapter.MoveHandoff) + moves(b, before, kubeadapter.MoveOrphan)
+		gap := watchHandover(b, before, prev, afterNames)
 		start := time.Now()
 		after := change()
+		gap.sample(after)
 		owner = settledWithin(b, 2*time.Minute, after, shards)
 		converge := time.Since(start)
+		gap.report(b)
 		time.Sleep(100 * time.Millisecond)
 		// Members that left keep their counters; count every member seen.
 		all := slices.Concat(before, after)
@@ -360,7 +490,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 	parent := b
 	var x3 *ringMember
 	b.Run("join", func(b *testing.B) {
-		measure(b, members, func() []*ringMember {
+		measure(b, members, append(names(members), "x-3"), func() []*ringMember {
 			cfg := kubeadapter.DefaultShardConfig(k.ns, "rebalance", "x-3")
 			cfg.MovesPerSecond = 2000
 			x3 = k.startMemberWith(parent, cfg, shards)
@@ -371,13 +501,13 @@ func BenchmarkShardRebalance(b *testing.B) {
 		if x3 == nil {
 			b.Skip("leave follows join")
 		}
-		measure(b, append(slices.Clone(members), x3), func() []*ringMember {
+		measure(b, append(slices.Clone(members), x3), names(members), func() []*ringMember {
 			x3.stop()
 			return members
 		})
 	})
 	b.Run("crash", func(b *testing.B) {
-		measure(b, members, func() []*ringMember {
+		measure(b, members, names(members[:2]), func() []*ringMember {
 			members[2].leases.killed.Store(true)
 			return members[:2]
 		})

@@ -270,9 +270,11 @@ func TestShardRedTeamForcedHandoff(t *testing.T) {
 }
 
 // TestShardRedTeamRawLeaseWriters: someone edits the ring's Leases by
-// hand (kubectl patch, delete, server-side apply). Whatever the edit, the
-// owner's ShardHeld ends, the ring settles on one owner whose token is
-// greater, and writes with the superseded token are refused.
+// hand (kubectl patch, delete, server-side apply), including edits that
+// make the shard's Lease no longer look like one (its annotation or ring
+// labels stripped or rewritten). Whatever the edit, the owner's ShardHeld
+// ends, the ring settles on one owner whose token is greater, and writes
+// with the superseded token are refused.
 func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
@@ -308,6 +310,21 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 			force := true
 			body := fmt.Sprintf(`{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":%q},"spec":{"holderIdentity":"intruder"}}`, lease)
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.ApplyPatchType, []byte(body), metav1.PatchOptions{FieldManager: "kubectl", Force: &force})
+			require.NoError(t, err)
+		}},
+		{"json patch strips the shard annotation", func(t *testing.T, lease string) {
+			patch := fmt.Sprintf(`[{"op":"remove","path":"/metadata/annotations/%s"}]`, strings.ReplaceAll(kubeadapter.ShardAnnotation, "/", "~1"))
+			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
+			require.NoError(t, err)
+		}},
+		{"merge patch strips the ring labels", func(t *testing.T, lease string) {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null,%q:null}}}`, kubeadapter.RingLabel, kubeadapter.RoleLabel)
+			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			require.NoError(t, err)
+		}},
+		{"merge patch names another shard", func(t *testing.T, lease string) {
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"someone-else"}}}`, kubeadapter.ShardAnnotation)
+			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
 		{"delete the owner's heartbeat", func(t *testing.T, _ string) {

@@ -883,6 +883,9 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 	var err error
 	if mv.cur == nil {
 		got, err = leases.Create(ctx, next, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			got, err = s.reclaim(ctx, mv)
+		}
 	} else {
 		got, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 	}
@@ -893,6 +896,28 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 		return nil
 	}
 	return got
+}
+
+// reclaim makes a create move whose Lease exists under the shard's name
+// but is not in the ring's view: a raw writer stripped or rewrote its
+// ring labels or ShardAnnotation, so no member would ever see the shard
+// again. It reads the Lease and, when it still does not look like the
+// shard's, writes the move over it, conditional on the version read, as
+// any takeover: a new token, greater than every one issued on it. A
+// Lease that does look like the shard's (another member created it
+// first) is left to the Watcher, and reclaim returns its AlreadyExists.
+func (s *Sharder) reclaim(ctx context.Context, mv move) (*coordinationv1.Lease, error) {
+	leases := s.leases.Leases(s.cfg.Namespace)
+	name := ShardLeaseName(s.cfg.Ring, mv.shard)
+	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := newRingView(s.cfg.Ring, []*coordinationv1.Lease{cur}).shards[mv.shard]; ok && cur.Labels[RingLabel] == s.cfg.Ring {
+		return nil, apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), name)
+	}
+	logr.FromContextOrDiscard(ctx).Info("reclaiming a shard Lease edited out of the ring", "shard", mv.shard, "lease", name)
+	return leases.Update(ctx, assigned(s.cfg.Namespace, s.cfg.Ring, mv.shard, cur, mv.to, s.cfg.LeaseDuration, s.clock.Now()), metav1.UpdateOptions{})
 }
 
 // drain waits until h's in-flight work has finished, the deadline has
