@@ -62,7 +62,7 @@ func TestService(t *testing.T) {
 			var stale *token.StaleError
 			require.ErrorAs(t, err, &stale)
 			require.Equal(t, newer.Token(), stale.Newer)
-			<-held.Done()
+			waitDone(t, held)
 			require.ErrorIs(t, held.Err(), etcdstore.ErrLeaseLost)
 			_, err = svc.Store.Put(c, newer.Token(), "total", []byte("250"))
 			require.NoError(t, err)

@@ -123,7 +123,11 @@ func TestKit(t *testing.T) {
 
 		require.Eventually(t, func() bool { return clk.Waiters() == 2 }, 30*time.Second, time.Millisecond, "renewal loop armed")
 		clk.Step(kcfg.RetryPeriod)
-		<-held.Done()
+		select {
+		case <-held.Done():
+		case <-ctx.Done():
+			t.Fatal("the renewal never ended the superseded Held")
+		}
 		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
 		require.ErrorIs(t, mine.Update(ctx, cm), token.ErrNotHeld)
 		got := &corev1.ConfigMap{}
