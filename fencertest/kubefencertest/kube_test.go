@@ -3,12 +3,15 @@ package kubefencertest_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -20,6 +23,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
@@ -166,23 +170,31 @@ func TestKit(t *testing.T) {
 			}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				kcfg := kubeadapter.DefaultConfig(ns, "refused-"+strings.ReplaceAll(tc.name, " ", "-"), "replica-a")
-				kcfg.Clock = clocktesting.NewFakeClock(time.Now())
-				e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
-				require.NoError(t, err)
-				held, err := e.TryAcquire(ctx)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = held.Release(context.Background()) })
-				h := tc.end(t, held, kcfg.Name)
-				before, err := cs.CoordinationV1().Leases(ns).Get(ctx, kcfg.Name, metav1.GetOptions{})
+				name := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
+				h := tc.end(t, acquire(ctx, t, cs, name), name)
+				before, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
 				require.NoError(t, err)
 
 				require.Contains(t, refusal(t, cfg, h), "not its lease's current token")
-				after, err := cs.CoordinationV1().Leases(ns).Get(ctx, kcfg.Name, metav1.GetOptions{})
+				after, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
 				require.NoError(t, err)
 				require.Equal(t, before.ResourceVersion, after.ResourceVersion, "a refused Supersede must not write the Lease")
 			})
 		}
+	})
+
+	t.Run("ClosesItsConnections", func(t *testing.T) {
+		// A Proxy function keeps client-go from sharing a cached
+		// transport, so Supersede dials connections of its own; the API
+		// server outlives the call, as a suite's does.
+		held := acquire(ctx, t, cs, "connections")
+		own := rest.CopyConfig(cfg)
+		own.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		before := goleak.IgnoreCurrent()
+
+		kubefencertest.Supersede(t, own, held)
+		require.NoError(t, goleak.Find(append(fencertest.LeakOptions(), before)...),
+			"Supersede must close the connections it opened")
 	})
 
 	t.Run("SupersedeWithWatcher", func(t *testing.T) {
@@ -210,6 +222,20 @@ func TestKit(t *testing.T) {
 		}
 		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
 	})
+}
+
+// acquire acquires the Lease name in ns as "replica-a", on a fake clock
+// that never moves and without a Watcher, so that the Held notices
+// nothing by itself, and releases it when t ends.
+func acquire(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) *kubeadapter.Held {
+	kcfg := kubeadapter.DefaultConfig(ns, name, "replica-a")
+	kcfg.Clock = clocktesting.NewFakeClock(time.Now())
+	e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
+	require.NoError(t, err)
+	held, err := e.TryAcquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = held.Release(context.Background()) })
+	return held
 }
 
 // expired is a Held as it is once its renew deadline has passed: the

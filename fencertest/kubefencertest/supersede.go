@@ -10,7 +10,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
@@ -83,10 +82,11 @@ func Supersede(t fencertest.TB, cfg *rest.Config, h kubeadapter.Holder) *Taken {
 	if !ok {
 		t.Fatalf("kubefencertest: supersede %s: not a Kubernetes Lease", tok)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, closeIdle, err := clientset(cfg)
 	if err != nil {
-		t.Fatalf("kubefencertest: client: %v", err)
+		t.Fatalf("%v", err)
 	}
+	defer closeIdle()
 	if err := h.Err(); err != nil {
 		t.Fatalf("kubefencertest: supersede %s: not its lease's current token: %v", tok, err)
 	}
