@@ -25,15 +25,17 @@ import (
 	"github.com/fencer-dev/fencer/internal/testca"
 )
 
-// memberEnv marks a process started as a member; its value is the
-// member's name.
-const memberEnv = "FENCER_ETCDPROC_MEMBER"
+// MemberEnv marks a process started as a member; its value is the
+// member's name. A test binary whose TestMain calls RunIfMember is an etcd
+// binary for any child it starts with MemberEnv set, such as the etcd of
+// controller-runtime's envtest.
+const MemberEnv = "FENCER_ETCDPROC_MEMBER"
 
 // RunIfMember runs etcd and exits if this process was started by Start as
 // a cluster member, with the process's arguments as etcd's flags. Otherwise
 // it returns at once. Call it before anything else in TestMain.
 func RunIfMember() {
-	if os.Getenv(memberEnv) == "" {
+	if os.Getenv(MemberEnv) == "" {
 		return
 	}
 	etcdmain.Main(os.Args)
@@ -183,7 +185,7 @@ func (c *Cluster) spawn(m *member) error {
 		)
 	}
 	cmd := exec.Command(c.exe, args...)
-	cmd.Env = append(os.Environ(), memberEnv+"="+m.name)
+	cmd.Env = append(os.Environ(), MemberEnv+"="+m.name)
 	cmd.Stdout, cmd.Stderr = m.log, m.log
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
