@@ -2,7 +2,6 @@ package fencertest
 
 import (
 	"sync/atomic"
-	"testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdproc"
@@ -33,7 +32,7 @@ type EtcdCluster struct {
 // etcd (etcdmain), so TestMain must call RunIfMember or Main first; Cluster
 // fails t otherwise. All raft traffic between members crosses a proxy,
 // which is what Partition cuts.
-func Cluster(t testing.TB, n int) *EtcdCluster {
+func Cluster(t TB, n int) *EtcdCluster {
 	t.Helper()
 	if !memberReady.Load() {
 		t.Fatalf("fencertest: Cluster needs TestMain to call fencertest.RunIfMember or fencertest.Main first")

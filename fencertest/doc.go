@@ -5,13 +5,13 @@
 // HTTP handlers.
 //
 //	func TestReconcilerStopsWhenSuperseded(t *testing.T) {
-//		ctx := t.Context()
-//		st := fencertest.Store(t) // a fresh embedded etcd member
-//		lease, _ := fencertest.Session(t, st).Acquire(ctx, "orders")
-//		r := newReconciler(st, lease)
-//		fencertest.Supersede(t, st, lease) // another holder acquires "orders" now
-//		err := r.Reconcile(ctx)
+//		st := fencertest.Store(t) // a fresh embedded etcd
+//		lease, _ := fencertest.Session(t, st).Acquire(t.Context(), "orders")
+//		r := &reconciler{st: st, lease: lease} // the reconciler of Example_supersededController
+//		fencertest.Supersede(t, st, lease)     // another holder acquires "orders", now: no TTL wait
+//		err := r.reconcile(t.Context(), "999")
 //		require.ErrorIs(t, err, token.ErrStale) // refused by etcd itself
+//		require.True(t, r.stopped)
 //	}
 //
 // What it offers:

@@ -22,6 +22,17 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// waitDone waits until h's Done closes, and fails t if it has not within
+// a minute, so that a holder that never notices fails rather than hangs.
+func waitDone(t *testing.T, h interface{ Done() <-chan struct{} }) {
+	t.Helper()
+	select {
+	case <-h.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the superseded holder's Done never closed")
+	}
+}
+
 // TestSupersedeStore checks that after Supersede the holder's guarded
 // writes fail with a *token.StaleError naming the new token, its Done
 // closes with ErrLeaseLost, and the new holder writes.
@@ -40,7 +51,7 @@ func TestSupersedeStore(t *testing.T) {
 	require.ErrorAs(t, err, &stale)
 	require.Equal(t, newer.Token(), stale.Newer)
 	require.ErrorIs(t, st.Advance(c, "printer", held.Token()), token.ErrStale)
-	<-held.Done()
+	waitDone(t, held)
 	require.ErrorIs(t, held.Err(), etcdstore.ErrLeaseLost)
 
 	cmp, err := newer.Token().Compare(held.Token())

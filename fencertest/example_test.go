@@ -82,8 +82,10 @@ func Example_serviceClient() {
 }
 
 // A table over a sequencer: each step advances the resource "printer"
-// with the token of one acquisition, and only tokens at least as new as
-// the last one that passed get through.
+// with the token of one acquisition. Advance takes only its lease's
+// current token, and never one lower than the token recorded, so once
+// first is superseded its token is refused even before anything was
+// recorded, while second's passes, and passes again on a retry.
 func Example_advanceTable() {
 	t := &exampleT{} // in a test, the test's *testing.T
 	defer t.cleanup()
@@ -98,14 +100,16 @@ func Example_advanceTable() {
 		name string
 		tok  token.Token
 	}{
+		{"first", first.Token()}, // no longer current: stale, though nothing is recorded yet
 		{"second", second.Token()},
 		{"first, late", first.Token()},
-		{"second, again", second.Token()},
+		{"second, again", second.Token()}, // an equal token passes again
 	} {
 		err := st.Advance(ctx, "printer", step.tok)
 		fmt.Printf("%-14s stale=%t\n", step.name+":", errors.Is(err, token.ErrStale))
 	}
 	// Output:
+	// first:         stale=true
 	// second:        stale=false
 	// first, late:   stale=true
 	// second, again: stale=false

@@ -1,7 +1,9 @@
 package fencertest_test
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -62,7 +64,7 @@ func TestService(t *testing.T) {
 			var stale *token.StaleError
 			require.ErrorAs(t, err, &stale)
 			require.Equal(t, newer.Token(), stale.Newer)
-			<-held.Done()
+			waitDone(t, held)
 			require.ErrorIs(t, held.Err(), etcdstore.ErrLeaseLost)
 			_, err = svc.Store.Put(c, newer.Token(), "total", []byte("250"))
 			require.NoError(t, err)
@@ -71,17 +73,81 @@ func TestService(t *testing.T) {
 }
 
 // TestServiceAuthorization checks that WithAuthorization reaches the
-// server: a lease outside the principal's grants is refused.
+// server and that the principal it judges is the one of the credentials:
+// the bearer token's, or the common name of the client certificate of
+// WithClientCert. Only alice is granted "orders"; a certificate for bob,
+// from the same authority, is refused it.
 func TestServiceAuthorization(t *testing.T) {
-	c := ctx(t)
 	authz, err := server.NewAuthorization(map[string]server.Grants{"alice": {Leases: []string{"orders"}}})
 	require.NoError(t, err)
-	svc := fencertest.Service(t, fencertest.WithBearerToken("alice"), fencertest.WithAuthorization(authz))
-	sess, err := svc.Client.NewSession()
+	for _, tc := range []struct {
+		name    string
+		creds   fencertest.ServiceOption
+		granted bool
+	}{
+		{"bearer alice", fencertest.WithBearerToken("alice"), true},
+		{"mtls alice", fencertest.WithClientCert("alice"), true},
+		{"mtls bob", fencertest.WithClientCert("bob"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ctx(t)
+			svc := fencertest.Service(t, tc.creds, fencertest.WithAuthorization(authz))
+			sess, err := svc.Client.NewSession()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sess.Close(c) })
+			_, err = sess.Acquire(c, "orders")
+			if tc.granted {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, client.ErrPermissionDenied)
+			}
+			_, err = sess.Acquire(c, "billing")
+			require.ErrorIs(t, err, client.ErrPermissionDenied)
+		})
+	}
+}
+
+// countingClock is the real clock, counting the readings taken of it.
+type countingClock struct{ readings atomic.Int64 }
+
+func (c *countingClock) Now() time.Time {
+	c.readings.Add(1)
+	return time.Now()
+}
+
+func (c *countingClock) NewTimer(d time.Duration) client.Timer { return timer{time.NewTimer(d)} }
+
+// timer is a time.Timer as a client.Timer.
+type timer struct{ *time.Timer }
+
+func (t timer) C() <-chan time.Time { return t.Timer.C }
+
+// TestServiceClientOptions checks that WithClientOptions reaches
+// svc.Client, and that Dial gives another client, with the options it is
+// passed, the service's credentials and a connection of its own, of the
+// same service: a lease its session holds is held for svc.Client too.
+func TestServiceClientOptions(t *testing.T) {
+	c := ctx(t)
+	var mine, dialed countingClock
+	svc := fencertest.Service(t, fencertest.WithBearerToken("alice"), fencertest.WithClientOptions(client.WithClock(&mine)))
+	other := svc.Dial(t, client.WithClock(&dialed))
+	require.NotSame(t, svc.Client, other)
+
+	sess, err := other.NewSession()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sess.Close(c) })
-	_, err = sess.Acquire(c, "orders")
+	held, err := sess.Acquire(c, "orders")
+	require.NoError(t, err, "Dial's client must carry the service's bearer token")
+	require.Positive(t, dialed.readings.Load(), "Dial's options must reach its client")
+	require.Zero(t, mine.readings.Load(), "svc.Client has not been used yet")
+
+	mySess, err := svc.Client.NewSession()
 	require.NoError(t, err)
-	_, err = sess.Acquire(c, "billing")
-	require.ErrorIs(t, err, client.ErrPermissionDenied)
+	t.Cleanup(func() { _ = mySess.Close(c) })
+	_, err = mySess.TryAcquire(c, "orders")
+	var heldErr *token.HeldError
+	require.ErrorAs(t, err, &heldErr, "both clients must reach the same service")
+	require.Positive(t, mine.readings.Load(), "WithClientOptions must reach svc.Client")
+	_, err = svc.Client.Put(c, held.Token(), "total", []byte("100"))
+	require.NoError(t, err)
 }

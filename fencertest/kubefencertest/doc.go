@@ -39,10 +39,27 @@
 //   - built from modules, as fencer's own tests do: a module of its own that
 //     requires k8s.io/kubernetes at the version wanted and replaces every
 //     k8s.io staging module (k8s.io/api, k8s.io/apimachinery, ...) with its
-//     v0.x twin, then go build k8s.io/kubernetes/cmd/kube-apiserver (about 6
-//     minutes cold on 2 cores). See tools/kube-apiserver and
-//     scripts/build-kube-apiserver.sh in fencer's repository. envtest runs
-//     such a binary when TEST_ASSET_KUBE_APISERVER names it.
+//     v0.x twin, then go build k8s.io/kubernetes/cmd/kube-apiserver. That
+//     takes about 6 minutes on 2 cores with an empty Go build cache, and
+//     seconds afterwards; the command is `time make kube-apiserver` in
+//     fencer's repository (see tools/kube-apiserver and
+//     scripts/build-kube-apiserver.sh). envtest runs such a binary when
+//     TEST_ASSET_KUBE_APISERVER (or Environment.ControlPlane.APIServer.Path)
+//     names it.
+//
+// # envtest needs an etcd binary
+//
+// envtest.Environment always starts etcd as a separate process, so it
+// needs an etcd binary as well as the kube-apiserver: setup-envtest
+// installs one beside the API server in KUBEBUILDER_ASSETS, or
+// TEST_ASSET_ETCD (Environment.ControlPlane.Etcd.Path) names one. A
+// kube-apiserver built from modules comes without it. fencer's own
+// envtest test (TestEnvtest in this package) gives envtest no downloaded
+// etcd: it names the test binary itself as etcd's Path, and that binary's
+// TestMain (fencertest.Main) runs etcd's own main, go.etcd.io/etcd's
+// etcdmain, in place of the tests when the child's environment marks it
+// as a member. envtest passes etcd's usual flags, which etcdmain parses.
+// A suite that does not use the same trick needs a real etcd binary.
 //
 // # What is not guaranteed
 //

@@ -17,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -52,10 +53,11 @@ const probeName = "fencer-policy-probe"
 // envtest.Environment.Config) or a cluster's. Installing the policy there
 // affects every fenced object in it.
 func InstallPolicy(ctx context.Context, cfg *rest.Config) error {
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, closeIdle, err := clientset(cfg)
 	if err != nil {
-		return fmt.Errorf("kubefencertest: client: %w", err)
+		return err
 	}
+	defer closeIdle()
 	if err := createPolicies(ctx, cs, deploy.Policy); err != nil {
 		return err
 	}
@@ -68,11 +70,29 @@ func InstallPolicy(ctx context.Context, cfg *rest.Config) error {
 // enforce them. It returns an error wrapping ErrManifest, having created
 // the objects before it, if the manifest holds any other kind.
 func CreatePolicies(ctx context.Context, cfg *rest.Config, path string) error {
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, closeIdle, err := clientset(cfg)
 	if err != nil {
-		return fmt.Errorf("kubefencertest: client: %w", err)
+		return err
 	}
+	defer closeIdle()
 	return createPolicies(ctx, cs, path)
+}
+
+// clientset returns a clientset of cfg on an HTTP client of its own, and a
+// function that closes that client's idle connections, which the caller
+// defers: nothing the kit opened then stays connected to an API server
+// that outlives the call, so a goroutine-leak check (fencertest.CheckLeaks)
+// does not see the kit's connections.
+func clientset(cfg *rest.Config) (kubernetes.Interface, func(), error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubefencertest: client: %w", err)
+	}
+	cs, err := kubernetes.NewForConfigAndClient(cfg, hc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubefencertest: client: %w", err)
+	}
+	return cs, func() { utilnet.CloseIdleConnectionsFor(hc.Transport) }, nil
 }
 
 // createPolicies is CreatePolicies with a clientset.
@@ -163,10 +183,11 @@ const RoleName = "fencer"
 // The Role covers fencer's Leases only: grant the objects a controller
 // guards in a Role of their own, as without fencer.
 func InstallRole(ctx context.Context, cfg *rest.Config, namespace string, subjects ...rbacv1.Subject) error {
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, closeIdle, err := clientset(cfg)
 	if err != nil {
-		return fmt.Errorf("kubefencertest: client: %w", err)
+		return err
 	}
+	defer closeIdle()
 	data, err := deploy.FS.ReadFile(deploy.Role)
 	if err != nil {
 		return fmt.Errorf("kubefencertest: %w", err)

@@ -2,10 +2,16 @@ package kubefencertest_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -13,9 +19,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
@@ -119,12 +127,74 @@ func TestKit(t *testing.T) {
 
 		require.Eventually(t, func() bool { return clk.Waiters() == 2 }, 30*time.Second, time.Millisecond, "renewal loop armed")
 		clk.Step(kcfg.RetryPeriod)
-		<-held.Done()
+		select {
+		case <-held.Done():
+		case <-ctx.Done():
+			t.Fatal("the renewal never ended the superseded Held")
+		}
 		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
 		require.ErrorIs(t, mine.Update(ctx, cm), token.ErrNotHeld)
 		got := &corev1.ConfigMap{}
 		require.NoError(t, crc.Get(ctx, client.ObjectKeyFromObject(cm), got))
 		require.Equal(t, "250", got.Data["total"])
+	})
+
+	t.Run("SupersedeRefusesNotCurrent", func(t *testing.T) {
+		// Each case leaves a Held whose acquisition is no longer current:
+		// Supersede must fail the test and leave the Lease as it was.
+		for _, tc := range []struct {
+			name string
+			end  func(t *testing.T, held *kubeadapter.Held, name string) kubeadapter.Holder
+		}{
+			{"released", func(t *testing.T, held *kubeadapter.Held, name string) kubeadapter.Holder {
+				require.NoError(t, held.Release(ctx))
+				return held
+			}},
+			{"released behind its back", func(t *testing.T, held *kubeadapter.Held, name string) kubeadapter.Holder {
+				// Another client frees the Lease as client-go's release
+				// does; the Held, on a fake clock with no Watcher, has not
+				// noticed, so only the Lease says it is no longer current.
+				l, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+				require.NoError(t, err)
+				empty := ""
+				l.Spec.HolderIdentity = &empty
+				_, err = cs.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{})
+				require.NoError(t, err)
+				require.NoError(t, held.Err())
+				return held
+			}},
+			{"ended at its renew deadline", func(t *testing.T, held *kubeadapter.Held, name string) kubeadapter.Holder {
+				// The Lease still names the acquisition; only the holder
+				// knows that it gave up.
+				return expired{held}
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				name := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
+				h := tc.end(t, acquire(ctx, t, cs, name), name)
+				before, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+				require.NoError(t, err)
+
+				require.Contains(t, refusal(t, cfg, h), "not its lease's current token")
+				after, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+				require.NoError(t, err)
+				require.Equal(t, before.ResourceVersion, after.ResourceVersion, "a refused Supersede must not write the Lease")
+			})
+		}
+	})
+
+	t.Run("ClosesItsConnections", func(t *testing.T) {
+		// A Proxy function keeps client-go from sharing a cached
+		// transport, so Supersede dials connections of its own; the API
+		// server outlives the call, as a suite's does.
+		held := acquire(ctx, t, cs, "connections")
+		own := rest.CopyConfig(cfg)
+		own.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+		before := goleak.IgnoreCurrent()
+
+		kubefencertest.Supersede(t, own, held)
+		require.NoError(t, goleak.Find(append(fencertest.LeakOptions(), before)...),
+			"Supersede must close the connections it opened")
 	})
 
 	t.Run("SupersedeWithWatcher", func(t *testing.T) {
@@ -152,4 +222,51 @@ func TestKit(t *testing.T) {
 		}
 		require.ErrorIs(t, held.Err(), kubeadapter.ErrLeaseTaken)
 	})
+}
+
+// acquire acquires the Lease name in ns as "replica-a", on a fake clock
+// that never moves and without a Watcher, so that the Held notices
+// nothing by itself, and releases it when t ends.
+func acquire(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) *kubeadapter.Held {
+	kcfg := kubeadapter.DefaultConfig(ns, name, "replica-a")
+	kcfg.Clock = clocktesting.NewFakeClock(time.Now())
+	e, err := kubeadapter.NewElector(cs.CoordinationV1(), kcfg)
+	require.NoError(t, err)
+	held, err := e.TryAcquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = held.Release(context.Background()) })
+	return held
+}
+
+// expired is a Held as it is once its renew deadline has passed: the
+// Lease still names it, but it reports the loss.
+type expired struct{ *kubeadapter.Held }
+
+func (expired) Err() error {
+	return &kubeadapter.LostError{Reason: kubeadapter.ErrRenewDeadline}
+}
+
+// recorder is a TB whose Fatalf records the message and ends the calling
+// goroutine, as testing.T's does, without failing the test.
+type recorder struct {
+	*testing.T
+	msg string
+}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// refusal runs Supersede of h on a goroutine of its own with a recorder,
+// and returns what its Fatalf said, or "" if it returned.
+func refusal(t *testing.T, cfg *rest.Config, h kubeadapter.Holder) string {
+	r := &recorder{T: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		kubefencertest.Supersede(r, cfg, h)
+	}()
+	<-done
+	return r.msg
 }

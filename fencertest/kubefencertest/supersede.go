@@ -4,11 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
@@ -67,8 +68,13 @@ func (t *Taken) Identity() string { return t.identity }
 //     until h notices; after that h's fenced writes fail with
 //     token.ErrNotHeld.
 //
-// Supersede fails t if cfg's user may not read or update the Lease, or if
-// the Lease no longer carries h's acquisition (its leaseTransitions moved).
+// Supersede fails t, and writes nothing, if h's token is not its lease's
+// current token: h reports that it ended (its Err is not nil: released,
+// past its renew deadline, or superseded), or the Lease no longer carries
+// h's acquisition (its leaseTransitions moved, or it names no holder since
+// a release). It also fails t if cfg's user may not read or update the
+// Lease. It does not compare holderIdentity with h's: a Holder does not
+// expose it, and a new acquisition always moves leaseTransitions.
 func Supersede(t fencertest.TB, cfg *rest.Config, h kubeadapter.Holder) *Taken {
 	t.Helper()
 	tok := h.Token()
@@ -76,30 +82,29 @@ func Supersede(t fencertest.TB, cfg *rest.Config, h kubeadapter.Holder) *Taken {
 	if !ok {
 		t.Fatalf("kubefencertest: supersede %s: not a Kubernetes Lease", tok)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, closeIdle, err := clientset(cfg)
 	if err != nil {
-		t.Fatalf("kubefencertest: client: %v", err)
+		t.Fatalf("%v", err)
+	}
+	defer closeIdle()
+	if err := h.Err(); err != nil {
+		t.Fatalf("kubefencertest: supersede %s: not its lease's current token: %v", tok, err)
 	}
 	leases := cs.CoordinationV1().Leases(namespace)
 	taken := &Taken{identity: Superseder + "_" + nonce()}
 	ctx, cancel := context.WithTimeout(context.Background(), fencertest.Timeout)
 	defer cancel()
-	var stale bool
+	var notCurrent string
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		l, err := leases.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		transitions := int32(0)
-		if l.Spec.LeaseTransitions != nil {
-			transitions = *l.Spec.LeaseTransitions
-		}
-		if uint64(transitions) != tok.Epoch {
-			stale = true
+		if notCurrent = acquisitionGone(&l.Spec, tok); notCurrent != "" {
 			return nil
 		}
+		transitions := int32(tok.Epoch) + 1 // acquisitionGone checked it is the Lease's count
 		now := metav1.NewMicroTime(time.Now())
-		transitions++
 		l.Spec.HolderIdentity = &taken.identity
 		l.Spec.LeaseTransitions = &transitions
 		l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
@@ -113,10 +118,29 @@ func Supersede(t fencertest.TB, cfg *rest.Config, h kubeadapter.Holder) *Taken {
 	switch {
 	case err != nil:
 		t.Fatalf("kubefencertest: supersede %s: %v", tok, err)
-	case stale:
-		t.Fatalf("kubefencertest: supersede %s: the Lease no longer carries that acquisition", tok)
+	case notCurrent != "":
+		t.Fatalf("kubefencertest: supersede %s: not its lease's current token: %s", tok, notCurrent)
 	}
 	return taken
+}
+
+// acquisitionGone returns why spec, a Lease as read now, no longer
+// carries the acquisition of tok, or "" if it still does. Every
+// acquisition of an existing Lease increments leaseTransitions, and a
+// release clears holderIdentity but keeps the count, so the acquisition
+// is the Lease's as long as both a holder and tok's count are there.
+func acquisitionGone(spec *coordinationv1.LeaseSpec, tok token.Token) string {
+	var transitions int32
+	if spec.LeaseTransitions != nil {
+		transitions = *spec.LeaseTransitions
+	}
+	switch {
+	case uint64(transitions) != tok.Epoch:
+		return fmt.Sprintf("leaseTransitions is %d, not %d", transitions, tok.Epoch)
+	case spec.HolderIdentity == nil || *spec.HolderIdentity == "":
+		return "the Lease was released"
+	}
+	return ""
 }
 
 // nonce returns 8 random hex digits.

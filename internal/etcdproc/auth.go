@@ -18,7 +18,7 @@ var ErrNoClientTLS = errors.New("etcdproc: the cluster has no client TLS")
 
 // newClientTLS writes ca's certificate, the members' serving key pair and
 // the root user's client key pair into dir.
-func newClientTLS(tb testing.TB, ca *testca.CA, dir string) *clientTLS {
+func newClientTLS(tb TB, ca *testca.CA, dir string) *clientTLS {
 	tb.Helper()
 	t := &clientTLS{ca: ca, caFile: ca.WriteCA(tb, dir, "etcd-ca.crt")}
 	t.certFile, t.keyFile = testca.WriteKeyPair(tb, dir, "etcd-server", ca.ServerCert(tb))

@@ -12,10 +12,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"go.uber.org/zap"
@@ -25,15 +23,17 @@ import (
 	"github.com/fencer-dev/fencer/internal/testca"
 )
 
-// memberEnv marks a process started as a member; its value is the
-// member's name.
-const memberEnv = "FENCER_ETCDPROC_MEMBER"
+// MemberEnv marks a process started as a member; its value is the
+// member's name. A test binary whose TestMain calls RunIfMember is an etcd
+// binary for any child it starts with MemberEnv set, such as the etcd of
+// controller-runtime's envtest.
+const MemberEnv = "FENCER_ETCDPROC_MEMBER"
 
 // RunIfMember runs etcd and exits if this process was started by Start as
 // a cluster member, with the process's arguments as etcd's flags. Otherwise
 // it returns at once. Call it before anything else in TestMain.
 func RunIfMember() {
-	if os.Getenv(memberEnv) == "" {
+	if os.Getenv(MemberEnv) == "" {
 		return
 	}
 	etcdmain.Main(os.Args)
@@ -85,17 +85,28 @@ type member struct {
 	log    *os.File
 }
 
+// TB is the part of testing.TB that Start uses, so that fencertest.TB
+// serves as well.
+type TB interface {
+	Helper()
+	Cleanup(f func())
+	Fatalf(format string, args ...any)
+	TempDir() string
+}
+
 // Start starts an n-member cluster in temporary directories of tb, waits
 // until every member serves and a leader is elected, and stops it when tb
-// ends.
-func Start(tb testing.TB, n int, opts ...Option) *Cluster {
+// ends. A failure to start calls tb.Fatalf.
+func Start(tb TB, n int, opts ...Option) *Cluster {
 	tb.Helper()
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
 	exe, err := os.Executable()
-	require.NoError(tb, err)
+	if err != nil {
+		tb.Fatalf("etcdproc: %v", err)
+	}
 	c := &Cluster{exe: exe}
 	dir := tb.TempDir()
 	tb.Cleanup(c.stop) // before the directory is removed
@@ -104,11 +115,15 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	}
 	// Every member exists before the first proxy, whose sourceOf reads them.
 	ports, release, err := freeport.Take(2 * n)
-	require.NoError(tb, err)
+	if err != nil {
+		tb.Fatalf("etcdproc: %v", err)
+	}
 	for i := range n {
 		m := &member{name: fmt.Sprintf("m%d", i+1), dir: filepath.Join(dir, fmt.Sprintf("m%d", i+1))}
 		m.clientPort, m.peerPort = ports[2*i], ports[2*i+1]
-		require.NoError(tb, os.MkdirAll(m.dir, 0o700))
+		if err := os.MkdirAll(m.dir, 0o700); err != nil {
+			tb.Fatalf("etcdproc: %v", err)
+		}
 		c.members = append(c.members, m)
 	}
 	var initial []string
@@ -121,20 +136,24 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 	release()
 	c.initial = strings.Join(initial, ",")
 	for _, m := range c.members {
-		require.NoError(tb, c.spawn(m))
+		if err := c.spawn(m); err != nil {
+			tb.Fatalf("etcdproc: %v", err)
+		}
 	}
-	c.admin, err = c.client(c.Endpoints())
-	require.NoError(tb, err)
+	if c.admin, err = c.client(c.Endpoints()); err != nil {
+		tb.Fatalf("etcdproc: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, m := range c.members {
 		if err := c.waitServing(ctx, m); err != nil {
 			log, _ := os.ReadFile(m.log.Name())
-			require.NoError(tb, err, "member %s did not start; its log:\n%s", m.name, log)
+			tb.Fatalf("etcdproc: member %s did not start: %v; its log:\n%s", m.name, err, log)
 		}
 	}
-	_, err = c.Leader(ctx)
-	require.NoError(tb, err)
+	if _, err := c.Leader(ctx); err != nil {
+		tb.Fatalf("etcdproc: %v", err)
+	}
 	return c
 }
 
@@ -183,7 +202,7 @@ func (c *Cluster) spawn(m *member) error {
 		)
 	}
 	cmd := exec.Command(c.exe, args...)
-	cmd.Env = append(os.Environ(), memberEnv+"="+m.name)
+	cmd.Env = append(os.Environ(), MemberEnv+"="+m.name)
 	cmd.Stdout, cmd.Stderr = m.log, m.log
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {

@@ -13,10 +13,7 @@ package faultproxy
 import (
 	"net"
 	"sync"
-	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 )
 
 // Proxy forwards TCP connections from a loopback port to a target.
@@ -72,11 +69,21 @@ func WithSource(f func(conn net.Conn) string) Option {
 	return func(p *Proxy) { p.source = f }
 }
 
+// TB is the part of testing.TB that New uses, so that fencertest.TB
+// serves as well.
+type TB interface {
+	Helper()
+	Cleanup(f func())
+	Fatalf(format string, args ...any)
+}
+
 // New starts a proxy to target ("host:port") that is cut when tb ends.
-func New(tb testing.TB, target string, opts ...Option) *Proxy {
+func New(tb TB, target string, opts ...Option) *Proxy {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
+	if err != nil {
+		tb.Fatalf("faultproxy: listen: %v", err)
+	}
 	p := &Proxy{ln: ln, target: target, blocked: map[string]bool{}, conns: map[*pair]struct{}{}}
 	for _, o := range opts {
 		o(p)

@@ -30,15 +30,35 @@ func StartForTest(t testing.TB) *Env {
 	defer cancel()
 	start := time.Now()
 	e, err := Start(ctx, t.TempDir())
-	if errors.Is(err, ErrNoBinary) && !required() {
-		t.Skipf("%v; or set %s to a kube-apiserver binary", err, BinaryEnv)
-	}
+	skipIfNoBinary(t, err)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("kubetest: kube-apiserver ready at %s in %v", e.Admin().Host, time.Since(start).Round(time.Millisecond))
 	t.Cleanup(e.Stop)
 	return e
+}
+
+// BinaryForTest returns BinaryPath's kube-apiserver, for a test that
+// starts it in its own way (such as controller-runtime's envtest). When
+// there is none it fails or skips t as StartForTest does.
+func BinaryForTest(t testing.TB) string {
+	t.Helper()
+	path, err := BinaryPath()
+	skipIfNoBinary(t, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// skipIfNoBinary skips t if err says there is no kube-apiserver binary
+// and a missing one need not fail the tests.
+func skipIfNoBinary(t testing.TB, err error) {
+	t.Helper()
+	if errors.Is(err, ErrNoBinary) && !required() {
+		t.Skipf("%v; or set %s to a kube-apiserver binary", err, BinaryEnv)
+	}
 }
 
 // required reports whether a missing kube-apiserver must fail the tests.
