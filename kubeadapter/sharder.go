@@ -157,7 +157,9 @@ type ringSource interface {
 //     its holder: the ShardHeld ends first (Gate admits nothing new),
 //     in-flight work drains (at most HandoffTimeout), then one
 //     conditional write names the new owner, who starts when it sees the
-//     write;
+//     write. Each shard of a pass's moves ends right before its own
+//     write (up to 16 at once), not all at the start of the pass, so a
+//     shard is ownerless only through its own drain and write;
 //   - a member whose heartbeat Lease another member has seen unchanged
 //     (same resourceVersion) for the Lease's leaseDurationSeconds on its
 //     own clock is dead: that member writes a tombstone (released
@@ -170,9 +172,10 @@ type ringSource interface {
 //     taken over by its rendezvous owner with a conditional write;
 //   - on Stop, a member marks its heartbeat as leaving
 //     (LeavingAnnotation, in a renewal), so that no one assigns it
-//     shards any more, ends its ShardHelds, drains them (at most
-//     HandoffTimeout), hands each shard off with one conditional write
-//     naming its rendezvous owner among the others, and releases its
+//     shards any more, then for each shard ends its ShardHeld, drains it
+//     (at most HandoffTimeout after the mark) and hands the shard off
+//     with one conditional write naming its rendezvous owner among the
+//     others, up to 16 shards at once, and releases its
 //     heartbeat; a shard it did not hand off is orphaned by the release
 //     and taken over by a survivor.
 //
@@ -197,9 +200,11 @@ type Sharder struct {
 	wake    chan struct{}
 
 	// owned is the immutable set of current ownerships, replaced whole by
-	// the loop goroutine; Owns and Shard read it without a lock. A shard
-	// leaves it before its ShardHeld ends.
+	// the loop goroutine and by the write workers of its moves (under
+	// pubMu); Owns and Shard read it without a lock. A shard leaves it
+	// before its ShardHeld ends.
 	owned atomic.Pointer[ownership]
+	pubMu sync.Mutex
 
 	// mu guards tracked, member and subs.
 	mu      sync.Mutex
@@ -359,8 +364,8 @@ func (s *Sharder) onAcquire(fn func(string)) func() {
 // Start runs the member until ctx is done: it acquires the heartbeat
 // Lease (as a new incarnation after every loss), and makes a pass over the
 // ring on every change the Watcher sees and at least every RetryPeriod.
-// When ctx is done it leaves (ends and drains its ShardHelds, hands their
-// shards off, releases the heartbeat; see leave) and returns nil. It returns the *AcquireError of a heartbeat
+// When ctx is done it leaves (ends and drains each ShardHeld and hands its
+// shard off, releases the heartbeat; see leave) and returns nil. It returns the *AcquireError of a heartbeat
 // the API server refuses for good, and ErrAlreadyStarted when called a
 // second time. The Watcher must be running.
 func (s *Sharder) Start(ctx context.Context) error {
@@ -459,27 +464,30 @@ func (s *Sharder) lost(ctx context.Context, member *Held) {
 // leave hands the member's shards to the other live members and then
 // releases the heartbeat. It marks the heartbeat as leaving (one
 // renewal carrying LeavingAnnotation), so that no other member assigns
-// it shards any more; ends every ownership at once and drains them (at
-// most HandoffTimeout in all); then makes, within the rate limit and at
-// most HandoffTimeout more, one conditional write per shard naming its
-// rendezvous owner among the other live members. Shards it could not
+// it shards any more; then, for each shard, within the rate limit, ends
+// its ownership, drains its work (until HandoffTimeout after the mark at
+// most) and makes one conditional write naming its rendezvous owner among
+// the other live members, up to maxMovesInFlight shards at once, so that
+// a shard waits for its new owner only through its own handoff. Writes
+// stop HandoffTimeout after the drains' deadline. Every ownership left is
+// then ended and drained, and the heartbeat released: shards it could not
 // hand off (no other live member, a conflict, the time spent) are
 // orphaned by the release, and the survivors take them over.
 func (s *Sharder) leave(ctx context.Context, member *Held) {
 	log := logr.FromContextOrDiscard(ctx)
 	ctx = context.WithoutCancel(ctx)
 	marked := s.markLeaving(ctx, member)
+	drainBy := s.clock.Now().Add(s.cfg.HandoffTimeout)
+	if marked {
+		s.handOffAll(ctx, member, drainBy)
+	}
 	owned := s.helds()
 	s.publish(nil)
 	for _, h := range owned {
 		h.end(ErrReleased)
 	}
-	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
 	for _, sh := range slices.Sorted(maps.Keys(owned)) {
-		s.drain(ctx, owned[sh], deadline)
-	}
-	if marked {
-		s.handOffAll(ctx, member)
+		s.drain(ctx, owned[sh], drainBy)
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
 	defer cancel()
@@ -530,8 +538,9 @@ func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
 // handOffAll writes the handoff of every shard the ring shows this member
 // holding to its rendezvous owner among the other live members, and the
 // release of those it no longer tracks, within the rate limit and
-// HandoffTimeout.
-func (s *Sharder) handOffAll(ctx context.Context, member *Held) {
+// HandoffTimeout after drainBy. Each shard's ownership ends right before
+// its write, and its work drains until drainBy at most.
+func (s *Sharder) handOffAll(ctx context.Context, member *Held, drainBy time.Time) {
 	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
 	if !synced {
 		return
@@ -545,7 +554,7 @@ func (s *Sharder) handOffAll(ctx context.Context, member *Held) {
 	// live[0] is me: with it left out, every shard I hold has another
 	// owner.
 	batch := plan(v, s.trackedShards(), live[1:], me)
-	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
+	deadline := drainBy.Add(s.cfg.HandoffTimeout)
 	for len(batch) > 0 {
 		n, wait := s.admit(batch)
 		if n == 0 {
@@ -556,7 +565,7 @@ func (s *Sharder) handOffAll(ctx context.Context, member *Held) {
 			<-t.C()
 			continue
 		}
-		for i, got := range s.writeMoves(ctx, batch[:n]) {
+		for i, got := range s.writeMoves(ctx, batch[:n], func(mv move) { s.yieldShard(ctx, mv.shard, ErrReleased, drainBy) }) {
 			if got != nil {
 				s.metrics().moved(batch[i].kind)
 			}
@@ -650,8 +659,13 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 		wait = min(wait, delay)
 	}
 	batch := planned[:n]
-	s.relinquish(ctx, batch)
-	for i, got := range s.writeMoves(ctx, batch) {
+	for i, got := range s.writeMoves(ctx, batch, func(mv move) {
+		reason := ErrShardMoved
+		if mv.kind == MoveRelease {
+			reason = ErrReleased
+		}
+		s.yieldShard(ctx, mv.shard, reason, s.clock.Now().Add(s.cfg.HandoffTimeout))
+	}) {
 		if got != nil {
 			s.metrics().moved(batch[i].kind)
 			s.written[got.Name] = got
@@ -679,50 +693,41 @@ func (s *Sharder) admit(moves []move) (int, time.Duration) {
 // maxMovesInFlight bounds the shard Lease writes a pass sends at once.
 const maxMovesInFlight = 16
 
-// relinquish ends this member's ownership of every shard that batch hands
-// off or releases, at once, then waits for each one's in-flight work to
-// drain (each at most HandoffTimeout).
-func (s *Sharder) relinquish(ctx context.Context, batch []move) {
+// yieldShard ends this member's ownership of shard, if it has one, with
+// reason, and waits until its in-flight work has drained or deadline has
+// passed.
+func (s *Sharder) yieldShard(ctx context.Context, shard string, reason error, deadline time.Time) {
+	s.pubMu.Lock()
 	owned := s.helds()
-	var ending []*ShardHeld
-	var reasons []error
-	next := maps.Clone(owned)
-	for _, mv := range batch {
-		h := owned[mv.shard]
-		if h == nil || (mv.kind != MoveHandoff && mv.kind != MoveRelease) {
-			continue
-		}
-		delete(next, mv.shard)
-		ending = append(ending, h)
-		if mv.kind == MoveRelease {
-			reasons = append(reasons, ErrReleased)
-		} else {
-			reasons = append(reasons, ErrShardMoved)
-		}
-	}
-	if len(ending) == 0 {
+	h := owned[shard]
+	if h == nil {
+		s.pubMu.Unlock()
 		return
 	}
-	s.publish(next)
-	for i, h := range ending {
-		h.end(reasons[i])
-	}
-	deadline := s.clock.Now().Add(s.cfg.HandoffTimeout)
-	for _, h := range ending {
-		s.drain(ctx, h, deadline)
-	}
+	delete(owned, shard)
+	s.publish(owned)
+	s.pubMu.Unlock()
+	h.end(reason)
+	s.drain(ctx, h, deadline)
 }
 
 // writeMoves makes the writes of batch, up to maxMovesInFlight at once,
 // and returns the Lease each write returned (nil when it failed), in
 // batch's order. Writes are independent: each is one shard's Lease.
-func (s *Sharder) writeMoves(ctx context.Context, batch []move) []*coordinationv1.Lease {
+// Right before the write of a handoff or a release it calls yield with
+// the move, to end and drain this member's ownership of the shard, so a
+// shard waits for its new owner only through its own drain and write,
+// not through the whole batch's.
+func (s *Sharder) writeMoves(ctx context.Context, batch []move, yield func(move)) []*coordinationv1.Lease {
 	out := make([]*coordinationv1.Lease, len(batch))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(maxMovesInFlight, len(batch)) {
 		wg.Go(func() {
 			for i := range next {
+				if k := batch[i].kind; k == MoveHandoff || k == MoveRelease {
+					yield(batch[i])
+				}
 				out[i] = s.writeMove(ctx, batch[i])
 			}
 		})

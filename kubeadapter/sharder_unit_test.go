@@ -334,6 +334,46 @@ func TestHandoffDrainsFirst(t *testing.T) {
 	}
 }
 
+// TestHandoffWaitsOnlyForItsOwnShard: a pass that hands off two shards
+// ends, drains and writes each on its own, so work in flight on one holds
+// back only that shard's handoff, and the other is handed to its new
+// owner meanwhile. A pass that ended every shard first and drained them
+// all before writing would leave both ownerless until the slow one
+// drained: at 10,000 shards, seconds for every shard of a rebalance.
+func TestHandoffWaitsOnlyForItsOwnShard(t *testing.T) {
+	clk := newUnitClock()
+	f := newFakeLeases(t)
+	a := newUnitSharder(t, f, clk, "a")
+	slowShard := shardOwnedBy(t, "d", "a", "d")
+	var fastShard string
+	ms := []rendezvous.Member{{Name: "a", Weight: 1}, {Name: "d", Weight: 1}}
+	for i := 0; fastShard == ""; i++ {
+		if sh := fmt.Sprintf("other-%d", i); func() bool { o, _ := rendezvous.Owner(sh, ms); return o == "d" }() {
+			fastShard = sh
+		}
+	}
+	a.Track(slowShard, fastShard)
+	a.step()
+	slow, err := a.Shard(slowShard)
+	require.NoError(t, err)
+	require.True(t, slow.enter(), "a reconcile in flight on the slow shard")
+	slowName, fastName := ShardLeaseName(unitRing, slowShard), ShardLeaseName(unitRing, fastShard)
+	before := f.lease(t, slowName)
+
+	f.put(t, otherMember("d", "d_1", clk.Now()))
+	done := make(chan struct{})
+	go func() { a.step(); close(done) }()
+	require.Eventually(t, func() bool { return holderOf(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
+		"the other shard's handoff waited for the slow shard's work")
+	require.ErrorIs(t, slow.Err(), ErrShardMoved)
+	require.Equal(t, before.ResourceVersion, f.lease(t, slowName).ResourceVersion, "the slow shard was handed off while its work was in flight")
+
+	slow.exit()
+	<-done
+	require.Equal(t, "d_1", holderOf(&f.lease(t, slowName).Spec))
+	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+}
+
 // TestHandoffConditional: a handoff written from a view that missed a
 // newer assignment of the shard is refused by the store and changes
 // nothing; an unconditional write would hand another member's shard away.
