@@ -200,11 +200,10 @@ type Sharder struct {
 	wake    chan struct{}
 
 	// owned is the immutable set of current ownerships, replaced whole by
-	// the loop goroutine and by the write workers of its moves (under
-	// pubMu); Owns and Shard read it without a lock. A shard leaves it
-	// before its ShardHeld ends.
+	// the loop goroutine; Owns and Shard read it without a lock. A shard
+	// leaves it, or its ShardHeld is marked gone (which Owns reads),
+	// before its ShardHeld ends; an ended one leaves it at the next pass.
 	owned atomic.Pointer[ownership]
-	pubMu sync.Mutex
 
 	// mu guards tracked, member and subs.
 	mu      sync.Mutex
@@ -324,7 +323,10 @@ func (s *Sharder) Owns(shard string) (token.Token, bool) {
 		return token.Token{}, false
 	}
 	e, ok := o.shards[shard]
-	return e.tok, ok
+	if !ok || e.h.gone.Load() {
+		return token.Token{}, false
+	}
+	return e.tok, true
 }
 
 // Shard returns this member's ownership of shard, for NewClient. It
@@ -695,18 +697,14 @@ const maxMovesInFlight = 16
 
 // yieldShard ends this member's ownership of shard, if it has one, with
 // reason, and waits until its in-flight work has drained or deadline has
-// passed.
+// passed. It does not republish the ownerships, which would copy them all
+// for every move: Owns reads the ShardHeld's end, and the pass's last
+// adopt drops it.
 func (s *Sharder) yieldShard(ctx context.Context, shard string, reason error, deadline time.Time) {
-	s.pubMu.Lock()
-	owned := s.helds()
-	h := owned[shard]
+	h := s.owned.Load().shards[shard].h
 	if h == nil {
-		s.pubMu.Unlock()
 		return
 	}
-	delete(owned, shard)
-	s.publish(owned)
-	s.pubMu.Unlock()
 	h.end(reason)
 	s.drain(ctx, h, deadline)
 }

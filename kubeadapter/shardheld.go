@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 
@@ -38,6 +39,8 @@ type ShardHeld struct {
 	lease  *coordinationv1.Lease
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// gone is set by end before the context ends; Owns reads it.
+	gone atomic.Bool
 
 	// mu guards inflight and ended; drained is closed once the ShardHeld
 	// has ended and no work is in flight.
@@ -100,6 +103,7 @@ func (h *ShardHeld) end(reason error) {
 		return
 	}
 	h.ended = true
+	h.gone.Store(true)
 	h.cancel(&LostError{Token: h.tok, Reason: reason})
 	if h.inflight == 0 {
 		close(h.drained)
