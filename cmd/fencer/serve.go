@@ -45,7 +45,7 @@ type serveFlags struct {
 	batch                                                 int
 	logLevel, logFormat                                   string
 	etcdQuota                                             int64
-	etcdRetention                                         time.Duration
+	etcdRetention, etcdRequestTimeout                     time.Duration
 	etcd                                                  etcdFlags
 }
 
@@ -63,6 +63,9 @@ docs/operations.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
 				return usagef("--batch %d: must be between 0 and %d", f.batch, etcdstore.MaxBatch)
+			}
+			if f.etcdRequestTimeout <= 0 {
+				return usagef("--etcd-request-timeout %s: must be positive", f.etcdRequestTimeout)
 			}
 			if _, err := f.logger(a.stderr); err != nil {
 				return usagef("%v", err)
@@ -88,6 +91,7 @@ docs/operations.md.`,
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
+	fs.DurationVar(&f.etcdRequestTimeout, "etcd-request-timeout", server.DefaultEtcdRequestTimeout, "longest one etcd request waits for an answer; past it the call fails with UNAVAILABLE (cause etcd_unreachable)")
 	f.etcd.register(fs)
 	return cmd
 }
@@ -146,6 +150,10 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
+	if f.etcdRequestTimeout == 0 {
+		f.etcdRequestTimeout = server.DefaultEtcdRequestTimeout
+	}
+	server.BoundRequests(cli, f.etcdRequestTimeout)
 	store, err := etcdstore.New(cli, etcdstore.WithPrefix(f.prefix), etcdstore.WithBatching(f.batch))
 	if err != nil {
 		return err
@@ -179,7 +187,9 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}()
 		log.Info("metrics", "listen", mlis.Addr().String())
 	}
-	log.Info("serving", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "etcd", strings.Join(endpoints, ","))
+	// The server logs "etcd reachable: serving" once its first check of
+	// etcd passes, and "etcd unreachable: not serving" if it fails.
+	log.Info("listening", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "etcd", strings.Join(endpoints, ","))
 	select {
 	case <-ctx.Done():
 	case err = <-errs:

@@ -147,8 +147,8 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	require.Contains(t, err.Error(), dataDir)
 }
 
-func TestServeRejectsBadLogFlags(t *testing.T) {
-	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}} {
+func TestServeRejectsBadLogAndTimeoutFlags(t *testing.T) {
+	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--etcd-request-timeout", "0s"}} {
 		var stderr bytes.Buffer
 		require.Equal(t, 2, runServe(context.Background(), args, io.Discard, &stderr), args)
 		require.Contains(t, stderr.String(), args[0])
