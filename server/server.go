@@ -41,8 +41,9 @@ type Config struct {
 	// For mutual TLS set ClientCAs and ClientAuth to
 	// tls.RequireAndVerifyClientCert: clients without a certificate that
 	// verifies are then refused during the handshake, before any call. Nil
-	// serves plaintext. The server does not reload certificates; use
-	// GetCertificate for rotation.
+	// serves plaintext. The server does not reload certificates itself; use
+	// GetCertificate (e.g. controller-runtime's certwatcher) to rotate its
+	// certificate, and CAFile.ServerConfig to rotate the client CA bundle.
 	TLS *tls.Config
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
