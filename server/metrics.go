@@ -18,6 +18,7 @@ type metrics struct {
 	acquisitions prometheus.Counter
 	keepalives   prometheus.Counter
 	lost         prometheus.Counter
+	leasesLost   prometheus.Counter
 	rejections   *prometheus.CounterVec
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
@@ -40,6 +41,9 @@ func newMetrics() *metrics {
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fencer_server_lease_lost_events_total", Help: "LOST events sent to lease watchers.",
 		}),
+		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fencer_server_leases_lost_total", Help: "Leases lost (holder key deleted or replaced, not released through this server), once per loss as this server's holder-key watch sees it, whether or not a stream watches.",
+		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, foreign_lease, permission).",
 		}, []string{"reason"}),
@@ -50,7 +54,7 @@ func newMetrics() *metrics {
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
 	}
-	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches, m.etcdUp,
+	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.lost, m.leasesLost, m.rejections, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

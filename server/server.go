@@ -110,6 +110,8 @@ type Server struct {
 	m      *metrics
 	owners ownerCache
 	hub    *leaseHub
+	// releasing: this server's releases, not to be recorded as losses
+	releasing releases
 
 	stop     chan struct{} // closed by Shutdown; ends the streams
 	stopOnce sync.Once
@@ -150,6 +152,7 @@ func New(cfg Config) (*Server, error) {
 		s.readyEvery = DefaultReadinessInterval
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
+	s.hub.onLoss = s.recordLoss
 	opts := []grpc.ServerOption{
 		// grpc-middleware's metrics see the status that fencer's own
 		// interceptor makes of each error.
