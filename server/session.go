@@ -174,6 +174,7 @@ func (s *Server) waitFree(ctx context.Context, name string, rev int64, id client
 					return
 				case <-t.C:
 					if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
+						s.m.keepAliveFailed(ctx, err)
 						cancel(fmt.Errorf("server: renew session while waiting: %w", err))
 						return
 					}
@@ -226,6 +227,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 		id := clientv3.LeaseID(req.GetSessionId())
 		if !verified[id] {
 			if _, err := s.checkSession(ctx, id, p); err != nil {
+				if !errors.Is(err, ErrPermissionDenied) {
+					s.m.keepAliveFailed(ctx, err)
+				}
 				return err
 			}
 			if len(verified) >= 1024 {
@@ -234,6 +238,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			verified[id] = true
 		}
 		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		if err != nil {
+			s.m.keepAliveFailed(ctx, err)
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return ErrSessionNotFound
 		}
