@@ -153,6 +153,8 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		endpoints = []string{member.Endpoint()}
 		etcdCfg.Endpoints = endpoints
 	}
+	// The etcd client's warnings and errors, as the embedded member's.
+	etcdCfg.Logger = embedetcd.ZapLogger(log.With(slog.String("component", "etcd-client")))
 	cli, err := clientv3.New(etcdCfg)
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -72,4 +73,22 @@ func TestServeFailsFastWhenEtcdIsUnreachable(t *testing.T) {
 	for _, line := range strings.Split(logs.String(), "\n") {
 		require.NotContains(t, line, "msg=serving", "fencer serve claimed to serve before etcd answered")
 	}
+}
+
+// TestServeLogsTheEtcdClientsWarnings runs fencer serve against an etcd
+// endpoint with nothing behind it: the etcd client's warnings about the
+// requests it could not send reach fencer's log, at warn, with
+// component=etcd-client.
+func TestServeLogsTheEtcdClientsWarnings(t *testing.T) {
+	nothing := "http://" + freeAddr(t) // a closed port
+	_, logs := startServeLogged(t, serveFlags{etcdEndpoints: nothing, prefix: "/client-logs/", logFormat: "json"})
+	require.Eventually(t, func() bool {
+		for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["component"] == "etcd-client" && rec["level"] == "WARN" {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 50*time.Millisecond, "no warning of the etcd client in fencer's log:\n%s", logs)
 }
