@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/fencer-dev/fencer/internal/freeport"
 )
@@ -226,7 +224,7 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 		cfg.MaxRequestBytes = o.maxRequestBytes
 	}
 	closing := new(atomic.Bool)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: o.log, min: zapcore.WarnLevel, closing: closing}))
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log, closing))
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
 	e, err := embed.StartEtcd(cfg)

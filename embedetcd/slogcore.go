@@ -7,8 +7,21 @@ import (
 	"slices"
 	"sync/atomic"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
+
+// ZapLogger returns a zap logger that writes etcd's entries at warn and
+// above to log, as the embedded member's are (at slog's warn or error
+// level, fields as attributes, the zap logger's name as logger), for an
+// etcd client's clientv3.Config.Logger. Entries below warn are dropped.
+// It adds no attributes of its own: give log a component.
+func ZapLogger(log *slog.Logger) *zap.Logger { return newZapLogger(log, new(atomic.Bool)) }
+
+// newZapLogger is ZapLogger, with records at debug once closing is set.
+func newZapLogger(log *slog.Logger, closing *atomic.Bool) *zap.Logger {
+	return zap.New(&slogCore{log: log, min: zapcore.WarnLevel, closing: closing})
+}
 
 // slogCore is a zapcore.Core that writes to a slog.Logger, so that etcd's
 // zap logs reach fencer's logger. (go.uber.org/zap/exp/zapslog bridges the

@@ -17,7 +17,9 @@
 // linearizable read of etcd, and the gauge fencer_etcd_up with it; health
 // and reflection need no credentials. Every etcd request of a call requires
 // an etcd leader, so a member without quorum fails calls at once with
-// UNAVAILABLE. etcd's errors reach clients as codes and ErrorInfo causes
+// UNAVAILABLE, and BoundRequests (which fencer serve applies) ends each
+// etcd request that gets no answer in time, so that no call hangs on an
+// unreachable etcd. etcd's errors reach clients as codes and ErrorInfo causes
 // from one table (errors.go). Config.Logger receives call logs and audit
 // records (attribute audit=true) of every acquisition, release, loss and
 // refused write. TokenFile reloads a bearer token file while it runs.

@@ -132,6 +132,8 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		return codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil
 	case errors.Is(err, ErrWatchCompacted), errors.Is(err, rpctypes.ErrCompacted):
 		return codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil
+	case errors.Is(err, ErrEtcdUnreachable):
+		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, map[string]string{"cause": "etcd_unreachable"}
 	}
 	if c, etcdErr, ok := classifyEtcd(err); ok {
 		desc := rpctypes.ErrorDesc(etcdErr)

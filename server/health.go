@@ -22,7 +22,9 @@ const readinessTimeout = 2 * time.Second
 // readiness checks etcd every interval until Shutdown and sets the
 // server's health from the result: SERVING while a linearizable read
 // (which needs an etcd leader and a quorum) answers within
-// readinessTimeout, NOT_SERVING otherwise. It checks once at once.
+// readinessTimeout, NOT_SERVING otherwise. It checks once at once. A
+// check that passes also (re)starts the lease hub's shared watch if none
+// runs, so that every loss is recorded.
 func (s *Server) readiness(interval time.Duration) {
 	defer close(s.readyDone)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -34,7 +36,12 @@ func (s *Server) readiness(interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		s.setReady(s.checkEtcd(ctx))
+		rev, err := s.checkEtcd(ctx)
+		if err == nil {
+			// Losses are recorded whether or not a stream watches.
+			s.hub.keepShared(rev)
+		}
+		s.setReady(err)
 		select {
 		case <-ctx.Done():
 			return
@@ -43,12 +50,16 @@ func (s *Server) readiness(interval time.Duration) {
 	}
 }
 
-// checkEtcd reads one key linearizably, requiring a leader.
-func (s *Server) checkEtcd(ctx context.Context) error {
+// checkEtcd reads one key linearizably, requiring a leader, and returns
+// the store's revision.
+func (s *Server) checkEtcd(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(etcdContext(ctx), readinessTimeout)
 	defer cancel()
-	_, err := s.cli.Get(ctx, s.store.Prefix()+"readyz", clientv3.WithCountOnly())
-	return err
+	resp, err := s.cli.Get(ctx, s.store.Prefix()+"readyz", clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
 
 // setReady records the result of a readiness check: health, the

@@ -94,8 +94,12 @@ type leaseHub struct {
 	buffer int // hubBuffer, but for tests
 	feed   int // feedBuffer, but for tests
 
+	// onLoss, when set, is called once for each loss the shared watch
+	// sees (with the hub's mu held), whether or not a feed takes it.
+	onLoss func(ev *clientv3.Event, msg *fencerv1.WatchLeaseResponse)
+
 	mu     sync.Mutex
-	shared *hubRun         // nil until a stream comes, and after a failure
+	shared *hubRun         // nil until a stream comes or keepShared, and after a failure
 	retry  backoff.BackOff // paces restarts after failures; see restartBackOff
 	closed bool
 }
@@ -155,6 +159,17 @@ func (h *leaseHub) subscribe(id clientv3.LeaseID, start, now int64) *hubFeed {
 		h.catchUp(f)
 	}
 	return f
+}
+
+// keepShared starts the shared watch from revision now+1 if none runs
+// (now is a revision the store has reached), so that the hub sees every
+// loss from then on, whether or not a stream watches.
+func (h *leaseHub) keepShared(now int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.closed && h.shared == nil {
+		h.shared = h.startShared(now + 1)
+	}
 }
 
 // join moves f onto the shared watch r from revision from, handing it the
@@ -339,6 +354,9 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 		}
 		r.buf = append(r.buf, ev)
 		r.byLease[id] = append(r.byLease[id], ev)
+		if h.onLoss != nil {
+			h.onLoss(ev, msg)
+		}
 		for f := range r.feeds[id] {
 			if ev.Kv.ModRevision < f.start {
 				continue

@@ -1,12 +1,15 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"net/http"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // metrics are one Server's Prometheus metrics, in a registry of its own so
@@ -17,7 +20,9 @@ type metrics struct {
 	sessions     prometheus.Counter
 	acquisitions prometheus.Counter
 	keepalives   prometheus.Counter
+	keepFails    *prometheus.CounterVec
 	lost         prometheus.Counter
+	leasesLost   prometheus.Counter
 	rejections   *prometheus.CounterVec
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
@@ -37,8 +42,14 @@ func newMetrics() *metrics {
 		keepalives: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fencer_server_keepalives_total", Help: "Session renewals; one per session, not per lease.",
 		}),
+		keepFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fencer_server_keepalive_failures_total", Help: "Session renewals that failed, by reason: expired (etcd no longer has the session) or etcd (etcd did not renew it: unreachable, no leader, timeout).",
+		}, []string{"reason"}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fencer_server_lease_lost_events_total", Help: "LOST events sent to lease watchers.",
+		}),
+		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fencer_server_leases_lost_total", Help: "Leases lost (holder key deleted or replaced, not released through this server), once per loss as this server's holder-key watch sees it, whether or not a stream watches.",
 		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, foreign_lease, permission).",
@@ -50,9 +61,30 @@ func newMetrics() *metrics {
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
 	}
-	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.lost, m.rejections, m.leaseWatches, m.etcdUp,
+	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, reason := range []string{keepAliveExpired, keepAliveEtcd} {
+		m.keepFails.WithLabelValues(reason) // present at 0, for rates and ratios
+	}
 	return m
+}
+
+// The reasons of fencer_server_keepalive_failures_total.
+const (
+	keepAliveExpired = "expired"
+	keepAliveEtcd    = "etcd"
+)
+
+// keepAliveFailed counts a failed renewal, unless its caller gave up (err
+// is its context's).
+func (m *metrics) keepAliveFailed(ctx context.Context, err error) {
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, rpctypes.ErrLeaseNotFound), errors.Is(err, ErrSessionNotFound):
+		m.keepFails.WithLabelValues(keepAliveExpired).Inc()
+	default:
+		m.keepFails.WithLabelValues(keepAliveEtcd).Inc()
+	}
 }
 
 func (m *metrics) handler() http.Handler {

@@ -41,8 +41,9 @@ type Config struct {
 	// For mutual TLS set ClientCAs and ClientAuth to
 	// tls.RequireAndVerifyClientCert: clients without a certificate that
 	// verifies are then refused during the handshake, before any call. Nil
-	// serves plaintext. The server does not reload certificates; use
-	// GetCertificate for rotation.
+	// serves plaintext. The server does not reload certificates itself; use
+	// GetCertificate (e.g. controller-runtime's certwatcher) to rotate its
+	// certificate, and CAFile.ServerConfig to rotate the client CA bundle.
 	TLS *tls.Config
 	// Logger receives the server's logs; nil discards them.
 	Logger *slog.Logger
@@ -109,6 +110,8 @@ type Server struct {
 	m      *metrics
 	owners ownerCache
 	hub    *leaseHub
+	// releasing: this server's releases, not to be recorded as losses
+	releasing releases
 
 	stop     chan struct{} // closed by Shutdown; ends the streams
 	stopOnce sync.Once
@@ -149,6 +152,7 @@ func New(cfg Config) (*Server, error) {
 		s.readyEvery = DefaultReadinessInterval
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
+	s.hub.onLoss = s.recordLoss
 	opts := []grpc.ServerOption{
 		// grpc-middleware's metrics see the status that fencer's own
 		// interceptor makes of each error.

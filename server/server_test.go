@@ -493,3 +493,25 @@ func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepAliveFailureMetric renews a session that etcd no longer has:
+// the renewal fails with SESSION_NOT_FOUND and is counted as expired.
+func TestKeepAliveFailureMetric(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, srv := startServer(t, st)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	const expired = `fencer_server_keepalive_failures_total{reason="expired"}`
+	require.Equal(t, 0.0, scrape(t, srv, expired))
+	resp, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "renewed"})
+	require.NoError(t, err)
+	_, err = st.Client().Revoke(ctx, clientv3.LeaseID(resp.GetSessionId()))
+	require.NoError(t, err)
+	ka, err := rpc.KeepAlive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ka.Send(&fencerv1.KeepAliveRequest{SessionId: resp.GetSessionId()}))
+	_, err = ka.Recv()
+	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+	require.Equal(t, 1.0, scrape(t, srv, expired))
+	require.Equal(t, 0.0, scrape(t, srv, `fencer_server_keepalive_failures_total{reason="etcd"}`))
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/acquireon"
+	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -173,6 +174,7 @@ func (s *Server) waitFree(ctx context.Context, name string, rev int64, id client
 					return
 				case <-t.C:
 					if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
+						s.m.keepAliveFailed(ctx, err)
 						cancel(fmt.Errorf("server: renew session while waiting: %w", err))
 						return
 					}
@@ -225,6 +227,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 		id := clientv3.LeaseID(req.GetSessionId())
 		if !verified[id] {
 			if _, err := s.checkSession(ctx, id, p); err != nil {
+				if !errors.Is(err, ErrPermissionDenied) {
+					s.m.keepAliveFailed(ctx, err)
+				}
 				return err
 			}
 			if len(verified) >= 1024 {
@@ -233,6 +238,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			verified[id] = true
 		}
 		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		if err != nil {
+			s.m.keepAliveFailed(ctx, err)
+		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return ErrSessionNotFound
 		}
@@ -260,14 +268,17 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		} else if err != nil {
 			return nil, err
 		}
-		_, err := s.cli.Revoke(ctx, id)
+		undo := s.releasing.mark(id)
+		resp, err := s.cli.Revoke(ctx, id)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			undo()
 			return &fencerv1.ReleaseResponse{}, nil
 		}
 		if err != nil {
+			undo()
 			return nil, fmt.Errorf("server: revoke session: %w", err)
 		}
-		s.audit.LogAttrs(ctx, slog.LevelInfo, "release session", slog.String("principal", p), slog.String("holder", holderName(p, id)))
+		s.auditSessionRelease(ctx, p, id, resp.Header.Revision)
 		return &fencerv1.ReleaseResponse{Released: true}, nil
 	}
 	if err := s.checkOwner(ctx, tok, p); errors.Is(err, token.ErrStale) {
@@ -275,7 +286,11 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 	} else if err != nil {
 		return nil, err
 	}
+	undo := s.releasing.mark(tok.String())
 	released, err := s.store.Release(ctx, tok)
+	if !released {
+		undo() // a release that may have committed is then recorded as a loss too
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -283,6 +298,32 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		s.audit.LogAttrs(ctx, slog.LevelInfo, "release", slog.String("principal", p), slog.String("lease", tok.Lease), slog.String("token", tok.String()))
 	}
 	return &fencerv1.ReleaseResponse{Released: released}, nil
+}
+
+// auditSessionRelease writes the audit records of session id's release by
+// principal, whose Revoke etcd applied at revision rev: one "release" per
+// lease it dropped, with its token, read as the holder keys were just
+// before (rev-1), and one "release session".
+func (s *Server) auditSessionRelease(ctx context.Context, principal string, id clientv3.LeaseID, rev int64) {
+	holder := holderName(principal, id)
+	resp, err := s.cli.Get(ctx, holderkey.Key(s.store.Prefix(), ""), clientv3.WithPrefix(), clientv3.WithRev(rev-1))
+	if err != nil {
+		s.audit.LogAttrs(ctx, slog.LevelInfo, "release session", slog.String("principal", principal), slog.String("holder", holder),
+			slog.String("err", "the leases it dropped could not be read: "+err.Error()))
+		return
+	}
+	var leases []string
+	for _, kv := range resp.Kvs {
+		st, ok := holderkey.Parse(s.store.Prefix(), kv)
+		if !ok || clientv3.LeaseID(kv.Lease) != id {
+			continue
+		}
+		leases = append(leases, st.Name)
+		s.audit.LogAttrs(ctx, slog.LevelInfo, "release", slog.String("principal", principal), slog.String("lease", st.Name),
+			slog.String("token", st.Token.String()), slog.String("holder", holder), slog.Bool("session_release", true))
+	}
+	s.audit.LogAttrs(ctx, slog.LevelInfo, "release session", slog.String("principal", principal), slog.String("holder", holder),
+		slog.Any("leases", leases))
 }
 
 // checkOwner verifies that tok was issued to principal. It returns a

@@ -3,15 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"sync"
 	"sync/atomic"
-
-	"github.com/fsnotify/fsnotify"
 )
 
 // TokenFile authenticates calls by bearer token, like BearerTokens, from a
@@ -26,23 +19,25 @@ import (
 // Calls already authenticated are not revisited: a session opened with a
 // token that is later removed stays its principal's.
 type TokenFile struct {
-	path string
-	log  *slog.Logger
-	cur  atomic.Pointer[BearerTokens]
-
-	mu   sync.Mutex // serializes reloads
-	hash [sha256.Size]byte
+	*followedFile
+	cur atomic.Pointer[BearerTokens]
 }
 
 var _ Authenticator = (*TokenFile)(nil)
 
 // NewTokenFile loads the token file at path. log receives reload records;
-// nil discards them. Call Start to follow the file's changes.
+// nil discards them. Call Start to follow the file's changes; Reload
+// reads it again at once.
 func NewTokenFile(path string, log *slog.Logger) (*TokenFile, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	f := &TokenFile{path: path, log: log}
+	f := &TokenFile{}
+	f.followedFile = newFollowedFile(path, "token file", log, func(raw []byte) ([]any, error) {
+		b, err := parseTokenFile(path, bytes.NewReader(raw))
+		if err != nil {
+			return nil, err
+		}
+		f.cur.Store(b)
+		return []any{"tokens", len(b.principals)}, nil
+	})
 	if _, err := f.Reload(); err != nil {
 		return nil, err
 	}
@@ -53,63 +48,4 @@ func NewTokenFile(path string, log *slog.Logger) (*TokenFile, error) {
 // tokens last loaded.
 func (f *TokenFile) Authenticate(ctx context.Context) (string, error) {
 	return f.cur.Load().Authenticate(ctx)
-}
-
-// Reload reads the file again and, if it loads and differs from the
-// tokens in force, puts its tokens in force. It reports whether they
-// changed. On an error the tokens in force stay.
-func (f *TokenFile) Reload() (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	raw, err := os.ReadFile(f.path)
-	if err != nil {
-		return false, fmt.Errorf("server: token file: %w", err)
-	}
-	h := sha256.Sum256(raw)
-	if f.cur.Load() != nil && h == f.hash {
-		return false, nil
-	}
-	b, err := parseTokenFile(f.path, bytes.NewReader(raw))
-	if err != nil {
-		return false, err
-	}
-	f.cur.Store(b)
-	f.hash = h
-	return true, nil
-}
-
-// Start follows the file until ctx ends, reloading it on every change in
-// its directory, and returns nil then. It fails if the directory cannot
-// be watched.
-func (f *TokenFile) Start(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("server: token file: watch: %w", err)
-	}
-	defer w.Close()
-	if err := w.Add(filepath.Dir(f.path)); err != nil {
-		return fmt.Errorf("server: token file: watch: %w", err)
-	}
-	// A change between NewTokenFile and Add would otherwise be missed.
-	f.reload()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-w.Events:
-			f.reload()
-		case err := <-w.Errors:
-			f.log.Warn("token file: watch error", "path", f.path, "err", err)
-		}
-	}
-}
-
-func (f *TokenFile) reload() {
-	changed, err := f.Reload()
-	switch {
-	case err != nil:
-		f.log.Error("token file: reload failed; the previous tokens stay in force", "path", f.path, "err", err)
-	case changed:
-		f.log.Info("token file: reloaded", "path", f.path, "tokens", len(f.cur.Load().principals))
-	}
 }

@@ -26,6 +26,18 @@ func writeAtomically(t *testing.T, path, content string) {
 	require.NoError(t, os.Rename(tmp, path))
 }
 
+// follow runs a file's Start until the test ends, and checks that it
+// ended without an error.
+func follow(t *testing.T, start func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan error, 1)
+	go func() { watching <- start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-watching)
+	})
+}
+
 // TestTokenFileRotation rotates a served token file: the new token is
 // accepted and the old one refused without a restart; a broken file
 // keeps the tokens in force.
@@ -37,13 +49,7 @@ func TestTokenFileRotation(t *testing.T) {
 	rec := newRecorder()
 	tf, err := server.NewTokenFile(path, slog.New(rec))
 	require.NoError(t, err)
-	wctx, cancel := context.WithCancel(context.Background())
-	watching := make(chan error, 1)
-	go func() { watching <- tf.Start(wctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-watching)
-	})
+	follow(t, tf.Start)
 	addr, _ := serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: tf})
 	call := func(tok string) codes.Code {
 		_, err := fencerv1.NewFencerServiceClient(dial(t, tok, addr)).ListLeases(ctx, &fencerv1.ListLeasesRequest{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -70,7 +71,6 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			}
 			if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
 				s.m.lost.Inc()
-				s.auditLoss(stream.Context(), msg)
 			}
 		}
 	}
@@ -126,10 +126,52 @@ func lostEvent(ev *clientv3.Event, id clientv3.LeaseID, store *etcdstore.Store) 
 	return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_LOST, Token: tok.String(), Revision: ev.Kv.ModRevision, Reason: reason}
 }
 
-// auditLoss writes the audit record of a LOST event sent to the token's
-// principal.
-func (s *Server) auditLoss(ctx context.Context, msg *fencerv1.WatchLeaseResponse) {
+// recordLoss writes the audit record of a loss the lease hub's shared
+// watch saw, once per loss whatever the number of streams watching, and
+// counts it; unless the loss is a release this server made, which has its
+// own record.
+func (s *Server) recordLoss(ev *clientv3.Event, msg *fencerv1.WatchLeaseResponse) {
+	if s.releasing.by(clientv3.LeaseID(ev.PrevKv.Lease), msg.GetToken()) {
+		return
+	}
+	s.m.leasesLost.Inc()
+	holder := holderkey.Decode(ev.PrevKv.Value).Holder
 	tok, _ := token.Parse(msg.GetToken())
-	s.audit.LogAttrs(ctx, slog.LevelWarn, "lost", slog.String("principal", principalOf(ctx)), slog.String("lease", tok.Lease),
-		slog.String("token", msg.GetToken()), slog.Int64("revision", msg.GetRevision()), slog.String("reason", msg.GetReason()))
+	s.audit.LogAttrs(context.Background(), slog.LevelWarn, "lost", slog.String("principal", principalOfHolder(holder)), slog.String("holder", holder),
+		slog.String("lease", tok.Lease), slog.String("token", msg.GetToken()), slog.Int64("revision", msg.GetRevision()), slog.String("reason", msg.GetReason()))
+}
+
+// releases remembers the sessions (by clientv3.LeaseID) and tokens (by
+// their text) that this server is releasing or released, so that the
+// holder-key deletions of its own releases are not recorded as losses. It
+// is bounded: it is emptied when full.
+type releases struct {
+	mu   sync.Mutex
+	made map[any]bool
+}
+
+const releasesSize = 1 << 16
+
+// mark notes a release of session or token key before it is sent to etcd;
+// undo forgets it, for a release that did not happen.
+func (r *releases) mark(key any) (undo func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.made == nil || len(r.made) >= releasesSize {
+		r.made = map[any]bool{}
+	}
+	r.made[key] = true
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.made, key)
+	}
+}
+
+// by reports whether the loss of tok on session id is a release this
+// server made.
+func (r *releases) by(id clientv3.LeaseID, tok string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.made[id] || r.made[tok]
 }

@@ -167,7 +167,7 @@ func (f benchFlags) directStore() (*etcdstore.Store, func(), error) {
 	if len(endpoints) == 0 {
 		return nil, nil, usagef("--ops direct-put needs --etcd-endpoints: the server's etcd (fencer serve logs its embedded member's endpoint)")
 	}
-	cfg, err := f.etcd.clientConfig(endpoints, false)
+	cfg, _, err := f.etcd.clientConfig(endpoints, false) // a bench run is short: no certificate reload
 	if err != nil {
 		return nil, nil, err
 	}

@@ -86,7 +86,7 @@ func (s *serveProc) start() {
 	s.exited = make(chan error, 1)
 	go func() { s.exited <- s.cmd.Wait() }()
 	require.Eventually(s.t, func() bool {
-		return strings.Contains(s.log.String(), "msg=serving")
+		return strings.Contains(s.log.String(), `msg="etcd reachable: serving"`)
 	}, 30*time.Second, 20*time.Millisecond, "fencer serve did not start: %s", s.log)
 }
 

@@ -124,7 +124,7 @@ func TestServeEtcdCluster(t *testing.T) {
 	bin := buildFencer(t, dir)
 	ca := testca.New(t, "etcd CA")
 	c := etcdproc.Start(t, 3, etcdproc.WithClientTLS(ca))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // the setup, and the first subtest
 	defer cancel()
 	require.NoError(t, c.EnableAuth(ctx, etcdUser, etcdPassword, etcdstore.DefaultPrefix))
 	certFile, keyFile := c.ClientCert(t, dir, "fencer-serve")
@@ -166,11 +166,23 @@ func TestServeEtcdCluster(t *testing.T) {
 		}
 	})
 
+	// The fault phase (the two subtests below) is bounded on its own, not
+	// counting etcd's startup: 2 minutes a round. A run takes 30 to 40 s.
+	rounds := 1
+	if *clusterLong {
+		rounds = 10
+	}
+	faultBound := time.Duration(rounds) * 2 * time.Minute
+	faults, cancelFaults := context.WithTimeout(context.Background(), faultBound)
+	defer cancelFaults()
+	faultStart := time.Now()
+	inBound := func(t *testing.T) {
+		t.Helper()
+		require.NoError(t, faults.Err(), "the fault phase took longer than %s", faultBound)
+	}
+
 	t.Run("leader and follower killed during writes and handovers", func(t *testing.T) {
-		rounds := 1
-		if *clusterLong {
-			rounds = 10
-		}
+		ctx := faults
 		w := startWorkload(ctx, t, r, 3)
 		for round := range rounds {
 			leader, err := c.Leader(ctx)
@@ -185,10 +197,12 @@ func TestServeEtcdCluster(t *testing.T) {
 			}
 		}
 		w.stop(t)
+		inBound(t)
 		w.check(ctx, t)
 	})
 
 	t.Run("no quorum", func(t *testing.T) {
+		ctx := faults
 		s := session(t, r[0])
 		l, err := s.Acquire(ctx, "quorum")
 		require.NoError(t, err)
@@ -226,7 +240,9 @@ func TestServeEtcdCluster(t *testing.T) {
 				return err == nil && (string(v.Data) == "before" || string(v.Data) == "during")
 			}, time.Minute, 100*time.Millisecond, "replica %d does not serve again", i)
 		}
+		inBound(t)
 	})
+	t.Logf("fault phase: %s of its %s bound", time.Since(faultStart).Round(time.Second), faultBound)
 }
 
 // workload runs guarded writers and a handover loop against the replicas

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -45,7 +46,7 @@ type serveFlags struct {
 	batch                                                 int
 	logLevel, logFormat                                   string
 	etcdQuota                                             int64
-	etcdRetention                                         time.Duration
+	etcdRetention, etcdRequestTimeout                     time.Duration
 	etcd                                                  etcdFlags
 }
 
@@ -63,6 +64,9 @@ docs/operations.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
 				return usagef("--batch %d: must be between 0 and %d", f.batch, etcdstore.MaxBatch)
+			}
+			if f.etcdRequestTimeout <= 0 {
+				return usagef("--etcd-request-timeout %s: must be positive", f.etcdRequestTimeout)
 			}
 			if _, err := f.logger(a.stderr); err != nil {
 				return usagef("%v", err)
@@ -88,6 +92,7 @@ docs/operations.md.`,
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
 	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
+	fs.DurationVar(&f.etcdRequestTimeout, "etcd-request-timeout", server.DefaultEtcdRequestTimeout, "longest one etcd request waits for an answer; past it the call fails with UNAVAILABLE (cause etcd_unreachable)")
 	f.etcd.register(fs)
 	return cmd
 }
@@ -113,7 +118,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopWatchers()
-	watchErrs := make(chan error, len(watchers))
+	watchErrs := make(chan error, len(watchers)+1)
 	for _, w := range watchers {
 		wg.Go(func() {
 			if err := w(ctx); err != nil {
@@ -128,9 +133,16 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}
 	}
 	endpoints := splitList(f.etcdEndpoints)
-	etcdCfg, err := f.etcd.clientConfig(endpoints, f.insecure)
+	etcdCfg, watchEtcdCert, err := f.etcd.clientConfig(endpoints, f.insecure)
 	if err != nil {
 		return err
+	}
+	if watchEtcdCert != nil {
+		wg.Go(func() {
+			if err := watchEtcdCert(ctx); err != nil {
+				watchErrs <- err
+			}
+		})
 	}
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
@@ -141,11 +153,17 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		endpoints = []string{member.Endpoint()}
 		etcdCfg.Endpoints = endpoints
 	}
+	// The etcd client's warnings and errors, as the embedded member's.
+	etcdCfg.Logger = embedetcd.ZapLogger(log.With(slog.String("component", "etcd-client")))
 	cli, err := clientv3.New(etcdCfg)
 	if err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer cli.Close()
+	if f.etcdRequestTimeout == 0 {
+		f.etcdRequestTimeout = server.DefaultEtcdRequestTimeout
+	}
+	server.BoundRequests(cli, f.etcdRequestTimeout)
 	store, err := etcdstore.New(cli, etcdstore.WithPrefix(f.prefix), etcdstore.WithBatching(f.batch))
 	if err != nil {
 		return err
@@ -179,7 +197,9 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		}()
 		log.Info("metrics", "listen", mlis.Addr().String())
 	}
-	log.Info("serving", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "etcd", strings.Join(endpoints, ","))
+	// The server logs "etcd reachable: serving" once its first check of
+	// etcd passes, and "etcd unreachable: not serving" if it fails.
+	log.Info("listening", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "etcd", strings.Join(endpoints, ","))
 	select {
 	case <-ctx.Done():
 	case err = <-errs:
@@ -243,8 +263,8 @@ func (f serveFlags) watchCertificate(tlsCfg *tls.Config) (func(context.Context) 
 
 // security builds the TLS configuration and authenticator from the flags,
 // refusing plaintext or anonymous service off loopback unless --insecure,
-// and the watcher that reloads the token file when it changes (it runs
-// until its context ends).
+// and the watchers that reload the token file and the client CA bundle
+// when they change (they run until their context ends).
 func (f serveFlags) security(log *slog.Logger) (*tls.Config, server.Authenticator, []func(context.Context) error, error) {
 	var tlsCfg *tls.Config
 	var watchers []func(context.Context) error
@@ -259,15 +279,13 @@ func (f serveFlags) security(log *slog.Logger) (*tls.Config, server.Authenticato
 		if tlsCfg == nil {
 			return nil, nil, nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key")
 		}
-		pem, err := os.ReadFile(f.tlsClientCA)
+		cas, err := server.NewCAFile(f.tlsClientCA, log)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, nil, fmt.Errorf("no certificates in %s", f.tlsClientCA)
-		}
-		tlsCfg.ClientCAs, tlsCfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		cas.ServerConfig(tlsCfg)
+		tlsCfg.ClientAuth = tls.RequireAndVerifyClientCert
+		watchers = append(watchers, cas.Start)
 	}
 	var auth server.Authenticator
 	switch {
@@ -352,7 +370,9 @@ func (e *etcdFlags) register(fs *pflag.FlagSet) {
 // --etcd-ca-file the system's roots verify the members). A password is sent
 // in plaintext only to loopback endpoints, or with insecure. It does not
 // check that the files hold what etcd will accept: the first request does.
-func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Config, error) {
+// With a client certificate it also returns the watcher that reloads it
+// (see tlsConfig), to run until its context ends; nil otherwise.
+func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Config, func(context.Context) error, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(requireLeader)},
@@ -361,9 +381,9 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 	tlsFlags := e.caFile != "" || e.certFile != "" || e.keyFile != ""
 	if len(endpoints) == 0 {
 		if tlsFlags || e.username != "" || e.passwordFile != "" || hasPassword {
-			return cfg, fmt.Errorf("%w: etcd credentials (--etcd-* flags, $FENCER_ETCD_* variables) need --etcd-endpoints; the embedded etcd takes none", errEtcdFlags)
+			return cfg, nil, fmt.Errorf("%w: etcd credentials (--etcd-* flags, $FENCER_ETCD_* variables) need --etcd-endpoints; the embedded etcd takes none", errEtcdFlags)
 		}
-		return cfg, nil
+		return cfg, nil, nil
 	}
 	var https, plain, remote []string // remote: plain and off this machine
 	for _, ep := range endpoints {
@@ -379,7 +399,7 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 				remote = append(remote, ep)
 			}
 		case strings.Contains(ep, "://"):
-			return cfg, fmt.Errorf("%w: --etcd-endpoints: %q is not http://, https://, unix:// or unixs://", errEtcdFlags, ep)
+			return cfg, nil, fmt.Errorf("%w: --etcd-endpoints: %q is not http://, https://, unix:// or unixs://", errEtcdFlags, ep)
 		default: // host:port, which the etcd client dials in plaintext
 			plain = append(plain, ep)
 			if !isLoopback(ep) {
@@ -389,66 +409,86 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 	}
 	secure := tlsFlags || len(https) > 0
 	if secure && len(plain) > 0 {
-		return cfg, fmt.Errorf("%w: TLS to etcd is on, but %s would be plaintext: give every endpoint as https:// (or unixs://)", errEtcdFlags, strings.Join(plain, ","))
+		return cfg, nil, fmt.Errorf("%w: TLS to etcd is on, but %s would be plaintext: give every endpoint as https:// (or unixs://)", errEtcdFlags, strings.Join(plain, ","))
 	}
+	var watch func(context.Context) error
 	if secure {
-		tlsCfg, err := e.tlsConfig()
+		tlsCfg, w, err := e.tlsConfig()
 		if err != nil {
-			return cfg, err
+			return cfg, nil, err
 		}
-		cfg.TLS = tlsCfg
+		cfg.TLS, watch = tlsCfg, w
 	}
 	switch {
 	case e.passwordFile != "" && hasPassword:
-		return cfg, fmt.Errorf("%w: both --etcd-password-file and $FENCER_ETCD_PASSWORD are set; keep one", errEtcdFlags)
+		return cfg, nil, fmt.Errorf("%w: both --etcd-password-file and $FENCER_ETCD_PASSWORD are set; keep one", errEtcdFlags)
 	case e.passwordFile != "":
 		b, err := os.ReadFile(e.passwordFile)
 		if err != nil {
-			return cfg, fmt.Errorf("%w: --etcd-password-file: %w", errEtcdFlags, err)
+			return cfg, nil, fmt.Errorf("%w: --etcd-password-file: %w", errEtcdFlags, err)
 		}
 		password, hasPassword = strings.TrimRight(string(b), "\r\n"), true
 	}
 	switch {
 	case e.username == "" && hasPassword:
-		return cfg, fmt.Errorf("%w: an etcd password needs --etcd-username", errEtcdFlags)
+		return cfg, nil, fmt.Errorf("%w: an etcd password needs --etcd-username", errEtcdFlags)
 	case e.username != "" && !hasPassword:
-		return cfg, fmt.Errorf("%w: --etcd-username needs --etcd-password-file or $FENCER_ETCD_PASSWORD", errEtcdFlags)
+		return cfg, nil, fmt.Errorf("%w: --etcd-username needs --etcd-password-file or $FENCER_ETCD_PASSWORD", errEtcdFlags)
 	case e.username != "" && password == "":
-		return cfg, fmt.Errorf("%w: the etcd password is empty", errEtcdFlags)
+		return cfg, nil, fmt.Errorf("%w: the etcd password is empty", errEtcdFlags)
 	}
 	if e.username != "" && len(remote) > 0 && !insecure {
-		return cfg, fmt.Errorf("%w: refusing to send the etcd password in plaintext to %s: use https:// endpoints, or --insecure", errEtcdFlags, strings.Join(remote, ","))
+		return cfg, nil, fmt.Errorf("%w: refusing to send the etcd password in plaintext to %s: use https:// endpoints, or --insecure", errEtcdFlags, strings.Join(remote, ","))
 	}
 	cfg.Username, cfg.Password = e.username, password
-	return cfg, nil
+	return cfg, watch, nil
 }
 
 // tlsConfig builds the TLS configuration for etcd from the CA, certificate
-// and key files.
-func (e etcdFlags) tlsConfig() (*tls.Config, error) {
+// and key files. While the returned watcher runs, the client certificate
+// is presented through controller-runtime's certwatcher, which reloads it
+// when its files change (file events, and a poll every 10 s): each new
+// connection to etcd presents the certificate then in force. Without it
+// the certificate loaded here is presented. The CA bundle is read once.
+func (e etcdFlags) tlsConfig() (*tls.Config, func(context.Context) error, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if (e.certFile == "") != (e.keyFile == "") {
-		return nil, fmt.Errorf("%w: --etcd-cert-file and --etcd-key-file go together", errEtcdFlags)
+		return nil, nil, fmt.Errorf("%w: --etcd-cert-file and --etcd-key-file go together", errEtcdFlags)
 	}
+	var watch func(context.Context) error
 	if e.certFile != "" {
 		cert, err := tls.LoadX509KeyPair(e.certFile, e.keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: etcd client certificate: %w", errEtcdFlags, err)
+			return nil, nil, fmt.Errorf("%w: etcd client certificate: %w", errEtcdFlags, err)
 		}
-		cfg.Certificates = []tls.Certificate{cert}
+		var watcher atomic.Pointer[certwatcher.CertWatcher] // set while watch runs
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if cw := watcher.Load(); cw != nil {
+				return cw.GetCertificate(nil)
+			}
+			return &cert, nil
+		}
+		watch = func(ctx context.Context) error {
+			cw, err := certwatcher.New(e.certFile, e.keyFile)
+			if err != nil {
+				return fmt.Errorf("etcd client certificate: %w", err)
+			}
+			watcher.Store(cw)
+			return cw.Start(ctx)
+		}
 	}
 	if e.caFile != "" {
 		pem, err := os.ReadFile(e.caFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: --etcd-ca-file: %w", errEtcdFlags, err)
+			return nil, nil, fmt.Errorf("%w: --etcd-ca-file: %w", errEtcdFlags, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: --etcd-ca-file: no certificates in %s", errEtcdFlags, e.caFile)
+			return nil, nil, fmt.Errorf("%w: --etcd-ca-file: no certificates in %s", errEtcdFlags, e.caFile)
 		}
 		cfg.RootCAs = pool
 	}
-	return cfg, nil
+	return cfg, watch, nil
 }
 
 // requireLeader marks every unary etcd call as requiring a leader, as

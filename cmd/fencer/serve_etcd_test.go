@@ -75,7 +75,7 @@ func TestServeEtcdCredentialFlags(t *testing.T) {
 			if tc.env != "" {
 				t.Setenv("FENCER_ETCD_PASSWORD", tc.env)
 			}
-			cfg, err := tc.e.clientConfig(tc.endpoints, tc.insecure)
+			cfg, _, err := tc.e.clientConfig(tc.endpoints, tc.insecure)
 			if tc.want.err != "" {
 				require.ErrorIs(t, err, errEtcdFlags)
 				require.ErrorContains(t, err, tc.want.err)
@@ -86,7 +86,7 @@ func TestServeEtcdCredentialFlags(t *testing.T) {
 			require.Equal(t, tc.want.tls, cfg.TLS != nil)
 			if cfg.TLS != nil {
 				require.Equal(t, tc.want.rootCAs, cfg.TLS.RootCAs != nil)
-				require.Equal(t, tc.want.clientCert, len(cfg.TLS.Certificates) == 1)
+				require.Equal(t, tc.want.clientCert, cfg.TLS.GetClientCertificate != nil)
 			}
 			require.Equal(t, tc.want.user, cfg.Username)
 			require.Equal(t, tc.want.password, cfg.Password)
@@ -115,7 +115,7 @@ func FuzzEtcdEndpoints(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, list string) {
-		cfg, err := etcdFlags{}.clientConfig(splitList(list), false)
+		cfg, _, err := etcdFlags{}.clientConfig(splitList(list), false)
 		if err != nil {
 			require.ErrorIs(t, err, errEtcdFlags)
 			return

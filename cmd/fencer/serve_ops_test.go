@@ -147,10 +147,97 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	require.Contains(t, err.Error(), dataDir)
 }
 
-func TestServeRejectsBadLogFlags(t *testing.T) {
-	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}} {
+func TestServeRejectsBadLogAndTimeoutFlags(t *testing.T) {
+	for _, args := range [][]string{{"--log-level", "loud"}, {"--log-format", "xml"}, {"--etcd-request-timeout", "0s"}} {
 		var stderr bytes.Buffer
 		require.Equal(t, 2, runServe(context.Background(), args, io.Discard, &stderr), args)
 		require.Contains(t, stderr.String(), args[0])
 	}
+}
+
+// TestServeRotatesTheClientCA replaces the --tls-client-ca bundle of a
+// running fencer serve with another CA's: clients of the new CA are
+// admitted and those of the old one refused from then on, without a
+// restart.
+func TestServeRotatesTheClientCA(t *testing.T) {
+	p := newPKI(t)
+	addr := startServe(t, serveFlags{etcdEndpoints: startEtcd(t), prefix: "/rotate-ca/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admitted := func(cert tls.Certificate) bool {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: p.ca.Pool(), Certificates: []tls.Certificate{cert}})))
+		require.NoError(t, err)
+		defer cc.Close()
+		_, err = fencerv1.NewFencerServiceClient(cc).ListLeases(ctx, &fencerv1.ListLeasesRequest{})
+		return err == nil
+	}
+	next := testca.New(t, "next client CA")
+	oldCert, newCert := p.ca.ClientCert(t, "alice"), next.ClientCert(t, "alice")
+	require.True(t, admitted(oldCert))
+	require.False(t, admitted(newCert))
+	replaceFile(t, p.caFile, next.CertPEM())
+	require.Eventually(t, func() bool { return admitted(newCert) }, 10*time.Second, 50*time.Millisecond)
+	require.False(t, admitted(oldCert))
+}
+
+// TestEtcdClientCertificateReloads replaces the --etcd-cert-file and
+// --etcd-key-file pair while the etcd TLS configuration's watcher runs:
+// a new connection presents the new certificate, without a restart. A
+// TLS listener that records each client certificate stands in for etcd.
+func TestEtcdClientCertificateReloads(t *testing.T) {
+	p := newPKI(t)
+	presented := make(chan []byte, 16)
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{p.ca.ServerCert(t)}, ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS12,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			presented <- raw[0]
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	defer lis.Close()
+	go func() {
+		for {
+			conn, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = conn.(*tls.Conn).Handshake()
+			conn.Close()
+		}
+	}()
+	cfg, watch, err := etcdFlags{caFile: p.caFile, certFile: p.aliceCert, keyFile: p.aliceKey}.tlsConfig()
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan error, 1)
+	go func() { watching <- watch(ctx) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-watching)
+	}()
+	connect := func() []byte {
+		c := cfg.Clone()
+		c.ServerName = "localhost"
+		conn, err := tls.Dial("tcp", lis.Addr().String(), c)
+		require.NoError(t, err)
+		defer conn.Close()
+		return <-presented
+	}
+	leaf := func(certFile string) []byte {
+		pemBytes, err := os.ReadFile(certFile)
+		require.NoError(t, err)
+		block, _ := pem.Decode(pemBytes)
+		return block.Bytes
+	}
+	alice := leaf(p.aliceCert)
+	require.Equal(t, alice, connect())
+	bobCert, err := os.ReadFile(p.bobCert)
+	require.NoError(t, err)
+	bobKey, err := os.ReadFile(p.bobKey)
+	require.NoError(t, err)
+	replaceFile(t, p.aliceKey, bobKey)
+	replaceFile(t, p.aliceCert, bobCert)
+	bob := leaf(p.bobCert)
+	// The watcher reacts to the rename, or at the latest polls every 10 s.
+	require.Eventually(t, func() bool { return bytes.Equal(connect(), bob) }, 20*time.Second, 50*time.Millisecond)
 }
