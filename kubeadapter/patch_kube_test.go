@@ -274,3 +274,91 @@ func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	returned, _, _ := unstructured.NestedString(u.Object, "spec", "extra")
 	require.Equal(t, "keep me", returned, "the configuration does not hold the object the API server returned")
 }
+
+// TestApplyAfterADelete is the scene where a superseded holder's apply
+// would undo a newer holder's delete: holder A wrote the object, holder B
+// deleted it, and A's cache still holds A's copy. A's apply must not
+// create the object again, with the admission policy installed (it has
+// no old object to compare a create against): its reads saw the object,
+// so fencer makes the apply conditional on that object's UID, which the
+// API server refuses when no object exists. A plain apply in the same
+// scene recreates the object: the attack is real.
+func TestApplyAfterADelete(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	k := newKube(t)
+	installPolicy(t, k)
+	toks := k.tokens(t, 2)
+	a, b := toks[0], toks[1]
+	apply := func(name string) *corev1ac.ConfigMapApplyConfiguration {
+		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"by": "a-late"})
+	}
+	deleted := func(t *testing.T, name string) *corev1.ConfigMap {
+		t.Helper()
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy()))
+		return obj
+	}
+	requireGone := func(t *testing.T, name string) {
+		t.Helper()
+		err := k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &corev1.ConfigMap{})
+		require.True(t, apierrors.IsNotFound(err), "the deleted object was recreated: %v", err)
+	}
+
+	aView := deleted(t, "plain")
+	require.NoError(t, k.crc.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "plain"}},
+		client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"plain","resourceVersion":"`+aView.ResourceVersion+`"},"data":{"by":"a-late"}}`)),
+		client.FieldOwner("a")), "a plain apply carrying the read's resourceVersion recreates the object")
+	require.Equal(t, "a-late", k.configMap(t, "plain").Data["by"])
+
+	t.Run("lagging cache", func(t *testing.T) {
+		aView := deleted(t, "lagging")
+		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{aView}))
+		err := c.Apply(ctx, apply("lagging"), client.FieldOwner("a"), client.ForceOwnership)
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.True(t, apierrors.IsNotFound(err), "%v", err)
+		requireGone(t, "lagging")
+	})
+
+	t.Run("deleted between the live read and the apply", func(t *testing.T) {
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "between"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		r := &deleteAfterRead{Reader: k.crc, del: func(ctx context.Context) error {
+			return k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy())
+		}}
+		c := k.client(t, staticHolder{a}, kubeadapter.WithLiveRead(), kubeadapter.WithAPIReader(r))
+		err := c.Apply(ctx, apply("between"), client.FieldOwner("a"), client.ForceOwnership)
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.NoError(t, r.err)
+		requireGone(t, "between")
+	})
+
+	t.Run("apply patch of an object the caller read", func(t *testing.T) {
+		aView := deleted(t, "caller-read")
+		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(notFoundReader{}))
+		err := c.Patch(ctx, aView, client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"caller-read"},"data":{"by":"a-late"}}`)), client.FieldOwner("a"))
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		requireGone(t, "caller-read")
+	})
+}
+
+// deleteAfterRead is a Reader whose first Get reads the object and then
+// has another holder delete it, as a delete that lands between a read and
+// the write built on it.
+type deleteAfterRead struct {
+	client.Reader
+	del  func(context.Context) error
+	done atomic.Bool
+	err  error
+}
+
+func (r *deleteAfterRead) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.Reader.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if r.done.CompareAndSwap(false, true) {
+		r.err = r.del(ctx)
+	}
+	return nil
+}
