@@ -404,9 +404,14 @@ func (c *Client) DeleteAllOf(_ context.Context, obj client.Object, _ ...client.D
 // conflicts, and the creation of an absent object). An object a read saw
 // is never created again: if it was deleted since, Apply returns
 // ErrDeleted with the NotFound error. An object no read saw is created,
-// which is not fenced against a stale holder (docs/protocol.md, Limits). The stamp annotations
-// are owned by the applying field manager; a conflict over them alone is
-// taken over with Force, a conflict over any other field is returned as a
+// which is not fenced against a stale holder (docs/protocol.md, Limits).
+//
+// The stamp annotations are owned by the applying field manager, not by a
+// field manager of fencer's own (that would take a second write per
+// apply): a later plain apply by the same manager, without them, removes
+// the stamp, unless the admission policy refuses it. Send every apply of
+// that manager through Apply. A conflict over the stamp alone is taken
+// over with Force, a conflict over any other field is returned as a
 // Conflict error whose causes name the fields, as a plain apply returns it
 // (pass client.ForceOwnership to take those over too). On success config
 // holds the object the API server returned.

@@ -2,6 +2,7 @@ package kubeadapter_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -361,4 +362,63 @@ func (r *deleteAfterRead) Get(ctx context.Context, key client.ObjectKey, obj cli
 		r.err = r.del(ctx)
 	}
 	return nil
+}
+
+// TestApplyStampOwnership checks on the real API server, without the
+// admission policy, what docs/protocol.md says of who owns the stamp: a
+// fenced apply by field manager "ctrl" makes "ctrl" own the protocol
+// keys, so a later plain apply by "ctrl" without them strips the stamp,
+// while a fenced apply by "ctrl" keeps it. Giving the keys to a "fencer"
+// field manager takes a second write (an apply by that manager, which
+// changes the object's resourceVersion); after it, the same plain apply
+// keeps the stamp.
+func TestApplyStampOwnership(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	tok := k.tokens(t, 1)[0]
+	c := k.client(t, staticHolder{tok})
+	config := func(name, v string) *corev1ac.ConfigMapApplyConfiguration {
+		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"v": v})
+	}
+	plainApply := func(name, v string) {
+		t.Helper()
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `"},"data":{"v":"` + v + `"}}`
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
+		require.NoError(t, k.crc.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, []byte(body)), client.FieldOwner("ctrl")))
+	}
+	owns := func(obj *corev1.ConfigMap, manager string) bool {
+		for _, mf := range obj.ManagedFields {
+			if mf.Manager == manager && mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), `"f:fencer.dev/token"`) {
+				return true
+			}
+		}
+		return false
+	}
+
+	require.NoError(t, c.Apply(ctx, config("stripped", "1"), client.FieldOwner("ctrl")))
+	got := k.configMap(t, "stripped")
+	require.True(t, owns(got, "ctrl"), "the applying manager owns the stamp: %v", got.ManagedFields)
+	require.False(t, owns(got, "fencer"))
+	require.NoError(t, c.Apply(ctx, config("stripped", "2"), client.FieldOwner("ctrl")))
+	requireStamped(t, k.configMap(t, "stripped").Annotations, tok)
+	plainApply("stripped", "3")
+	got = k.configMap(t, "stripped")
+	require.NotContains(t, got.Annotations, token.AnnotationToken, "a plain apply by the manager that owns the stamp strips it")
+	require.NotContains(t, got.Annotations, token.AnnotationLease)
+
+	require.NoError(t, c.Apply(ctx, config("co-owned", "1"), client.FieldOwner("ctrl")))
+	before := k.configMap(t, "co-owned")
+	stamp := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{
+		"namespace": k.ns, "name": "co-owned", "resourceVersion": before.ResourceVersion, "annotations": tok.Stamp(nil),
+	}}
+	body, err := json.Marshal(stamp)
+	require.NoError(t, err)
+	require.NoError(t, k.crc.Patch(ctx, before.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("fencer")))
+	got = k.configMap(t, "co-owned")
+	require.NotEqual(t, before.ResourceVersion, got.ResourceVersion, "the stamp's own apply is a second write")
+	require.True(t, owns(got, "fencer") && owns(got, "ctrl"), "%v", got.ManagedFields)
+	plainApply("co-owned", "2")
+	got = k.configMap(t, "co-owned")
+	require.Equal(t, "2", got.Data["v"])
+	requireStamped(t, got.Annotations, tok)
 }
