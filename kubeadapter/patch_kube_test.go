@@ -245,13 +245,15 @@ func (m *missOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 	return m.Reader.Get(ctx, key, obj, opts...)
 }
 
-// TestApplyKeepsFieldsTheTypeDoesNotKnow applies a Widget through a client
+// TestApplyKeepsFieldsTheTypeDoesNotKnow applies a Widget, with the
+// admission policy installed, through a client
 // whose scheme knows a Go type that lacks spec.extra: the stored field,
 // owned by another manager, survives, and the configuration holds the
 // object as the API server returned it, with that field.
 func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
+	installPolicy(t, k)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c, err := kubeadapter.NewClient(widgets(t, k), staticHolder{tok})
