@@ -192,3 +192,34 @@ func waitForTimer(t *testing.T, clk *clocktesting.FakeClock) {
 	t.Helper()
 	require.Eventually(t, clk.HasWaiters, 5*time.Second, time.Millisecond)
 }
+
+// TestAcquireErrorsCountedWithoutAWatcher checks that Electors without a
+// Watcher count MetricAcquireErrors in Config.Registerer, two of them and
+// then a Watcher's metrics sharing one registry, and that a Registerer
+// beside a Watcher is refused.
+func TestAcquireErrorsCountedWithoutAWatcher(t *testing.T) {
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	forbidden := apierrors.NewForbidden(gr, "fence", errors.New(`User "nobody" cannot get resource "leases"`))
+	reg := prometheus.NewRegistry()
+	clk := clocktesting.NewFakeClock(time.Now())
+	for range 2 {
+		f, _ := failingLeases(t, forbidden)
+		cfg := testConfig(clk)
+		cfg.Registerer = reg
+		e, err := NewElector(f.CoordinationV1(), cfg)
+		require.NoError(t, err)
+		_, err = e.Acquire(t.Context())
+		require.ErrorIs(t, err, ErrCannotAcquire)
+	}
+	w, err := NewWatcher(newFakeLeases(t).CoordinationV1(), WithRegisterer(reg))
+	require.NoError(t, err)
+	require.Equal(t, 2.0, testutil.ToFloat64(w.metrics.acquireErrors.WithLabelValues("ns/fence", AcquireForbidden)),
+		"both Electors counted in the registry the Watcher shares")
+
+	cfg := testConfig(clk)
+	cfg.Registerer, cfg.Watcher = reg, w
+	_, err = NewElector(newFakeLeases(t).CoordinationV1(), cfg)
+	var ce *ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "Registerer", ce.Field)
+}

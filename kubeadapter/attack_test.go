@@ -99,7 +99,9 @@ func (s superseded) handBuilt() *corev1.ConfigMap {
 // admission policy, every way a careless superseded holder writes through
 // the fenced client: a caller-built object with the current
 // resourceVersion copied in, a lagging cache, pinned preconditions, a
-// patch pinned to a hand-built base, a status write, and a takeover after
+// patch pinned to a hand-built base, unpinned merge and strategic merge
+// patches over a lagging cache (only the metadata.resourceVersion fencer
+// adds to the patch refuses them), a status write, and a takeover after
 // a newer holder. Each must fail with token.ErrStale and leave the newer
 // holder's object intact. The first case also sends the same write
 // through a plain client, where it lands: the attack is real.
@@ -176,6 +178,14 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			cfg := corev1ac.ConfigMap(s.current.Name, k.ns).WithResourceVersion(s.current.ResourceVersion).
 				WithAnnotations(s.a.Stamp(nil)).WithData(map[string]string{"by": "a-late"})
 			return c.Apply(ctx, cfg, client.FieldOwner("a"), client.ForceOwnership)
+		}},
+		{"unpinned merge patch with a lagging cache", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
+		}},
+		{"unpinned strategic merge patch with a lagging cache", func(t *testing.T, s superseded) error {
+			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
 		{"json patch removing the annotations with a lagging cache", func(t *testing.T, s superseded) error {
 			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))

@@ -257,13 +257,23 @@ type prepareFunc func(ctx context.Context, tok token.Token, cur client.Object, p
 // prepares it when prepare is set, and sends the caller's patch with the
 // stamp and the precondition added (fencedPatch.with).
 //
-// An apply whose object is not found, also through the API reader, creates
-// it, stamped, with the precondition resourceVersion absentRV: the API
+// An apply over an object that was read is also conditional on the UID
+// read: the API server refuses, with a Conflict, an apply that names a UID
+// when no object exists, instead of creating one (the resourceVersion
+// alone does not stop it, since the API server ignores it on a create).
+// So an object deleted after the read is not recreated: the conflict is
+// retried with a fresh read, which finds nothing, and patch returns
+// ErrDeleted with the NotFound error.
+//
+// An apply whose object is not found, also through the API reader, and
+// that neither the caller's object (a resourceVersion or UID) nor the
+// patch (a UID) nor an earlier attempt showed existing, creates it,
+// stamped, with the precondition resourceVersion absentRV: the API
 // server ignores it when the apply creates, and refuses the apply with a
 // Conflict when the object exists, since no stored object is at that
 // version. So an object that another holder creates between the live read
 // and the apply is not written over: the conflict is retried with a fresh
-// read, which checks that holder's stamp.
+// read, which checks that holder's stamp. Otherwise it returns ErrDeleted.
 //
 // An apply that conflicts with other field managers only over fencer's
 // annotations is sent again with Force, conditional on the same version:
@@ -278,13 +288,19 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 	if err != nil {
 		return c.fail(op, obj, err)
 	}
+	// seen is whether the caller's object, or a read, showed the object
+	// existing: an apply must then not create it.
+	seen := obj.GetResourceVersion() != "" || obj.GetUID() != "" || p.uid != ""
 	err = retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
 		tok, cur, err := c.readChecked(ctx, obj, p.pinned, first)
 		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && first && !c.opts.liveRead {
 			tok, cur, err = c.readChecked(ctx, obj, p.pinned, false)
 		}
+		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && seen {
+			return false, fmt.Errorf("%w: %w", ErrDeleted, err)
+		}
 		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && p.pinned == "" && prepare == nil {
-			body, err := p.with(tok.Stamp(nil), nil, absentRV)
+			body, err := p.with(tok.Stamp(nil), nil, absentRV, "")
 			if err != nil {
 				return false, err
 			}
@@ -293,9 +309,13 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 		if err != nil {
 			return false, err
 		}
+		seen = true
+		if p.uid != "" && p.uid != cur.GetUID() {
+			return false, pinnedConflict(obj, fmt.Sprintf("the patch names UID %s, the object has UID %s", p.uid, cur.GetUID()))
+		}
 		if prepare != nil {
 			probe := func(ctx context.Context) error {
-				body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+				body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), cur.GetUID())
 				if err != nil {
 					return err
 				}
@@ -308,7 +328,7 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 				return true, err
 			}
 		}
-		body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+		body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), cur.GetUID())
 		if err != nil {
 			return false, err
 		}
@@ -379,11 +399,19 @@ func (c *Client) DeleteAllOf(_ context.Context, obj client.Object, _ ...client.D
 }
 
 // Apply is server-side apply, fenced: it sends config as an apply patch
-// through Patch, which adds the holder's stamp and the resourceVersion of
-// the version it checked as a precondition (see Patch for reads,
-// conflicts, and the creation of an absent object). The stamp annotations
-// are owned by the applying field manager; a conflict over them alone is
-// taken over with Force, a conflict over any other field is returned as a
+// through Patch, which adds the holder's stamp and the resourceVersion and
+// UID of the version it checked as preconditions (see Patch for reads,
+// conflicts, and the creation of an absent object). An object a read saw
+// is never created again: if it was deleted since, Apply returns
+// ErrDeleted with the NotFound error. An object no read saw is created,
+// which is not fenced against a stale holder (docs/protocol.md, Limits).
+//
+// The stamp annotations are owned by the applying field manager, not by a
+// field manager of fencer's own (that would take a second write per
+// apply): a later plain apply by the same manager, without them, removes
+// the stamp, unless the admission policy refuses it. Send every apply of
+// that manager through Apply. A conflict over the stamp alone is taken
+// over with Force, a conflict over any other field is returned as a
 // Conflict error whose causes name the fields, as a plain apply returns it
 // (pass client.ForceOwnership to take those over too). On success config
 // holds the object the API server returned.

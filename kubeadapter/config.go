@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 )
@@ -53,6 +54,13 @@ type Config struct {
 	// and receives the Elector's metrics. It must watch Namespace. Nil
 	// means that loss is detected by renewals only.
 	Watcher *Watcher
+	// Registerer, when set, is where an Elector without a Watcher counts
+	// MetricAcquireErrors (with a Watcher, the Watcher's WithRegisterer
+	// counts them, and Registerer must be nil). Electors, and a Watcher's
+	// metrics, may share one registerer: the counter is registered once
+	// and shared. It records nothing else: renewals, self-fences and the
+	// other Metric constants need a Watcher.
+	Registerer prometheus.Registerer
 }
 
 // DefaultConfig returns a Config for the Lease namespace/name and the
@@ -96,6 +104,8 @@ func (c Config) Validate() error {
 		return &ConfigError{Field: "RetryPeriod", Reason: "times JitterFactor must be less than RenewDeadline"}
 	case invalidLabels(c.Labels) != "":
 		return &ConfigError{Field: "Labels", Reason: invalidLabels(c.Labels)}
+	case c.Watcher != nil && c.Registerer != nil:
+		return &ConfigError{Field: "Registerer", Reason: "must be nil when Watcher is set: the Watcher's metrics count acquire errors"}
 	case c.Watcher != nil && !c.Watcher.watches(c.Namespace):
 		return &ConfigError{Field: "Watcher", Reason: "does not watch namespace " + c.Namespace}
 	}

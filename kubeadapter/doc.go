@@ -83,7 +83,9 @@
 //     live-Lease admission mode refuses them; docs/protocol.md).
 //   - Patches and server-side apply are sent as patches and applies,
 //     with the stamp and a resourceVersion precondition added, so fields
-//     the caller's Go type does not know are kept.
+//     the caller's Go type does not know are kept. An apply also carries
+//     the UID read, so it never creates again an object that was read
+//     and has since been deleted (ErrDeleted).
 //   - DeleteAllOf and subresources other than status are refused.
 //
 // # Imports

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,6 +55,9 @@ type Elector struct {
 	cfg      Config
 	clock    clock.WithDelayedExecution
 	identity string
+	// acquireErrors counts failed attempts when there is no Watcher and
+	// Config.Registerer is set; nil otherwise.
+	acquireErrors *prometheus.CounterVec
 
 	// mu serializes acquisition attempts and guards obs and current.
 	mu      sync.Mutex
@@ -84,7 +88,24 @@ func NewElector(leases coordinationv1client.LeasesGetter, cfg Config) (*Elector,
 	if e.clock == nil {
 		e.clock = clock.RealClock{}
 	}
+	if cfg.Registerer != nil {
+		c, err := registerAcquireErrors(cfg.Registerer)
+		if err != nil {
+			return nil, err
+		}
+		e.acquireErrors = c
+	}
 	return e, nil
+}
+
+// acquireError counts a failed acquisition attempt, in the Watcher's
+// metrics or in Config.Registerer's counter.
+func (e *Elector) acquireError(reason string) {
+	if e.acquireErrors != nil {
+		e.acquireErrors.WithLabelValues(e.Lease(), reason).Inc()
+		return
+	}
+	e.metrics().acquireError(e.Lease(), reason)
 }
 
 // metrics returns the metrics of the Elector's Watcher, or nil.
@@ -181,7 +202,8 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 //     RetryPeriod up to LeaseDuration, with jitter.
 //
 // Every failed attempt except "held by another" is counted in
-// MetricAcquireErrors when Config.Watcher has metrics. Retried errors are
+// MetricAcquireErrors when Config.Watcher has metrics, or, without a
+// Watcher, when Config.Registerer is set. Retried errors are
 // logged through the logr.Logger in ctx (logr.NewContext; controller-
 // runtime's log.IntoContext): the first of each reason at once, then at
 // most once per AcquireLogInterval with the number left unlogged.
@@ -204,13 +226,13 @@ func (e *Elector) Acquire(ctx context.Context) (*Held, error) {
 		case errors.Is(err, token.ErrHeldByAnother):
 			backoff = e.backoff()
 		case permanent:
-			e.metrics().acquireError(e.Lease(), reason)
+			e.acquireError(reason)
 			return nil, &AcquireError{Lease: e.Lease(), Reason: reason, Err: err}
 		case reason == AcquireConflict:
-			e.metrics().acquireError(e.Lease(), reason)
+			e.acquireError(reason)
 			backoff = e.backoff()
 		default:
-			e.metrics().acquireError(e.Lease(), reason)
+			e.acquireError(reason)
 			delay = backoff.Step()
 			if n, ok := logs.due(reason, e.clock.Now()); ok {
 				log.Error(err, "acquire failed; retrying", "reason", reason, "retry_in", delay.String(), "unlogged", n)

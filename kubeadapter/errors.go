@@ -33,6 +33,12 @@ var (
 	// such an object would drop the caller's annotations or version
 	// instead of failing as a plain write does. Nothing was written.
 	ErrInvalidObject = errors.New("kubeadapter: invalid object")
+	// ErrDeleted means the fenced client refuses an apply that would
+	// create an object its reads saw existing: the object was deleted
+	// after fencer, or the caller, read it, and recreating it could undo a
+	// newer holder's delete. It is returned with the API server's NotFound
+	// error, so apierrors.IsNotFound matches too. Nothing was written.
+	ErrDeleted = errors.New("kubeadapter: object deleted since it was read")
 	// ErrCannotAcquire means the API server refused an acquisition
 	// attempt in a way that waiting will not change: the identity lacks
 	// the rights, the Lease's namespace does not exist, or the server

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
@@ -65,7 +67,8 @@ func installLiveLease(tb testing.TB, k *kube) {
 // holder A stamps object O, B takes the Lease over and never touches O,
 // and A, which has not noticed, writes O again. The per-object check lets
 // A through, since O carries A's own token; without the policy the write
-// lands, and with it the API server refuses it, and A's creates too.
+// lands, and with it the API server refuses it, and A's creates too,
+// including an apply that would create again an object B deleted.
 func TestLiveLeaseTakeover(t *testing.T) {
 	k := liveKube(t)
 	ctx := t.Context()
@@ -87,9 +90,15 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	create := func(name string) error {
 		return a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}})
 	}
+	// An apply whose reads find no object creates it: the one stale write
+	// of an apply that fencer's own preconditions cannot refuse.
+	applyNew := func(name string) error {
+		return a.Apply(ctx, corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"by": "a"}), client.FieldOwner("a"))
+	}
 	// Without the policy the harness bites: A's late writes land.
 	require.NoError(t, write("a-late"))
 	require.NoError(t, create("a-new"))
+	require.NoError(t, applyNew("a-applied"))
 	require.Equal(t, "a-late", k.configMap(t, "o").Data["by"])
 
 	installLiveLease(t, k)
@@ -100,6 +109,13 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	err = create("a-resurrected")
 	require.True(t, apierrors.IsForbidden(err), "stale create through the fenced client: %v", err)
 	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	// B deletes the object A applied; A's reads then find nothing, and
+	// its apply would create the object again with A's superseded stamp.
+	require.NoError(t, k.client(t, hb).Delete(ctx, k.configMap(t, "a-applied")))
+	err = applyNew("a-applied")
+	require.True(t, apierrors.IsForbidden(err), "stale create by apply after a delete: %v", err)
+	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "a-applied"}, &corev1.ConfigMap{})), "the deleted object was recreated")
 	raw := k.configMap(t, "o")
 	raw.Data["by"] = "a-raw"
 	_, err = k.cs.CoreV1().ConfigMaps(k.ns).Update(ctx, raw, metav1.UpdateOptions{})

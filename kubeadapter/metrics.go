@@ -168,10 +168,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricWatchErrors,
 			Help: "Failed Lease lists and watches of the watcher, by kind (expired: listed again; failed: retried with backoff).",
 		}, []string{"kind"}),
-		acquireErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricAcquireErrors,
-			Help: "Failed Lease acquisition attempts of an elector, by reason (held by another is not counted).",
-		}, []string{"lease", "reason"}),
 		leaseWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricLeaseWrites,
 			Help: "Lease writes of this process accepted by the API server, by kind (renew, assign, tombstone).",
@@ -193,10 +189,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Requests dropped at dispatch because this member did not own their shard.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.acquireErrors, m.leaseWrites, m.shardsOwned, m.shardMoves, m.handoffForced, m.skipped} {
+	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.leaseWrites, m.shardsOwned, m.shardMoves, m.handoffForced, m.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
 		}
+	}
+	var err error
+	if m.acquireErrors, err = registerAcquireErrors(reg); err != nil {
+		return nil, err
 	}
 	// Show every reason from the start, so that rate() works on the
 	// first event.
@@ -213,6 +213,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.shardMoves.WithLabelValues(r)
 	}
 	return m, nil
+}
+
+// registerAcquireErrors registers the MetricAcquireErrors counter with
+// reg, or returns the one already registered there, so that Electors
+// without a Watcher (Config.Registerer) and a Watcher's metrics can share
+// a registerer.
+func registerAcquireErrors(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricAcquireErrors,
+		Help: "Failed Lease acquisition attempts of an elector, by reason (held by another is not counted).",
+	}, []string{"lease", "reason"})
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+			return existing, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
+	}
+	return c, nil
 }
 
 // watchError records a failed list or watch of the given kind.

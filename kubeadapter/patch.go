@@ -28,6 +28,9 @@ type fencedPatch struct {
 	// pinned is the resourceVersion the caller's patch sets itself, if
 	// any: the version written over must then be that one.
 	pinned string
+	// uid is the UID the caller's merge, strategic merge or apply patch
+	// sets itself, if any: the object written over must then be that one.
+	uid types.UID
 }
 
 // parsePatch parses data, a patch of type pt, and finds the
@@ -124,6 +127,13 @@ func (p *fencedPatch) parseDoc() error {
 			return invalidPatch(p.pt, "metadata.resourceVersion is not a version")
 		}
 	}
+	if raw, ok := meta["uid"]; ok && raw != nil {
+		uid, ok := raw.(string)
+		if !ok || uid == "" {
+			return invalidPatch(p.pt, "metadata.uid is not a UID")
+		}
+		p.uid = types.UID(uid)
+	}
 	switch ann := meta["annotations"].(type) {
 	case nil:
 	case map[string]any:
@@ -155,8 +165,10 @@ func (p *fencedPatch) noDirectives(obj map[string]any, what string) error {
 // with returns the patch to send over a stored object whose annotations
 // are stored: the caller's patch, whose writes of fencer's annotations are
 // dropped, with stamp (the protocol annotations to store, from
-// token.Restamp) set, and conditional on resourceVersion rv.
-func (p *fencedPatch) with(stamp, stored map[string]string, rv string) ([]byte, error) {
+// token.Restamp) set, and conditional on resourceVersion rv. An apply is
+// also conditional on uid, when set: the API server refuses an apply that
+// names a UID when no object exists, so it cannot create one.
+func (p *fencedPatch) with(stamp, stored map[string]string, rv string, uid types.UID) ([]byte, error) {
 	if p.pt == types.JSONPatchType {
 		return json.Marshal(p.opsWith(stamp, stored, rv))
 	}
@@ -188,6 +200,9 @@ func (p *fencedPatch) with(stamp, stored map[string]string, rv string) ([]byte, 
 	}
 	meta["annotations"] = out
 	meta["resourceVersion"] = rv
+	if p.pt == types.ApplyPatchType && uid != "" {
+		meta["uid"] = string(uid)
+	}
 	return json.Marshal(doc)
 }
 

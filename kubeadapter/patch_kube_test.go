@@ -2,6 +2,7 @@ package kubeadapter_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -244,13 +245,15 @@ func (m *missOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 	return m.Reader.Get(ctx, key, obj, opts...)
 }
 
-// TestApplyKeepsFieldsTheTypeDoesNotKnow applies a Widget through a client
+// TestApplyKeepsFieldsTheTypeDoesNotKnow applies a Widget, with the
+// admission policy installed, through a client
 // whose scheme knows a Go type that lacks spec.extra: the stored field,
 // owned by another manager, survives, and the configuration holds the
 // object as the API server returned it, with that field.
 func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
+	installPolicy(t, k)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c, err := kubeadapter.NewClient(widgets(t, k), staticHolder{tok})
@@ -273,4 +276,151 @@ func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	requireStamped(t, got.GetAnnotations(), tok)
 	returned, _, _ := unstructured.NestedString(u.Object, "spec", "extra")
 	require.Equal(t, "keep me", returned, "the configuration does not hold the object the API server returned")
+}
+
+// TestApplyAfterADelete is the scene where a superseded holder's apply
+// would undo a newer holder's delete: holder A wrote the object, holder B
+// deleted it, and A's cache still holds A's copy. A's apply must not
+// create the object again, with the admission policy installed (it has
+// no old object to compare a create against): its reads saw the object,
+// so fencer makes the apply conditional on that object's UID, which the
+// API server refuses when no object exists. A plain apply in the same
+// scene recreates the object: the attack is real.
+func TestApplyAfterADelete(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	k := newKube(t)
+	installPolicy(t, k)
+	toks := k.tokens(t, 2)
+	a, b := toks[0], toks[1]
+	apply := func(name string) *corev1ac.ConfigMapApplyConfiguration {
+		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"by": "a-late"})
+	}
+	deleted := func(t *testing.T, name string) *corev1.ConfigMap {
+		t.Helper()
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy()))
+		return obj
+	}
+	requireGone := func(t *testing.T, name string) {
+		t.Helper()
+		err := k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &corev1.ConfigMap{})
+		require.True(t, apierrors.IsNotFound(err), "the deleted object was recreated: %v", err)
+	}
+
+	aView := deleted(t, "plain")
+	require.NoError(t, k.crc.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "plain"}},
+		client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"plain","resourceVersion":"`+aView.ResourceVersion+`"},"data":{"by":"a-late"}}`)),
+		client.FieldOwner("a")), "a plain apply carrying the read's resourceVersion recreates the object")
+	require.Equal(t, "a-late", k.configMap(t, "plain").Data["by"])
+
+	t.Run("lagging cache", func(t *testing.T) {
+		aView := deleted(t, "lagging")
+		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{aView}))
+		err := c.Apply(ctx, apply("lagging"), client.FieldOwner("a"), client.ForceOwnership)
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.True(t, apierrors.IsNotFound(err), "%v", err)
+		requireGone(t, "lagging")
+	})
+
+	t.Run("deleted between the live read and the apply", func(t *testing.T) {
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "between"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		r := &deleteAfterRead{Reader: k.crc, del: func(ctx context.Context) error {
+			return k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy())
+		}}
+		c := k.client(t, staticHolder{a}, kubeadapter.WithLiveRead(), kubeadapter.WithAPIReader(r))
+		err := c.Apply(ctx, apply("between"), client.FieldOwner("a"), client.ForceOwnership)
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.NoError(t, r.err)
+		requireGone(t, "between")
+	})
+
+	t.Run("apply patch of an object the caller read", func(t *testing.T) {
+		aView := deleted(t, "caller-read")
+		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(notFoundReader{}))
+		err := c.Patch(ctx, aView, client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"caller-read"},"data":{"by":"a-late"}}`)), client.FieldOwner("a"))
+		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		requireGone(t, "caller-read")
+	})
+}
+
+// deleteAfterRead is a Reader whose first Get reads the object and then
+// has another holder delete it, as a delete that lands between a read and
+// the write built on it.
+type deleteAfterRead struct {
+	client.Reader
+	del  func(context.Context) error
+	done atomic.Bool
+	err  error
+}
+
+func (r *deleteAfterRead) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.Reader.Get(ctx, key, obj, opts...); err != nil {
+		return err
+	}
+	if r.done.CompareAndSwap(false, true) {
+		r.err = r.del(ctx)
+	}
+	return nil
+}
+
+// TestApplyStampOwnership checks on the real API server, without the
+// admission policy, what docs/protocol.md says of who owns the stamp: a
+// fenced apply by field manager "ctrl" makes "ctrl" own the protocol
+// keys, so a later plain apply by "ctrl" without them strips the stamp,
+// while a fenced apply by "ctrl" keeps it. Giving the keys to a "fencer"
+// field manager takes a second write (an apply by that manager, which
+// changes the object's resourceVersion); after it, the same plain apply
+// keeps the stamp.
+func TestApplyStampOwnership(t *testing.T) {
+	k := clientKube(t)
+	ctx := t.Context()
+	tok := k.tokens(t, 1)[0]
+	c := k.client(t, staticHolder{tok})
+	config := func(name, v string) *corev1ac.ConfigMapApplyConfiguration {
+		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"v": v})
+	}
+	plainApply := func(name, v string) {
+		t.Helper()
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `"},"data":{"v":"` + v + `"}}`
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
+		require.NoError(t, k.crc.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, []byte(body)), client.FieldOwner("ctrl")))
+	}
+	owns := func(obj *corev1.ConfigMap, manager string) bool {
+		for _, mf := range obj.ManagedFields {
+			if mf.Manager == manager && mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), `"f:fencer.dev/token"`) {
+				return true
+			}
+		}
+		return false
+	}
+
+	require.NoError(t, c.Apply(ctx, config("stripped", "1"), client.FieldOwner("ctrl")))
+	got := k.configMap(t, "stripped")
+	require.True(t, owns(got, "ctrl"), "the applying manager owns the stamp: %v", got.ManagedFields)
+	require.False(t, owns(got, "fencer"))
+	require.NoError(t, c.Apply(ctx, config("stripped", "2"), client.FieldOwner("ctrl")))
+	requireStamped(t, k.configMap(t, "stripped").Annotations, tok)
+	plainApply("stripped", "3")
+	got = k.configMap(t, "stripped")
+	require.NotContains(t, got.Annotations, token.AnnotationToken, "a plain apply by the manager that owns the stamp strips it")
+	require.NotContains(t, got.Annotations, token.AnnotationLease)
+
+	require.NoError(t, c.Apply(ctx, config("co-owned", "1"), client.FieldOwner("ctrl")))
+	before := k.configMap(t, "co-owned")
+	stamp := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{
+		"namespace": k.ns, "name": "co-owned", "resourceVersion": before.ResourceVersion, "annotations": tok.Stamp(nil),
+	}}
+	body, err := json.Marshal(stamp)
+	require.NoError(t, err)
+	require.NoError(t, k.crc.Patch(ctx, before.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("fencer")))
+	got = k.configMap(t, "co-owned")
+	require.NotEqual(t, before.ResourceVersion, got.ResourceVersion, "the stamp's own apply is a second write")
+	require.True(t, owns(got, "fencer") && owns(got, "ctrl"), "%v", got.ManagedFields)
+	plainApply("co-owned", "2")
+	got = k.configMap(t, "co-owned")
+	require.Equal(t, "2", got.Data["v"])
+	requireStamped(t, got.Annotations, tok)
 }

@@ -155,7 +155,7 @@ func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur clie
 	if err := probe(ctx); err != nil {
 		return nil, err
 	}
-	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion())
+	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), "")
 	if err == nil {
 		err = s.c.inner.Patch(ctx, cur, client.RawPatch(types.MergePatchType, body))
 	}
