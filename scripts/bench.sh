@@ -55,6 +55,7 @@ echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout
 go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # Rebalance of 10,000 shards on the real kube-apiserver: a fourth member joins,
 # leaves gracefully, then a member crashes; shards moved, shard-Lease writes,
+# the handover gap of each move (p50, p99, max, overlaps),
 # API server Lease writes beside renewals, and time to converge.
 echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter"
 go test -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
