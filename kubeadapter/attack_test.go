@@ -3,6 +3,8 @@ package kubeadapter_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,17 +39,13 @@ func (laggingReader) List(context.Context, client.ObjectList, ...client.ListOpti
 	panic("not used")
 }
 
-// copyObject copies src into dst, both *corev1.ConfigMap or both
-// *appsv1.Deployment.
+// copyObject copies src into dst, pointers to the same struct type.
 func copyObject(dst, src client.Object) error {
-	switch d := dst.(type) {
-	case *corev1.ConfigMap:
-		*d = *src.(*corev1.ConfigMap)
-	case *appsv1.Deployment:
-		*d = *src.(*appsv1.Deployment)
-	default:
-		panic("unexpected type")
+	d, v := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
+	if d.Type() != v.Type() {
+		panic(fmt.Sprintf("copyObject: %s into %s", v.Type(), d.Type()))
 	}
+	d.Set(v)
 	return nil
 }
 

@@ -168,13 +168,16 @@ func (c *Client) Create(ctx context.Context, obj client.Object, opts ...client.C
 // The fencer annotations written are those of the version checked,
 // stamped with the holder's token (token.Restamp): obj's own fencer
 // annotations are ignored, so a caller-built object can neither lower nor
-// drop a stamp. obj's other annotations are written as given. On error
-// obj's annotations and resourceVersion are restored.
+// drop a stamp. obj's other annotations are written as given. The write
+// also carries the UID of the version checked (unless obj has its own),
+// so an object deleted after the check is not created again by a kind
+// whose PUT creates absent objects (Lease, LimitRange). On error obj's
+// annotations, resourceVersion and UID are restored.
 func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
 	if err := checkMetadata(obj); err != nil {
 		return c.fail("update", obj, err)
 	}
-	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
+	callerRV, callerUID, ann := obj.GetResourceVersion(), obj.GetUID(), obj.GetAnnotations()
 	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
 		tok, cur, err := c.readChecked(ctx, obj, callerRV, first)
 		if err != nil {
@@ -182,6 +185,11 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 		}
 		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
 		obj.SetResourceVersion(cur.GetResourceVersion())
+		if callerUID == "" {
+			// Some kinds' PUT creates an absent object whatever
+			// resourceVersion it carries; with the UID checked it cannot.
+			obj.SetUID(cur.GetUID())
+		}
 		err = c.inner.Update(ctx, obj, opts...)
 		if callerRV != "" && apierrors.IsConflict(err) {
 			return false, c.conflictOrStale(ctx, obj, tok, err)
@@ -191,6 +199,7 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 	if err != nil {
 		obj.SetAnnotations(ann)
 		obj.SetResourceVersion(callerRV)
+		obj.SetUID(callerUID)
 		return c.fail("update", obj, err)
 	}
 	return nil

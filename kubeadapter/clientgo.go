@@ -27,9 +27,11 @@ import (
 // checked as it was changed; the admission policy (deploy/admission) still
 // refuses a stale stamp in the API server.
 //
-// UpdateFenced restores the read resourceVersion and the read fencer
-// annotations (token.Restamp) after mutate, so mutate can change neither
-// the version written over nor the stamp. An unstructured object that
+// UpdateFenced restores the read resourceVersion and UID and the read
+// fencer annotations (token.Restamp) after mutate, so mutate can change
+// neither the version written over nor the stamp, and a kind whose PUT
+// creates absent objects cannot create again an object deleted after the
+// read. An unstructured object that
 // mutate leaves with annotations that are not a map of strings is refused
 // with ErrInvalidObject, and nothing is written. WithLiveRead and WithReader have no effect
 // here. Like Client.Update, UpdateFenced only fences against writes that
@@ -56,7 +58,7 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		if err != nil {
 			return false, err
 		}
-		rv, stored := cur.GetResourceVersion(), maps.Clone(cur.GetAnnotations())
+		rv, uid, stored := cur.GetResourceVersion(), cur.GetUID(), maps.Clone(cur.GetAnnotations())
 		if err := mutate(cur); err != nil {
 			return false, err
 		}
@@ -65,6 +67,7 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		}
 		restamp(cur, stored, tok)
 		cur.SetResourceVersion(rv)
+		cur.SetUID(uid)
 		out, err = update(ctx, cur)
 		return true, err
 	})

@@ -10,8 +10,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -1852,4 +1854,64 @@ func TestRedTeamWholeObjectPatches(t *testing.T) {
 		require.Equal(t, "keep me", extra, "a field the Go type lacks was erased")
 		requireStamped(t, got.GetAnnotations(), tok)
 	})
+}
+
+// TestRedTeamUpdateCannotRecreateADeletedObject: some kinds' PUT creates
+// the object when it does not exist (Lease, LimitRange: their strategies
+// allow create on update), whatever resourceVersion it carries. A
+// superseded holder's fenced Update whose read came before a newer
+// holder's Delete, through a check that raced with the Delete or a cache
+// that still shows the object, must not bring the object back. The
+// fenced client sends the UID of the version it checked, which the API
+// server compares with the stored object's, and there is none. The
+// admission policy is installed; it cannot refuse what reaches it as a
+// create.
+func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
+	k := policyKube(t)
+	ctx := t.Context()
+	newObj := func(kind, name string) client.Object {
+		if kind == "lease" {
+			h := "a"
+			return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &h}}
+		}
+		return &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}}}
+	}
+	for _, kind := range []string{"lease", "limitrange"} {
+		for _, scene := range []string{"delete between check and write, pinned", "delete between check and write, unpinned", "lagging cache, hand-built object"} {
+			name := fmt.Sprintf("%s-%d", kind, len(scene)%7+strings.Count(scene, ","))
+			t.Run(kind+": "+scene, func(t *testing.T) {
+				toks := k.leaseTokens(t, "fence-"+name, 2)
+				a, b := toks[0], toks[1]
+				obj := newObj(kind, name)
+				require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+				deleteByB := func() {
+					cur := newObj(kind, name)
+					require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(obj), cur))
+					require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+					require.NoError(t, k.client(t, staticHolder{b}).Delete(ctx, cur))
+				}
+				w := obj.DeepCopyObject().(client.Object)
+				w.SetUID("")
+				w.SetLabels(map[string]string{"by": "a-late"})
+				var ca *kubeadapter.Client
+				if scene == "lagging cache, hand-built object" {
+					cached := obj.DeepCopyObject().(client.Object)
+					deleteByB()
+					ca = k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{cached}))
+					w.SetResourceVersion("")
+				} else {
+					hook := &interposingReader{Reader: k.crc, write: deleteByB}
+					ca = k.client(t, staticHolder{a}, kubeadapter.WithReader(hook), kubeadapter.WithAPIReader(hook))
+					if strings.HasSuffix(scene, "unpinned") {
+						w.SetResourceVersion("")
+					}
+				}
+				err := ca.Update(ctx, w)
+				require.Error(t, err, "the superseded holder's update after the delete reported success")
+				require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(obj), newObj(kind, name))),
+					"the superseded holder's update brought back the object the newer holder deleted")
+				require.Empty(t, w.GetUID(), "the caller's object was left with the UID fencer sent")
+			})
+		}
+	}
 }
