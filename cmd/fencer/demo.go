@@ -80,12 +80,7 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 		return err
 	}
 	defer a.Close(context.WithoutCancel(ctx))
-	b, err := st.NewSession(ctx, etcdstore.WithHolder("worker-B"), etcdstore.WithTTL(ttl))
-	if err != nil {
-		return err
-	}
-	defer b.Close(context.WithoutCancel(ctx))
-
+	// A acquires at once: its session never renews, so it has one TTL.
 	la, err := a.Acquire(ctx, "orders")
 	if err != nil {
 		return err
@@ -111,6 +106,11 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 		<-noticed
 	}()
 
+	b, err := st.NewSession(ctx, etcdstore.WithHolder("worker-B"), etcdstore.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	defer b.Close(context.WithoutCancel(ctx))
 	say("B", "waits for lease %q", "orders")
 	lb, err := b.Acquire(ctx, "orders")
 	if err != nil {

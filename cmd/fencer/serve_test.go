@@ -180,10 +180,13 @@ func TestServeMutualTLS(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.False(t, rows[0].Held, "acquire released the lease when CMD exited")
 
+	// Each fails at its handshake, at once; the long timeout only leaves
+	// room for a loaded machine's slow handshake, which would otherwise
+	// end in "did not answer in time".
 	for name, args := range map[string][]string{
-		"no client certificate": {"--server", addr, "--tls-ca", p.caFile, "--timeout", "5s"},
-		"plaintext":             {"--server", addr, "--timeout", "5s"},
-		"without the server CA": {"--server", addr, "--tls-cert", p.aliceCert, "--tls-key", p.aliceKey, "--timeout", "5s"},
+		"no client certificate": {"--server", addr, "--tls-ca", p.caFile, "--timeout", "20s"},
+		"plaintext":             {"--server", addr, "--timeout", "20s"},
+		"without the server CA": {"--server", addr, "--tls-cert", p.aliceCert, "--tls-key", p.aliceKey, "--timeout", "20s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out, errb bytes.Buffer
