@@ -236,12 +236,14 @@ func TestAcquireWaitsVisiblyAndBounded(t *testing.T) {
 	first := strings.TrimSpace(holder.stdout.String())
 	require.True(t, strings.HasPrefix(first, "v1:1:"), first)
 
+	// --wait-timeout bounds the first TryAcquire too, which can take a
+	// second on a loaded machine: 3s leaves it room to see the holder.
 	start := time.Now()
-	code, _, stderr := s.fencer(nil, "acquire", "jobs", "--wait-timeout", "1s", "--", "true") // flags after NAME too
+	code, _, stderr := s.fencer(nil, "acquire", "jobs", "--wait-timeout", "3s", "--", "true") // flags after NAME too
 	require.Equal(t, exitHeld, code, stderr)
-	require.GreaterOrEqual(t, time.Since(start), time.Second)
+	require.GreaterOrEqual(t, time.Since(start), 3*time.Second)
 	require.Regexp(t, `waiting for jobs, held by \S+`, stderr)
-	require.Contains(t, stderr, "gave up waiting for jobs after --wait-timeout 1s")
+	require.Contains(t, stderr, "gave up waiting for jobs after --wait-timeout 3s")
 
 	code, _, stderr = s.fencer(nil, "acquire", "--wait=false", "jobs", "--", "true")
 	require.Equal(t, exitHeld, code, stderr)
