@@ -266,7 +266,8 @@ func TestAcquireRidesOutAServerRestart(t *testing.T) {
 	holder := s.startFencer(nil, "acquire", "--ttl", "2s", "jobs")
 	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
 	waiter := s.startFencer(nil, "acquire", "jobs", "--", "echo", "acquired")
-	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, 10*time.Second, 10*time.Millisecond)
+	// The waiter's first call alone may take up to its 10 s --timeout.
+	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, 30*time.Second, 10*time.Millisecond, waiter.stderr.String())
 
 	s.stop()
 	require.NoError(t, holder.cmd.Process.Kill()) // its lease expires after its TTL

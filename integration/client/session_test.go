@@ -9,6 +9,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/client/clienttest"
@@ -17,6 +22,7 @@ import (
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -143,15 +149,64 @@ func TestLossBeforeTheWatchStartsEndsLease(t *testing.T) {
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 }
 
-// The watch cannot report a loss because its history was compacted, so
-// it checks the held tokens; an acquisition in flight during that check
-// is checked once registered.
+// replicas serves one store from one fencer server at a time, to a
+// client whose resolver follows the current one, as a client behind a
+// load balancer follows a failover between replicas.
+type replicas struct {
+	t   *testing.T
+	cfg server.Config
+	r   *manual.Resolver
+	srv *server.Server
+}
+
+// newReplicas serves st to anonymous callers and returns the replicas and
+// a client of the current one.
+func newReplicas(t *testing.T, st *etcdstore.Store) (*replicas, *client.Client) {
+	t.Helper()
+	p := &replicas{t: t, cfg: server.Config{Store: st, Authenticator: server.Anonymous("client-test")}}
+	addr, srv := fencertest.Serve(t, p.cfg)
+	p.srv = srv
+	p.r = manual.NewBuilderWithScheme("replicas")
+	p.r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: addr}}})
+	cc, err := grpc.NewClient(p.r.Scheme()+":///fencer",
+		grpc.WithResolvers(p.r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcbackoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	return p, client.New(cc)
+}
+
+// failover shuts the current server down and moves the client to a
+// server started now, whose lease hub has seen no loss before this
+// moment: a stream resuming from an earlier revision must read it from
+// etcd.
+func (p *replicas) failover() {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = p.srv.Shutdown(ctx) // a deadline is a hard stop, which serves as well
+	addr, srv := fencertest.Serve(p.t, p.cfg)
+	p.srv = srv
+	p.r.UpdateState(resolver.State{Addresses: []resolver.Address{{Addr: addr}}})
+}
+
+// The watch cannot report a loss because its history was compacted (it
+// resumes on a replica started after the loss and the compaction), so it
+// checks the held tokens; an acquisition in flight during that check is
+// checked once registered.
 func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 	ctx := etcdtest.Context(t)
-	st, c := service(t)
+	st := etcdtest.Store(t)
+	p, c := newReplicas(t, st)
 	watch, acquired := newGate(), newGate()
-	synced := make(chan struct{}, 16) // a stream from now (after a compaction) was synced and checked
-	var fromNow bool                  // the current stream's; only the watch's goroutine uses it
+	compacted := make(chan struct{}, 16)
+	// checking is closed when the resync after the compaction checks "a".
+	// That check comes after the resync has marked the acquisition in
+	// flight for a check of its own, whichever stream runs it: a resync
+	// whose check gets no answer is made again on the next stream.
+	checking := make(chan struct{})
+	var checkingOnce sync.Once
 	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Acquired: func(tk token.Token) {
 			if tk.Lease == "b" {
@@ -160,26 +215,36 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 		},
 		Watch: func(from int64) {
 			watch.pass()
-			fromNow = from == 0
-		},
-		Received: func(ev *fencerv1.WatchLeaseResponse) {
-			if ev.GetType() == fencerv1.WatchLeaseResponse_TYPE_SYNCED && fromNow {
-				synced <- struct{}{}
+			if from == 0 {
+				compacted <- struct{}{}
 			}
+		},
+		Check: func(ctx context.Context, tk token.Token) error {
+			if tk.Lease == "a" {
+				checkingOnce.Do(func() { close(checking) })
+			}
+			return c.Check(ctx, tk)
 		},
 	}))
 	la, err := s.Acquire(ctx, "a") // opens the session; its watch waits at the gate
 	require.NoError(t, err)
-	<-watch.reached
+	etcdtest.WaitClosed(t, watch.reached, 20*time.Second, "the session's watch")
 	res := acquire(ctx, s, "b")
-	<-acquired.reached
+	etcdtest.WaitClosed(t, acquired.reached, 20*time.Second, "the acquisition of b")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "b"))
 	require.NoError(t, err)
+	p.failover()
 	close(watch.open) // compacted, so the watch starts over from now and checks "a"
-	<-synced
+	etcdtest.WaitClosed(t, checking, 20*time.Second, "the check of a after the compaction")
+	require.NotEmpty(t, compacted, "the watch started over from now")
 	close(acquired.open)
 
-	r := <-res
+	var r acquisition
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatal("the acquisition of b never returned")
+	}
 	require.NoError(t, r.err)
 	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost while the watch's history was compacted")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
@@ -190,7 +255,8 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 // After a compaction, a check that gets no answer is made again.
 func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	ctx := etcdtest.Context(t)
-	st, c := service(t)
+	st := etcdtest.Store(t)
+	p, c := newReplicas(t, st)
 	watch := newGate()
 	var checks atomic.Int32
 	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
@@ -204,12 +270,13 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	}))
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)
-	<-watch.reached
+	etcdtest.WaitClosed(t, watch.reached, 20*time.Second, "the session's watch")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "a"))
 	require.NoError(t, err)
+	p.failover()
 	close(watch.open)
 
-	etcdtest.WaitClosed(t, la.Done(), 5*time.Second, "Done of a lease whose first check failed")
+	etcdtest.WaitClosed(t, la.Done(), 20*time.Second, "Done of a lease whose first check failed")
 	require.ErrorIs(t, la.Err(), token.ErrStale)
 	require.GreaterOrEqual(t, checks.Load(), int32(2))
 }
