@@ -560,7 +560,7 @@ func (c *etcdChaos) writeSome(r *chaosRound, h *chaosHolder, l *etcdstore.Lease)
 		case req := <-c.pauses:
 			if req.round != r {
 				c.pauses <- req // for a holder of the round it is meant for
-				res = c.write(r, h, tok, false, 5*time.Second)
+				res, _ = c.write(r, h, tok, false, 5*time.Second)
 				break
 			}
 			req.paused <- pausedHolder{h: h, tok: tok}
@@ -569,10 +569,10 @@ func (c *etcdChaos) writeSome(r *chaosRound, h *chaosHolder, l *etcdstore.Lease)
 			case <-c.ctx.Done():
 				return
 			}
-			res = c.write(r, h, tok, r.spec.broken, 2*time.Minute)
+			res = c.lateWrite(r, h, tok)
 			req.done <- res
 		default:
-			res = c.write(r, h, tok, false, 5*time.Second)
+			res, _ = c.write(r, h, tok, false, 5*time.Second)
 		}
 		if res != writeOK {
 			return
@@ -581,9 +581,24 @@ func (c *etcdChaos) writeSome(r *chaosRound, h *chaosHolder, l *etcdstore.Lease)
 	}
 }
 
+// lateWrite is the paused holder's late write with tok. An attempt of
+// unknown outcome (the member its connection used was killed under it)
+// is made again, as a caller that retries would, so that the round has a
+// definite late write: up to lateAttempts attempts, each recorded.
+func (c *etcdChaos) lateWrite(r *chaosRound, h *chaosHolder, tok token.Token) writeOutcome {
+	const lateAttempts = 5
+	res, err := c.write(r, h, tok, r.spec.broken, 2*time.Minute) // the first may wait in the proxies
+	for i := 1; res == writeUnknown && i < lateAttempts && c.ctx.Err() == nil; i++ {
+		c.t.Logf("round %d: late write attempt %d of unknown outcome, sent again: %v", r.n, i, err)
+		res, err = c.write(r, h, tok, r.spec.broken, 10*time.Second)
+	}
+	return res
+}
+
 // write writes a new value to round r's register with tok, guarded by the
-// store, or with a raw etcd Put of the same key and value if unguarded.
-func (c *etcdChaos) write(r *chaosRound, h *chaosHolder, tok token.Token, unguarded bool, timeout time.Duration) writeOutcome {
+// store, or with a raw etcd Put of the same key and value if unguarded,
+// and returns its outcome and error.
+func (c *etcdChaos) write(r *chaosRound, h *chaosHolder, tok token.Token, unguarded bool, timeout time.Duration) (writeOutcome, error) {
 	val := int(c.nextVal.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -606,7 +621,7 @@ func (c *etcdChaos) write(r *chaosRound, h *chaosHolder, tok token.Token, unguar
 		out.unknown = true
 	}
 	r.h.record(h.id, leaseInput{kind: opWrite, tok: leaseTokOf(tok), val: val}, call, out, out.unknown)
-	return res
+	return res, err
 }
 
 // runReader reads the current round's register until the test ends. A
