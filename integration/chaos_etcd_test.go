@@ -24,6 +24,7 @@ import (
 	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -194,7 +195,7 @@ type chaosRound struct {
 	n    int
 	spec roundSpec
 	name string // the lease name and the register's key
-	h    *history
+	h    *history.History
 	ctx  context.Context // ends with the round: holders leave its lease
 	end  context.CancelFunc
 
@@ -284,7 +285,7 @@ func newEtcdStore(t *testing.T, cli *clientv3.Client) *etcdstore.Store {
 // newRound makes a new round current and ends the previous one. Only
 // checked rounds are kept for the check.
 func (c *etcdChaos) newRound(spec roundSpec, checked bool) *chaosRound {
-	r := &chaosRound{n: len(c.rounds), spec: spec, h: newHistory(), changed: make(chan struct{})}
+	r := &chaosRound{n: len(c.rounds), spec: spec, h: history.New(time.Now()), changed: make(chan struct{})}
 	if checked {
 		r.n++
 		c.rounds = append(c.rounds, r)
@@ -427,7 +428,7 @@ func (c *etcdChaos) ops() int {
 	n := 0
 	for _, r := range c.rounds {
 		if r != nil {
-			ops, _ := r.h.len()
+			ops, _ := r.h.Len()
 			n += ops
 		}
 	}
@@ -512,10 +513,10 @@ func (c *etcdChaos) runHolder(h *chaosHolder) {
 		}
 		c.writeSome(r, h, l)
 		ctx, cancel := context.WithTimeout(c.ctx, 3*time.Second)
-		call := r.h.now()
+		call := r.h.Now()
 		err := l.Release(ctx)
 		cancel()
-		r.h.record(h.id, leaseInput{kind: opRelease, tok: leaseTokOf(l.Token())}, call, leaseOutput{ok: err == nil, unknown: err != nil}, err != nil)
+		r.h.Record(h.id, leaseInput{kind: opRelease, tok: leaseTokOf(l.Token())}, call, leaseOutput{ok: err == nil, unknown: err != nil}, err != nil)
 		if err != nil {
 			closeSession()
 		}
@@ -529,22 +530,22 @@ func (c *etcdChaos) acquire(r *chaosRound, h *chaosHolder, sess *etcdstore.Sessi
 	// be of unknown outcome, and cost the holder its session.
 	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	defer cancel()
-	call := r.h.now()
+	call := r.h.Now()
 	l, err := sess.Acquire(ctx, r.name)
 	switch {
 	case err == nil:
-		r.h.record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{ok: true, tok: leaseTokOf(l.Token())}, false)
+		r.h.Record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{ok: true, tok: leaseTokOf(l.Token())}, false)
 		return l, true
 	case errors.Is(err, etcdstore.ErrAlreadyHeld):
 		return nil, false
 	case errors.Is(err, etcdstore.ErrSessionExpired), errors.Is(err, etcdstore.ErrSessionClosed):
 		// Whatever it acquired ended with the session.
-		r.h.record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{unknown: true}, true)
+		r.h.Record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{unknown: true}, true)
 		return nil, true
 	default:
 		// A timeout, or the session ending, can hide an acquisition that
 		// committed.
-		r.h.record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{unknown: true}, true)
+		r.h.Record(h.id, leaseInput{kind: opAcquire}, call, leaseOutput{unknown: true}, true)
 		return nil, false
 	}
 }
@@ -602,7 +603,7 @@ func (c *etcdChaos) write(r *chaosRound, h *chaosHolder, tok token.Token, unguar
 	val := int(c.nextVal.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	call := r.h.now()
+	call := r.h.Now()
 	var err error
 	if unguarded {
 		_, err = h.cli.Put(ctx, h.st.DataKey(r.name), strconv.Itoa(val))
@@ -620,7 +621,7 @@ func (c *etcdChaos) write(r *chaosRound, h *chaosHolder, tok token.Token, unguar
 	default:
 		out.unknown = true
 	}
-	r.h.record(h.id, leaseInput{kind: opWrite, tok: leaseTokOf(tok), val: val}, call, out, out.unknown)
+	r.h.Record(h.id, leaseInput{kind: opWrite, tok: leaseTokOf(tok), val: val}, call, out, out.unknown)
 	return res, err
 }
 
@@ -630,7 +631,7 @@ func (c *etcdChaos) runReader() {
 	for c.ctx.Err() == nil {
 		r := c.cur.Load()
 		ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
-		call := r.h.now()
+		call := r.h.Now()
 		v, found, err := c.reader.Get(ctx, r.name)
 		cancel()
 		if err == nil {
@@ -640,7 +641,7 @@ func (c *etcdChaos) runReader() {
 					c.t.Errorf("register %s holds %q", r.name, v.Data)
 				}
 			}
-			r.h.record(0, leaseInput{kind: opRead}, call, out, false)
+			r.h.Record(0, leaseInput{kind: opRead}, call, out, false)
 		}
 		sleepCtx(c.ctx, 3*time.Millisecond)
 	}
@@ -669,11 +670,11 @@ type chaosReport struct {
 func (c *etcdChaos) check() chaosReport {
 	rep := chaosReport{faults: c.faults}
 	for _, r := range c.rounds {
-		r.verdict = r.h.checkAgainst(leasedRegister, 2*time.Minute)
-		ops, unknown := r.h.len()
+		r.verdict = r.h.Check(leasedRegister, 2*time.Minute)
+		ops, unknown := r.h.Len()
 		rep.ops += ops
 		rep.unknown += unknown
-		for _, op := range r.h.ops {
+		for _, op := range r.h.Ops() {
 			in, out := op.Input.(leaseInput), op.Output.(leaseOutput)
 			switch in.kind {
 			case opAcquire:
@@ -711,7 +712,7 @@ func (c *etcdChaos) check() chaosReport {
 		case porcupine.Illegal:
 			rep.violations++
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("fencer-chaos-round-%d.html", r.n))
-			if err := r.h.visualize(leasedRegister, path); err == nil {
+			if err := r.h.Visualize(leasedRegister, path); err == nil {
 				r.viz = "; see " + path
 			}
 		case porcupine.Unknown:

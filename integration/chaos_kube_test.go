@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
@@ -46,7 +47,7 @@ type kubeChaos struct {
 	cs  *kubernetes.Clientset
 	crc client.Client
 	ns  string
-	h   *history
+	h   *history.History
 
 	nextVal  atomic.Int64
 	accepted atomic.Int64
@@ -63,7 +64,7 @@ func newKubeChaos(t *testing.T, env *kubetest.Env, ns string) *kubeChaos {
 	require.NoError(t, err)
 	_, err = cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "register"}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	return &kubeChaos{cs: cs, crc: crc, ns: ns, h: newHistory()}
+	return &kubeChaos{cs: cs, crc: crc, ns: ns, h: history.New(time.Now())}
 }
 
 // reconcile reads the register and writes the next value through write,
@@ -73,31 +74,31 @@ func (k *kubeChaos) reconcile(ctx context.Context, replica int, tok int64, write
 	if err := k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "register"}, &cm); err != nil {
 		return
 	}
-	in := regInput{write: true, tok: tok, val: int(k.nextVal.Add(1))}
-	cm.Data = map[string]string{"val": strconv.Itoa(in.val)}
-	call := k.h.now()
+	in := history.Input{Write: true, Tok: tok, Val: int(k.nextVal.Add(1))}
+	cm.Data = map[string]string{"val": strconv.Itoa(in.Val)}
+	call := k.h.Now()
 	err := write(ctx, &cm)
-	var out regOutput
+	var out history.Output
 	switch {
 	case err == nil:
-		out.ok = true
+		out.OK = true
 		k.accepted.Add(1)
 	case apierrors.IsConflict(err) || errors.Is(err, token.ErrStale) || errors.Is(err, token.ErrNotHeld):
 		k.rejected.Add(1)
 	default:
-		out.unknown = true
+		out.Unknown = true
 	}
-	k.h.add(replica, in, call, out)
+	k.h.Add(replica, in, call, out)
 }
 
 // read records reads of the register until ctx ends.
 func (k *kubeChaos) read(ctx context.Context) {
 	for ctx.Err() == nil {
-		call := k.h.now()
+		call := k.h.Now()
 		cm, err := k.cs.CoreV1().ConfigMaps(k.ns).Get(ctx, "register", metav1.GetOptions{})
 		if err == nil {
 			v, _ := strconv.Atoi(cm.Data["val"])
-			k.h.add(0, regInput{}, call, regOutput{ok: true, val: v})
+			k.h.Add(0, history.Input{}, call, history.Output{OK: true, Val: v})
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -167,7 +168,7 @@ func TestChaosKubeClientGoBaselineIsNotFenced(t *testing.T) {
 	cancel()
 
 	t.Logf("writes: %d accepted, %d rejected", k.accepted.Load(), k.rejected.Load())
-	require.Equal(t, porcupine.Illegal, k.h.check(t),
+	require.Equal(t, porcupine.Illegal, checkFenced(t, k.h),
 		"the baseline's history was linearizable: the harness did not reproduce the stale write")
 }
 
@@ -236,7 +237,7 @@ func TestChaosKubeFencerIsFenced(t *testing.T) {
 	cancel()
 
 	t.Logf("writes: %d accepted, %d rejected (%d after B took over)", k.accepted.Load(), k.rejected.Load(), k.rejected.Load()-rejectedBefore)
-	require.Equal(t, porcupine.Ok, k.h.check(t), "fencer's history is not linearizable as a fenced register")
+	require.Equal(t, porcupine.Ok, checkFenced(t, k.h), "fencer's history is not linearizable as a fenced register")
 	require.Positive(t, k.rejected.Load()-rejectedBefore, "A's writes after the handover were not exercised")
 }
 
@@ -258,4 +259,14 @@ func handOver(lease *coordinationv1.Lease, identity string) {
 	lease.Spec.AcquireTime = &now
 	lease.Spec.RenewTime = &now
 	lease.Spec.LeaseTransitions = &transitions
+}
+
+// checkFenced returns porcupine's verdict on h as a fenced register, and
+// logs it.
+func checkFenced(t *testing.T, h *history.History) porcupine.CheckResult {
+	t.Helper()
+	res := h.Check(history.FencedRegister, time.Minute)
+	ops, unknown := h.Len()
+	t.Logf("history: %d operations, %d of unknown outcome: %s", ops, unknown, res)
+	return res
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,122 +19,77 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )
 
 var shardHistoryRounds = flag.Int("shard-history-rounds", 1, "rounds of join, leave, pause, partition and kill in TestShardHistory (make test runs 1)")
 
-// shardReg is the state of a fenced register: the value of the last
-// accepted write and the shard token (revision) it was written with.
-type shardReg struct {
-	val int
-	tok int64
-}
-
-type shardRegIn struct {
-	write bool
-	tok   int64
-	val   int
-}
-
-type shardRegOut struct {
-	ok, unknown bool
-	val         int
-}
-
-// shardRegister is the model the shard histories are checked against:
-// one register per shard, written with the writer's shard token. An
-// accepted write must carry a token no lower than that of every write
-// linearized before it; a read returns the last accepted value. A
-// superseded owner's write that lands after a newer owner's write was
-// seen is not linearizable.
-var shardRegister = porcupine.Model{
-	Init: func() any { return shardReg{} },
-	Step: func(state, input, output any) (bool, any) {
-		s, in, out := state.(shardReg), input.(shardRegIn), output.(shardRegOut)
-		switch {
-		case !in.write:
-			return out.val == s.val, s
-		case out.unknown:
-			if in.tok >= s.tok {
-				return true, shardReg{val: in.val, tok: in.tok}
-			}
-			return true, s
-		case out.ok:
-			return in.tok >= s.tok, shardReg{val: in.val, tok: in.tok}
-		default:
-			return true, s
-		}
-	},
-	DescribeOperation: func(input, output any) string {
-		in, out := input.(shardRegIn), output.(shardRegOut)
-		if !in.write {
-			return fmt.Sprintf("read() -> %d", out.val)
-		}
-		return fmt.Sprintf("write(tok=%d, %d) -> ok=%v unknown=%v", in.tok, in.val, out.ok, out.unknown)
-	},
-}
-
 // shardHistory records the operations on the registers, by register name,
-// on one monotonic clock.
+// on one monotonic clock, for the fenced register model
+// (history.FencedRegister): one register per shard, written with the
+// writer's shard token.
 type shardHistory struct {
 	start time.Time
 	mu    sync.Mutex
-	ops   map[string][]porcupine.Operation
-	open  map[string][]int
+	regs  map[string]*history.History
 	vals  atomic.Int64
+}
+
+func newShardHistory() *shardHistory {
+	return &shardHistory{start: time.Now(), regs: map[string]*history.History{}}
+}
+
+// reg returns the history of register name.
+func (h *shardHistory) reg(name string) *history.History {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.regs[name]
+	if r == nil {
+		r = history.New(h.start)
+		h.regs[name] = r
+	}
+	return r
 }
 
 func (h *shardHistory) now() int64 { return time.Since(h.start).Nanoseconds() }
 
-func (h *shardHistory) add(reg string, client int, in shardRegIn, call int64, out shardRegOut) {
-	ret := h.now()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if out.unknown {
-		h.open[reg] = append(h.open[reg], len(h.ops[reg]))
+// writes returns the writes to reg that returned an answer, accepted or
+// refused, with their tokens.
+func (h *shardHistory) writes(reg string) (accepted, refused []int64) {
+	for _, op := range h.reg(reg).Ops() {
+		in, out := op.Input.(history.Input), op.Output.(history.Output)
+		switch {
+		case !in.Write || out.Unknown:
+		case out.OK:
+			accepted = append(accepted, in.Tok)
+		default:
+			refused = append(refused, in.Tok)
+		}
 	}
-	h.ops[reg] = append(h.ops[reg], porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+	return accepted, refused
 }
 
 // accepted reports whether reg has an accepted write with a token
 // greater than tok.
 func (h *shardHistory) accepted(reg string, tok int64) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, op := range h.ops[reg] {
-		if in := op.Input.(shardRegIn); in.write && in.tok > tok && op.Output.(shardRegOut).ok {
-			return true
-		}
-	}
-	return false
+	accepted, _ := h.writes(reg)
+	return slices.ContainsFunc(accepted, func(t int64) bool { return t > tok })
 }
 
 // refused returns how many writes to reg were refused.
 func (h *shardHistory) refused(reg string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, op := range h.ops[reg] {
-		if out := op.Output.(shardRegOut); op.Input.(shardRegIn).write && !out.ok && !out.unknown {
-			n++
-		}
-	}
-	return n
+	_, refused := h.writes(reg)
+	return len(refused)
 }
 
 func (h *shardHistory) check(t *testing.T, reg string) porcupine.CheckResult {
 	t.Helper()
-	h.mu.Lock()
-	ops := append([]porcupine.Operation(nil), h.ops[reg]...)
-	end := h.now() + 1
-	for _, i := range h.open[reg] {
-		ops[i].Return = end
-	}
-	h.mu.Unlock()
-	res := porcupine.CheckOperationsTimeout(shardRegister, ops, 30*time.Second)
-	t.Logf("%s: %d operations: %s", reg, len(ops), res)
+	r := h.reg(reg)
+	res := r.Check(history.FencedRegister, 30*time.Second)
+	ops, _ := r.Len()
+	t.Logf("%s: %d operations: %s", reg, ops, res)
 	return res
 }
 
@@ -163,18 +119,18 @@ func (r *registers) writeOne(ctx context.Context, reg string, cid int, tok int64
 	call := r.h.now()
 	var cm corev1.ConfigMap
 	if err := m.crc.Get(ctx, client.ObjectKey{Namespace: r.k.ns, Name: reg}, &cm); err != nil {
-		r.h.add(reg, cid, shardRegIn{write: true, tok: tok, val: val}, call, shardRegOut{})
+		r.h.reg(reg).Add(cid, history.Input{Write: true, Tok: tok, Val: val}, call, history.Output{})
 		return
 	}
 	cm.Data = map[string]string{"v": strconv.Itoa(val)}
 	err := update(ctx, &cm)
-	out := shardRegOut{ok: err == nil}
+	out := history.Output{OK: err == nil}
 	switch {
 	case err == nil, errors.Is(err, token.ErrStale), errors.Is(err, token.ErrNotHeld), apierrors.IsConflict(err), apierrors.IsForbidden(err):
 	default:
-		out.unknown = true
+		out.Unknown = true
 	}
-	r.h.add(reg, cid, shardRegIn{write: true, tok: tok, val: val}, call, out)
+	r.h.reg(reg).Add(cid, history.Input{Write: true, Tok: tok, Val: val}, call, out)
 }
 
 func (r *registers) read(ctx context.Context, reg string) {
@@ -184,7 +140,7 @@ func (r *registers) read(ctx context.Context, reg string) {
 		return
 	}
 	v, _ := strconv.Atoi(cm.Data["v"])
-	r.h.add(reg, 0, shardRegIn{}, call, shardRegOut{ok: true, val: v})
+	r.h.reg(reg).Add(0, history.Input{}, call, history.Output{OK: true, Val: v})
 }
 
 // TestShardHistory records the writes of a ring's members to a register
@@ -210,7 +166,7 @@ func TestShardHistory(t *testing.T) {
 			require.NoError(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: reg}}))
 		}
 	}
-	h := &shardHistory{start: time.Now(), ops: map[string][]porcupine.Operation{}, open: map[string][]int{}}
+	h := newShardHistory()
 	r := &registers{k: k, h: h}
 	var members []*ringMember
 	for i := range 3 {

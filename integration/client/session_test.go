@@ -79,6 +79,23 @@ func acquire(ctx context.Context, s *client.Session, name string) <-chan acquisi
 	return ch
 }
 
+// waitFor is how long a test waits for an event before it fails naming
+// it, rather than hanging its package.
+const waitFor = 20 * time.Second
+
+// recv returns the next value from ch, or fails t naming what it waited
+// for after waitFor.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(waitFor):
+		t.Fatalf("%s: nothing within %s", what, waitFor)
+		panic("unreachable")
+	}
+}
+
 // deleteHolder deletes lease name's holder key behind fencer's back and
 // returns the revision of the deletion.
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
@@ -113,17 +130,13 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 	_, err := s.Acquire(ctx, "a") // opens the session and its watch
 	require.NoError(t, err)
 	res := acquire(ctx, s, "b")
-	<-acquired.reached
+	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
 	deleteHolder(t, st, "b")
-	select {
-	case got := <-lost: // the watch has reported it, with nothing held under "b"
-		require.Equal(t, tok.String(), got)
-	case <-ctx.Done():
-		t.Fatal("the watch never reported the loss")
-	}
+	// The watch reports it, with nothing held under "b".
+	require.Equal(t, tok.String(), recv(t, lost, "the watch's report of the loss"))
 	close(acquired.open)
 
-	r := <-res
+	r := recv(t, res, "the acquisition of b")
 	require.NoError(t, r.err)
 	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before it was registered")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
@@ -139,11 +152,11 @@ func TestLossBeforeTheWatchStartsEndsLease(t *testing.T) {
 		Acquired: func(token.Token) { acquired.pass() },
 	}))
 	res := acquire(ctx, s, "a")
-	<-acquired.reached
+	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of a")
 	deleteHolder(t, st, "a")
 	close(acquired.open)
 
-	r := <-res
+	r := recv(t, res, "the acquisition of a")
 	require.NoError(t, r.err)
 	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before the session's watch started")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
@@ -228,23 +241,18 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 	}))
 	la, err := s.Acquire(ctx, "a") // opens the session; its watch waits at the gate
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, watch.reached, 20*time.Second, "the session's watch")
+	etcdtest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
 	res := acquire(ctx, s, "b")
-	etcdtest.WaitClosed(t, acquired.reached, 20*time.Second, "the acquisition of b")
+	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "b"))
 	require.NoError(t, err)
 	p.failover()
 	close(watch.open) // compacted, so the watch starts over from now and checks "a"
-	etcdtest.WaitClosed(t, checking, 20*time.Second, "the check of a after the compaction")
+	etcdtest.WaitClosed(t, checking, waitFor, "the check of a after the compaction")
 	require.NotEmpty(t, compacted, "the watch started over from now")
 	close(acquired.open)
 
-	var r acquisition
-	select {
-	case r = <-res:
-	case <-ctx.Done():
-		t.Fatal("the acquisition of b never returned")
-	}
+	r := recv(t, res, "the acquisition of b")
 	require.NoError(t, r.err)
 	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost while the watch's history was compacted")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
@@ -270,13 +278,13 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	}))
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, watch.reached, 20*time.Second, "the session's watch")
+	etcdtest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "a"))
 	require.NoError(t, err)
 	p.failover()
 	close(watch.open)
 
-	etcdtest.WaitClosed(t, la.Done(), 20*time.Second, "Done of a lease whose first check failed")
+	etcdtest.WaitClosed(t, la.Done(), waitFor, "Done of a lease whose first check failed")
 	require.ErrorIs(t, la.Err(), token.ErrStale)
 	require.GreaterOrEqual(t, checks.Load(), int32(2))
 }
@@ -302,19 +310,19 @@ func TestReleaseByTokenAndWatchSession(t *testing.T) {
 			return nil
 		})
 	}()
-	require.GreaterOrEqual(t, <-synced, l.Token().Revision)
+	require.GreaterOrEqual(t, recv(t, synced, "the session's watch in place"), l.Token().Revision)
 
 	released, err := c.Release(ctx, l.Token())
 	require.NoError(t, err)
 	require.True(t, released)
-	ev := <-events
+	ev := recv(t, events, "the release reported")
 	require.Equal(t, l.Token(), ev.Token)
 	require.Equal(t, "deleted", ev.Reason)
-	<-l.Done()
+	etcdtest.WaitClosed(t, l.Done(), waitFor, "Done of the released lease")
 	released, err = c.Release(ctx, l.Token())
 	require.NoError(t, err)
 	require.False(t, released, "a second release ends nothing")
 
 	require.NoError(t, s.Close(ctx))
-	require.ErrorIs(t, <-done, etcdstore.ErrSessionExpired)
+	require.ErrorIs(t, recv(t, done, "the end of the session's watch"), etcdstore.ErrSessionExpired)
 }
