@@ -21,6 +21,12 @@ import (
 // The black-box tests run the fencer binary, built once, against fencer
 // serve processes, as a user would.
 
+// printBound bounds a test's wait for a fencer process it started to print
+// what it prints once it is connected, holding or waiting. It is a hang
+// guard, not a claim about speed: on a loaded machine a process's first
+// call alone may take up to its 10 s --timeout.
+const printBound = 30 * time.Second
+
 var (
 	binOnce sync.Once
 	binPath string
@@ -202,7 +208,7 @@ func TestAcquireChildDiesWithFencer(t *testing.T) {
 			t.Run(sig.String()+"/"+tc.name, func(t *testing.T) {
 				name := "child-" + strconv.Itoa(int(sig)) + "-" + tc.name
 				p := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", name, "--", "sh", "-c", tc.script)
-				require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+				require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
 				pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
 				require.NoError(t, err)
 				require.True(t, alive(pid))
@@ -232,7 +238,7 @@ func TestAcquireChildDiesWithFencer(t *testing.T) {
 func TestAcquireWaitsVisiblyAndBounded(t *testing.T) {
 	s := startServeProc(t)
 	holder := s.startFencer(nil, "acquire", "jobs")
-	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
 	first := strings.TrimSpace(holder.stdout.String())
 	require.True(t, strings.HasPrefix(first, "v1:1:"), first)
 
@@ -250,7 +256,7 @@ func TestAcquireWaitsVisiblyAndBounded(t *testing.T) {
 	require.Contains(t, stderr, `lease "jobs" is held by`)
 
 	waiter := s.startFencer(nil, "acquire", "jobs", "--", "sh", "-c", `echo "$FENCER_TOKEN"`)
-	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, printBound, 10*time.Millisecond, waiter.stderr.String())
 	require.NoError(t, holder.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, holder.wait(t, 10*time.Second), holder.stderr.String())
 	require.Contains(t, holder.stderr.String(), "released "+first)
@@ -264,10 +270,9 @@ func TestAcquireWaitsVisiblyAndBounded(t *testing.T) {
 func TestAcquireRidesOutAServerRestart(t *testing.T) {
 	s := startServeProc(t)
 	holder := s.startFencer(nil, "acquire", "--ttl", "2s", "jobs")
-	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
 	waiter := s.startFencer(nil, "acquire", "jobs", "--", "echo", "acquired")
-	// The waiter's first call alone may take up to its 10 s --timeout.
-	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, 30*time.Second, 10*time.Millisecond, waiter.stderr.String())
+	require.Eventually(t, func() bool { return strings.Contains(waiter.stderr.String(), "waiting for jobs") }, printBound, 10*time.Millisecond, waiter.stderr.String())
 
 	s.stop()
 	require.NoError(t, holder.cmd.Process.Kill()) // its lease expires after its TTL
@@ -296,7 +301,7 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 	go func() { exited <- childStatus(cmd.Wait()) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "holding") }, 10*time.Second, 10*time.Millisecond, out.String())
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "holding") }, printBound, 10*time.Millisecond, out.String())
 	_, err = tty.Write([]byte("hello\n"))
 	require.NoError(t, err)
 	select {
@@ -305,7 +310,7 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the command never read the terminal (stopped in the background?): %q", out.String())
 	}
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "got:hello") }, 5*time.Second, 10*time.Millisecond, out.String())
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "got:hello") }, printBound, 10*time.Millisecond, out.String())
 }
 
 // TestAcquireStopsItsCommandWhenTheServerIsGone: with fencer serve killed
@@ -315,7 +320,7 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 func TestAcquireStopsItsCommandWhenTheServerIsGone(t *testing.T) {
 	s := startServeProc(t)
 	p := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", "partitioned", "--", "sh", "-c", "echo $$; exec sleep 30")
-	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
 	pid, err := strconv.Atoi(strings.TrimSpace(p.stdout.String()))
 	require.NoError(t, err)
 

@@ -30,12 +30,12 @@ func TestExitCodes(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	old = strings.TrimSpace(old)
 	holder := s.startFencer(alice, "acquire", "orders")
-	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
 	cur := strings.TrimSpace(holder.stdout.String())
 	code, _, stderr = s.fencer(alice, "put", "--token", cur, "orders/total", "100")
 	require.Equal(t, 0, code, stderr)
 	billing := s.startFencer(alice, "acquire", "billing")
-	require.Eventually(t, func() bool { return strings.HasSuffix(billing.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, billing.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(billing.stdout.String(), "\n") }, printBound, 10*time.Millisecond, billing.stderr.String())
 	other := strings.TrimSpace(billing.stdout.String())
 
 	for _, tc := range []struct {
@@ -73,7 +73,7 @@ func TestExitCodes(t *testing.T) {
 
 	t.Run("lease lost while the command ran", func(t *testing.T) {
 		p := s.startFencer(alice, "acquire", "--grace", "1s", "lost", "--", "sh", "-c", `echo "$FENCER_TOKEN"; exec sleep 30`)
-		require.Eventually(t, func() bool { return strings.HasSuffix(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+		require.Eventually(t, func() bool { return strings.HasSuffix(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
 		tok := strings.TrimSpace(p.stdout.String())
 		code, _, stderr := s.fencer(alice, "release", "--token", tok)
 		require.Equal(t, 0, code, stderr)

@@ -35,7 +35,7 @@ const (
 func rtHold(t *testing.T, s *serveProc, args ...string) (*proc, string) {
 	t.Helper()
 	p := s.startFencer(nil, append([]string{"acquire"}, args...)...)
-	require.Eventually(t, func() bool { return strings.HasSuffix(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
 	return p, strings.TrimSpace(p.stdout.String())
 }
 
@@ -45,7 +45,7 @@ func rtCommand(t *testing.T, s *serveProc, env []string, flags []string, name, s
 	t.Helper()
 	args := append(append([]string{"acquire"}, flags...), name, "--", "sh", "-c", script)
 	p := s.startFencer(env, args...)
-	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, 10*time.Second, 10*time.Millisecond, p.stderr.String())
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
 	f := strings.Fields(strings.SplitN(p.stdout.String(), "\n", 2)[0])
 	require.Len(t, f, 2, p.stdout.String())
 	pid, err := strconv.Atoi(f[0])
@@ -371,7 +371,7 @@ func TestRedTeamCLIWaiterWithLongGrace(t *testing.T) {
 	s := startServeProc(t)
 	h, _ := rtHold(t, s, "--ttl", "2s", "longgrace")
 	w := s.startFencer(nil, "acquire", "--ttl", "2s", "--grace", "1s", "longgrace", "--", "sh", "-c", "sleep 1; echo done")
-	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for longgrace") }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for longgrace") }, printBound, 10*time.Millisecond, w.stderr.String())
 	time.Sleep(1500 * time.Millisecond) // so that the server has renewed the waiter's session
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGINT))
 	require.Equal(t, 0, h.wait(t, 10*time.Second), h.stderr.String())
@@ -559,7 +559,7 @@ func TestRedTeamCLISignalsReleaseOnlyAfterKill(t *testing.T) {
 	mark := filepath.Join(t.TempDir(), "seen")
 	w := s.startFencer(nil, "acquire", "--wait-timeout", "20s", "sig", "--",
 		"sh", "-c", rtProbe(pid, mark))
-	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for sig") }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "waiting for sig") }, printBound, 10*time.Millisecond, w.stderr.String())
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT} {
 		require.NoError(t, p.cmd.Process.Signal(sig))
 		time.Sleep(100 * time.Millisecond)
@@ -593,7 +593,7 @@ func TestRedTeamCLIGroupSignalsSpareWatchdog(t *testing.T) {
 	s := startServeProc(t)
 	p, sleeper, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "1s"}, "groupsig",
 		`trap '' TERM HUP INT QUIT USR1; sleep 30 >/dev/null 2>&1 & echo $! x; for sig in TERM HUP INT QUIT USR1; do kill -$sig 0; done; echo signalled; wait`)
-	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "signalled") }, 5*time.Second, 10*time.Millisecond, p.stderr.String())
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "signalled") }, printBound, 10*time.Millisecond, p.stderr.String())
 	require.True(t, alive(sleeper))
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	require.Eventually(t, func() bool { return !alive(sleeper) }, 4*time.Second, 10*time.Millisecond,

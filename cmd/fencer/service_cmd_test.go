@@ -50,7 +50,7 @@ func TestAcquireCommand(t *testing.T) {
 		go func() {
 			done <- runAcquire(ctx, []string{"--server", addr, "--grace", "2s", "deleted", "--", "sh", "-c", `echo started; exec sleep 60`}, &out, &errb)
 		}()
-		require.Eventually(t, func() bool { return strings.Contains(out.String(), "started") }, 10*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return strings.Contains(out.String(), "started") }, printBound, 20*time.Millisecond)
 
 		// status lists the holder and token.
 		var sout, serr bytes.Buffer

@@ -20,7 +20,7 @@ import (
 func TestVerbs(t *testing.T) {
 	s := startServeProc(t)
 	holder := s.startFencer(nil, "acquire", "-o", "json", "orders")
-	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "}\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "}\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
 	var held holdView
 	require.NoError(t, json.Unmarshal([]byte(holder.stdout.String()), &held))
 	require.Equal(t, "orders", held.Lease)
@@ -85,9 +85,9 @@ func TestVerbs(t *testing.T) {
 
 	t.Run("watch prints the loss, release ends the lease", func(t *testing.T) {
 		w := s.startFencer([]string{"FENCER_SESSION=" + strconv.FormatInt(held.Session, 10)}, "watch")
-		require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "watching session") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
+		require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "watching session") }, printBound, 10*time.Millisecond, w.stderr.String())
 		require.Equal(t, "released "+held.Token+"\n", run(tok, "release"))
-		require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
+		require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, printBound, 10*time.Millisecond, w.stderr.String())
 		require.Equal(t, held.Token+" had already ended\n", run(tok, "release"))
 		require.Equal(t, exitLeaseLost, holder.wait(t, 10*time.Second), holder.stderr.String())
 		require.Equal(t, exitNotFound, w.wait(t, 10*time.Second), "watch ends with the session: %s", w.stderr)
@@ -183,7 +183,7 @@ func TestBench(t *testing.T) {
 func TestWatchRidesOutAServerRestart(t *testing.T) {
 	s := startServeProc(t)
 	holder := s.startFencer(nil, "acquire", "-o", "json", "--ttl", "20s", "reports")
-	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "}\n") }, 10*time.Second, 10*time.Millisecond, holder.stderr.String())
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "}\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
 	var held holdView
 	require.NoError(t, json.Unmarshal([]byte(holder.stdout.String()), &held))
 	w := s.startFencer([]string{"FENCER_SESSION=" + strconv.FormatInt(held.Session, 10)}, "watch")
@@ -194,7 +194,7 @@ func TestWatchRidesOutAServerRestart(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Count(w.stderr.String(), "watching session") == 2 }, 20*time.Second, 10*time.Millisecond, w.stderr.String())
 	code, _, stderr := s.fencer([]string{"FENCER_TOKEN=" + held.Token}, "release")
 	require.Equal(t, 0, code, stderr)
-	require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, 10*time.Second, 10*time.Millisecond, w.stderr.String())
+	require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, printBound, 10*time.Millisecond, w.stderr.String())
 	require.Equal(t, exitLeaseLost, holder.wait(t, 10*time.Second), holder.stderr.String())
 	require.Equal(t, exitNotFound, w.wait(t, 10*time.Second), "watch ends with the session: %s", w.stderr)
 }
