@@ -5,11 +5,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -76,4 +78,50 @@ func TestNewTokenFileRejectsABadFile(t *testing.T) {
 	require.Error(t, err)
 	_, err = server.NewTokenFile(filepath.Join(t.TempDir(), "missing"), nil)
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestTokenFileBadReloadLoggedOnce logs to a file beside the token file,
+// as a server whose standard error goes to its working directory does:
+// a token file that does not load (bad in place, bad renamed over, then
+// missing) is logged once per change, not again for the events its own
+// log records make, and a good file afterwards is loaded.
+func TestTokenFileBadReloadLoggedOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tokens")
+	const tok, newTok = "token-0123456789ab", "new-token-0123456789"
+	writeAtomically(t, path, tok+" alice\n")
+	logFile, err := os.Create(filepath.Join(dir, "serve.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { logFile.Close() })
+	tf, err := server.NewTokenFile(path, slog.New(slog.NewTextHandler(logFile, nil)))
+	require.NoError(t, err)
+	follow(t, tf.Start)
+	failures := func() int {
+		raw, err := os.ReadFile(logFile.Name())
+		require.NoError(t, err)
+		return strings.Count(string(raw), "reload failed")
+	}
+	// breaks makes the file fail to load and returns how many failures
+	// were logged over a short while after the first.
+	breaks := func(what string, change func()) int {
+		before := failures()
+		change()
+		require.Eventually(t, func() bool { return failures() > before }, 10*time.Second, 10*time.Millisecond, what)
+		time.Sleep(300 * time.Millisecond)
+		return failures() - before
+	}
+	principal := func(tok string) string {
+		p, _ := tf.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok)))
+		return p
+	}
+	require.LessOrEqual(t, breaks("bad in place", func() {
+		require.NoError(t, os.WriteFile(path, []byte("short alice\n"), 0o600))
+	}), 3, "bad in place")
+	require.LessOrEqual(t, breaks("bad renamed over", func() { writeAtomically(t, path, "short bob\n") }), 3, "bad renamed over")
+	require.LessOrEqual(t, breaks("missing", func() { require.NoError(t, os.Rename(path, path+".bak")) }), 3, "missing")
+	require.Equal(t, "alice", principal(tok), "the tokens last loaded stay in force")
+
+	writeAtomically(t, path, newTok+" carol\n")
+	require.Eventually(t, func() bool { return principal(newTok) == "carol" }, 10*time.Second, 10*time.Millisecond)
+	require.Empty(t, principal(tok))
 }
