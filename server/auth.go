@@ -25,9 +25,19 @@ const MinBearerTokenLen = 16
 // Authenticator decides who is calling. Authenticate returns the caller's
 // principal, or an error wrapping ErrUnauthenticated. A principal is 1 to
 // MaxPrincipalLen bytes of printable UTF-8 without "/" or spaces; the server
-// binds every session to the principal that opened it.
+// binds every session to the principal that opened it. A stream is
+// authenticated once, when it opens; only TokenFile's streams are checked
+// again, on each reload of its file (see TokenFile).
 type Authenticator interface {
 	Authenticate(ctx context.Context) (string, error)
+}
+
+// revocable is an Authenticator whose credentials can be withdrawn while a
+// stream they authenticated runs. whileValid returns a context that is
+// ctx until the stream's credentials no longer authenticate principal,
+// and is then cancelled with a cause wrapping ErrUnauthenticated.
+type revocable interface {
+	whileValid(ctx context.Context, principal string) (valid context.Context, stop func())
 }
 
 // ValidatePrincipal checks a principal name.

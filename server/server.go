@@ -259,7 +259,16 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	start := time.Now()
 	p, err := s.auth.Authenticate(ss.Context())
 	if err == nil {
-		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ss.Context()), p)})
+		ctx := ss.Context()
+		if r, ok := s.auth.(revocable); ok {
+			var stop func()
+			ctx, stop = r.whileValid(ctx, p)
+			defer stop()
+		}
+		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ctx), p)})
+		if cause := revoked(ctx); cause != nil {
+			err = cause
+		}
 	}
 	if errors.Is(err, io.EOF) {
 		err = nil
@@ -267,6 +276,15 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	err = toStatus(err)
 	s.logCall(ss.Context(), info.FullMethod, p, err, time.Since(start))
 	return err
+}
+
+// revoked returns the cause that ended ctx if it ended because the
+// credentials of its stream were withdrawn (see revocable), else nil.
+func revoked(ctx context.Context) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrUnauthenticated) {
+		return cause
+	}
+	return nil
 }
 
 // logCall logs a finished call of an authenticated method: failures that

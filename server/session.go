@@ -219,6 +219,8 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			return ErrShuttingDown
 		case err := <-recvErr:
 			return err
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		case req = <-reqs:
 		}
 		if err := validateKeepAlive(req); err != nil {
@@ -238,6 +240,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			verified[id] = true
 		}
 		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		if cause := revoked(ctx); cause != nil {
+			return cause
+		}
 		if err != nil {
 			s.m.keepAliveFailed(ctx, err)
 		}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 )
@@ -16,11 +17,22 @@ import (
 // half-written edit, a bad line) is logged and ignored: the tokens last
 // loaded stay in force until a good file arrives.
 //
-// Calls already authenticated are not revisited: a session opened with a
-// token that is later removed stays its principal's.
+// A server's streams authenticated by a token (KeepAlive, WatchLease) are
+// checked again on every reload: one whose token the new file no longer
+// holds, or gives to another principal, ends with UNAUTHENTICATED, so a
+// session renewed only by it expires after its TTL. Finished calls are not
+// revisited: a session opened with a token that is later removed stays its
+// principal's, and a new token of that principal may renew it.
 type TokenFile struct {
 	*followedFile
-	cur atomic.Pointer[BearerTokens]
+	cur atomic.Pointer[tokenGeneration]
+}
+
+// tokenGeneration is one load of the token file; replaced is closed when
+// the next load takes its place.
+type tokenGeneration struct {
+	tokens   *BearerTokens
+	replaced chan struct{}
 }
 
 var _ Authenticator = (*TokenFile)(nil)
@@ -35,7 +47,9 @@ func NewTokenFile(path string, log *slog.Logger) (*TokenFile, error) {
 		if err != nil {
 			return nil, err
 		}
-		f.cur.Store(b)
+		if old := f.cur.Swap(&tokenGeneration{tokens: b, replaced: make(chan struct{})}); old != nil {
+			close(old.replaced)
+		}
 		return []any{"tokens", len(b.principals)}, nil
 	})
 	if _, err := f.Reload(); err != nil {
@@ -47,5 +61,27 @@ func NewTokenFile(path string, log *slog.Logger) (*TokenFile, error) {
 // Authenticate returns the principal of the call's bearer token in the
 // tokens last loaded.
 func (f *TokenFile) Authenticate(ctx context.Context) (string, error) {
-	return f.cur.Load().Authenticate(ctx)
+	return f.cur.Load().tokens.Authenticate(ctx)
+}
+
+// whileValid returns ctx until a reload leaves the call's token no longer
+// principal's: then it is cancelled with an ErrUnauthenticated cause. Call
+// stop when the call ends.
+func (f *TokenFile) whileValid(ctx context.Context, principal string) (valid context.Context, stop func()) {
+	valid, cancel := context.WithCancelCause(ctx)
+	go func() {
+		for {
+			g := f.cur.Load()
+			if p, err := g.tokens.Authenticate(valid); err != nil || p != principal {
+				cancel(fmt.Errorf("%w: the bearer token was removed from the token file", ErrUnauthenticated))
+				return
+			}
+			select {
+			case <-valid.Done():
+				return
+			case <-g.replaced:
+			}
+		}
+	}()
+	return valid, func() { cancel(context.Canceled) }
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -124,4 +125,98 @@ func TestTokenFileBadReloadLoggedOnce(t *testing.T) {
 	writeAtomically(t, path, newTok+" carol\n")
 	require.Eventually(t, func() bool { return principal(newTok) == "carol" }, 10*time.Second, 10*time.Millisecond)
 	require.Empty(t, principal(tok))
+}
+
+// renew keeps session id alive over one KeepAlive stream, a renewal
+// every 200ms, until the stream ends; the stream's end goes to the
+// returned channel.
+func renew(t *testing.T, ctx context.Context, rpc fencerv1.FencerServiceClient, id int64) <-chan error {
+	ka, err := rpc.KeepAlive(ctx)
+	require.NoError(t, err)
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if err := ka.Send(&fencerv1.KeepAliveRequest{SessionId: id}); err != nil {
+				_, err = ka.Recv() // the stream's status
+				ended <- err
+				return
+			}
+			if _, err := ka.Recv(); err != nil {
+				ended <- err
+				return
+			}
+			select {
+			case <-ctx.Done():
+				ended <- ctx.Err()
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return ended
+}
+
+// TestTokenFileRemovedTokenEndsItsStreams removes a token from the token
+// file while its KeepAlive and WatchLease streams are open: both end with
+// UNAUTHENTICATED, so the session is no longer renewed and expires after
+// its TTL. A session renewed with a token the file keeps stays alive.
+func TestTokenFileRemovedTokenEndsItsStreams(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	path := filepath.Join(t.TempDir(), "tokens")
+	const carolTok, daveTok = "carol-token-0123456789", "dave-token-0123456789"
+	writeAtomically(t, path, carolTok+" carol\n"+daveTok+" dave\n")
+	tf, err := server.NewTokenFile(path, nil)
+	require.NoError(t, err)
+	follow(t, tf.Start)
+	st := etcdtest.Store(t)
+	addr, _ := serve(t, server.Config{Store: st, Authenticator: tf})
+	carol := fencerv1.NewFencerServiceClient(dial(t, carolTok, addr))
+	dave := fencerv1.NewFencerServiceClient(dial(t, daveTok, addr))
+	const ttl = 2
+	carolLease, err := carol.Acquire(ctx, &fencerv1.AcquireRequest{Name: "carols", TtlSeconds: ttl})
+	require.NoError(t, err)
+	daveLease, err := dave.Acquire(ctx, &fencerv1.AcquireRequest{Name: "daves", TtlSeconds: ttl})
+	require.NoError(t, err)
+	carolRenewal := renew(t, ctx, carol, carolLease.GetSessionId())
+	daveRenewal := renew(t, ctx, dave, daveLease.GetSessionId())
+	watch, err := carol.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: carolLease.GetSessionId()})
+	require.NoError(t, err)
+	_, err = watch.Recv() // SYNCED
+	require.NoError(t, err)
+
+	writeAtomically(t, path, daveTok+" dave\n")
+	select {
+	case err := <-carolRenewal:
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("carol's KeepAlive stream still renews after her token was removed")
+	}
+	watchEnded := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := watch.Recv(); err != nil {
+				watchEnded <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-watchEnded:
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("carol's WatchLease stream still open after her token was removed")
+	}
+	remaining := func(id int64) int64 {
+		resp, err := st.Client().TimeToLive(ctx, clientv3.LeaseID(id))
+		require.NoError(t, err)
+		return resp.TTL
+	}
+	require.Eventually(t, func() bool { return remaining(carolLease.GetSessionId()) < 0 }, 10*time.Second, 100*time.Millisecond,
+		"carol's session expires once no longer renewed")
+	require.Positive(t, remaining(daveLease.GetSessionId()), "dave's session is still renewed")
+	select {
+	case err := <-daveRenewal:
+		t.Fatalf("dave's KeepAlive stream ended: %v", err)
+	default:
+	}
 }
