@@ -64,7 +64,7 @@ type Anonymous string
 func (a Anonymous) Authenticate(context.Context) (string, error) { return string(a), nil }
 
 // BearerTokens authenticates calls by the "authorization: Bearer <token>"
-// metadata against a fixed set of tokens. Tokens are compared by their
+// metadata (the scheme in any case, one space before the token) against a fixed set of tokens. Tokens are compared by their
 // SHA-256 digest, so lookup time does not depend on how much of a token
 // matches. It does not expire or rotate tokens; TokenFile reloads a
 // token file when it changes.
@@ -144,11 +144,13 @@ func (b *BearerTokens) Authenticate(ctx context.Context) (string, error) {
 	if len(vals) != 1 {
 		return "", fmt.Errorf("%w: want one \"authorization: Bearer <token>\" header", ErrUnauthenticated)
 	}
-	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 7235, section 2.1).
+	const scheme = "Bearer "
+	v := vals[0]
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
 		return "", fmt.Errorf("%w: authorization is not a bearer token", ErrUnauthenticated)
 	}
-	p, ok := b.principals[sha256.Sum256([]byte(tok))]
+	p, ok := b.principals[sha256.Sum256([]byte(v[len(scheme):]))]
 	if !ok {
 		return "", fmt.Errorf("%w: unknown bearer token", ErrUnauthenticated)
 	}

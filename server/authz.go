@@ -103,9 +103,11 @@ func NewAuthorization(principals map[string]Grants) (*Authorization, error) {
 			patterns []string
 			into     *[]pattern
 		}{
+			// write before read, which holds the write patterns
+			// too, so that a bad one is reported as write's.
 			{"leases", g.Leases, &set.leases},
-			{"read", append(append([]string(nil), g.Read...), g.Write...), &set.read},
 			{"write", g.Write, &set.write},
+			{"read", append(append([]string(nil), g.Read...), g.Write...), &set.read},
 			{"resources", g.Resources, &set.resources},
 		} {
 			for _, s := range k.patterns {

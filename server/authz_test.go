@@ -250,6 +250,22 @@ func TestLoadAuthorizationRejectsBadFiles(t *testing.T) {
 	}
 }
 
+// TestAuthorizationBadPatternNamesItsField checks that a bad pattern's
+// error names the field it is in: write patterns also grant reading, but
+// a bad one is reported as write's.
+func TestAuthorizationBadPatternNamesItsField(t *testing.T) {
+	for field, g := range map[string]server.Grants{
+		"leases":    {Leases: []string{"a**"}},
+		"read":      {Read: []string{"a**"}},
+		"write":     {Write: []string{"a**"}},
+		"resources": {Resources: []string{"a**"}},
+	} {
+		_, err := server.NewAuthorization(map[string]server.Grants{"alice": g})
+		require.Error(t, err, field)
+		require.Contains(t, err.Error(), `principal "alice": `+field+`: pattern "a**"`)
+	}
+}
+
 func TestAuthorizationPatterns(t *testing.T) {
 	a, err := server.NewAuthorization(map[string]server.Grants{
 		"p": {Leases: []string{"exact", "pre*"}, Write: []string{"*"}},

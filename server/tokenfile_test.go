@@ -220,3 +220,23 @@ func TestTokenFileRemovedTokenEndsItsStreams(t *testing.T) {
 	default:
 	}
 }
+
+// TestBearerSchemeIsCaseInsensitive sends the authorization scheme in
+// other cases, which RFC 7235 allows; other schemes are still refused.
+func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
+	const tok = "token-0123456789ab"
+	auth, err := server.NewBearerTokens(map[string]string{tok: "alice"})
+	require.NoError(t, err)
+	authenticate := func(header string) (string, error) {
+		return auth.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", header)))
+	}
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER", "bEaReR"} {
+		p, err := authenticate(scheme + " " + tok)
+		require.NoError(t, err, scheme)
+		require.Equal(t, "alice", p, scheme)
+	}
+	for _, header := range []string{"Basic " + tok, "Bearer" + tok, tok, "Bearer  " + tok, "Bearer " + tok + " "} {
+		_, err := authenticate(header)
+		require.ErrorIs(t, err, server.ErrUnauthenticated, header)
+	}
+}
