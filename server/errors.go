@@ -139,7 +139,10 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		desc := rpctypes.ErrorDesc(etcdErr)
 		md := map[string]string{"cause": c.cause, "etcd_error": desc}
 		if c.reason == fencerv1.ReasonInvalidArgument {
-			md["field"], md["reason"] = "request", desc
+			if field == "" {
+				field = "request"
+			}
+			md["field"], md["reason"] = field, desc
 		}
 		return c.code, c.reason, md
 	}
