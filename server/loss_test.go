@@ -153,9 +153,13 @@ func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
 		first, err := stream.Recv()
 		return stream, first, err
 	}
-	for _, start := range []int64{1e12, tok.Revision + 2} {
+	head, err := st.Client().Get(ctx, "any")
+	require.NoError(t, err)
+	// The shared etcd may move on meanwhile (other tests' leases expire),
+	// so the near future is a hundred revisions ahead, not one.
+	for _, start := range []int64{1e12, head.Header.Revision + 100} {
 		_, first, err := watch(start)
-		require.Error(t, err, "a stream from revision %d (the store is at %d) answered %v", start, tok.Revision, first)
+		require.Error(t, err, "a stream from revision %d (the store is at %d) answered %v", start, head.Header.Revision, first)
 		requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "future_revision")
 		require.Equal(t, "start_revision", errorInfo(t, err).GetMetadata()["field"])
 	}
