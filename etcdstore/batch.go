@@ -10,8 +10,6 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Limits of one shared Txn, within etcd's defaults: --max-txn-ops 128
@@ -312,6 +310,5 @@ func rejectedWhole(err error) bool {
 	}
 	// A message over the client's own size limit; etcd's ResourceExhausted
 	// errors (too many requests, no space) are not retried one by one.
-	var etcdErr rpctypes.EtcdError
-	return !errors.As(err, &etcdErr) && status.Code(err) == codes.ResourceExhausted
+	return OverSendLimit(err)
 }

@@ -3,6 +3,10 @@ package etcdstore
 import (
 	"errors"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -41,3 +45,21 @@ var (
 type ArgumentError = token.ArgumentError
 
 func invalid(arg, value, reason string) error { return token.InvalidArgument(arg, value, reason) }
+
+// OverSendLimit reports whether err is the etcd client's refusal of a
+// request larger than its send limit (2 MiB unless the client was
+// configured otherwise): a gRPC ResourceExhausted that is not one of
+// etcd's own errors (etcd's ResourceExhausted errors, too many requests
+// and no space, are typed), whether the client converted those or not. Such a request never reached etcd, so nothing
+// of it was written, and sending it again fails again. It does not tell
+// that refusal from gRPC's rarer ResourceExhausted errors on the client's
+// side (a response over the client's receive limit, an HTTP/2 stream reset
+// with FLOW_CONTROL or ENHANCE_YOUR_CALM), which it reports the same way.
+func OverSendLimit(err error) bool {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) || se.GRPCStatus().Code() != codes.ResourceExhausted {
+		return false // etcd's errors as the client returns them have no GRPCStatus
+	}
+	_, etcds := rpctypes.Error(se.GRPCStatus().Err()).(rpctypes.EtcdError)
+	return !etcds
+}

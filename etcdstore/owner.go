@@ -120,16 +120,21 @@ func ownerLease(rec string) string {
 	return lease
 }
 
-// ownedByLease returns the compares that hold when the owner record of
-// key names lease, whatever its token: its value sorts after "<lease> "
-// and before "<lease>!". No lease name holds a byte below "!", so no other
-// lease's record sorts there. Like every value compare, they fail when
-// the key has no record.
-func (s *Store) ownedByLease(key, lease string) []clientv3.Cmp {
+// foreignTo returns compares each of which holds, on its own, exactly
+// when key's owner record exists and does not name lease (whatever its
+// token): its value sorts at or before "<lease> " (below "<lease> \x00"),
+// after "<lease>!", or is "<lease>!". No lease name holds a byte below "!",
+// so every other lease's record is among them, and every value sorting
+// strictly between "<lease> " and "<lease>!" (a record of lease's) is in
+// none. Like every value compare, they all fail when the key has no
+// record, which is what lets ownedOps put the record and the write in the
+// one branch where all of them failed.
+func (s *Store) foreignTo(key, lease string) []clientv3.Cmp {
 	owner := s.ownerKey(key)
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(owner), ">", lease+" "),
-		clientv3.Compare(clientv3.Value(owner), "<", lease+"!"),
+		clientv3.Compare(clientv3.Value(owner), "<", lease+" \x00"),
+		clientv3.Compare(clientv3.Value(owner), ">", lease+"!"),
+		clientv3.Compare(clientv3.Value(owner), "=", lease+"!"),
 	}
 }
 
@@ -173,8 +178,8 @@ func (s *Store) Owner(ctx context.Context, key string) (tok token.Token, ok bool
 //     after a re-acquisition): If(guard, Value(owner) = that record)
 //     Then(Put(owner, record), op);
 //   - takeOver: If(guard) Then(Put(owner, record), op);
-//   - otherwise "owned by the lease or by nobody" in one round trip, as a
-//     nested Txn that records tok (ownedOps).
+//   - otherwise "owned by the lease or by nobody" in one round trip, as
+//     nested Txns that record tok (ownedOps), with op in them once.
 //
 // The Txn has no Else branch, which would cost every write; a write that
 // fails reads the holder, epoch and owner keys to tell a stale token from
@@ -239,38 +244,46 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 }
 
 // ownedOps returns the Then branch of a guarded write of the data key key
-// by tok: ops, which write key, in a nested Txn that runs them only if
-// tok's lease owns key or nobody does, recording tok as the owner's token
-// either way:
+// by tok: ops, which write key, in nested Txns that run them only if tok's
+// lease owns key or nobody does, recording tok as the owner's token either
+// way. Each compare of foreignTo gets a Txn of its own, since a Txn's
+// compares must all hold for its Then branch; the first that holds reads
+// the owner record instead:
 //
-//	If(Value(owner) in ["<lease> ", "<lease>!")) Then(Put(owner, record), ops...)
-//	Else(Txn(If(CreateRevision(owner) = 0) Then(Put(owner, record), ops...) Else(Get(owner))))
+//	If(Value(owner) < "<lease> \x00") Then(Get(owner))
+//	Else(Txn(If(Value(owner) > "<lease>!") Then(Get(owner))
+//	  Else(Txn(If(Value(owner) = "<lease>!") Then(Get(owner))
+//	    Else(Put(owner, record), ops...)))))
 //
-// etcd evaluates every compare before any write, so each branch sees the
-// owner as it was before the Txn.
+// So ops are in the request once (a value of MaxValueLen bytes fits
+// etcd's request limit), and they run exactly when no compare holds: the
+// owner record is absent or names tok's lease. etcd evaluates every
+// compare before any write, so each one sees the owner as it was before
+// the Txn.
 func (s *Store) ownedOps(tok token.Token, key string, ops ...clientv3.Op) []clientv3.Op {
 	owner := s.ownerKey(key)
-	claim := append([]clientv3.Op{clientv3.OpPut(owner, ownerRecord(tok))}, ops...)
-	return []clientv3.Op{clientv3.OpTxn(
-		s.ownedByLease(key, tok.Lease), claim,
-		[]clientv3.Op{clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(owner), "=", 0)}, claim,
-			[]clientv3.Op{clientv3.OpGet(owner)})})}
+	branch := append([]clientv3.Op{clientv3.OpPut(owner, ownerRecord(tok))}, ops...)
+	foreign := s.foreignTo(key, tok.Lease)
+	for i := len(foreign) - 1; i >= 0; i-- {
+		branch = []clientv3.Op{clientv3.OpTxn(foreign[i:i+1], []clientv3.Op{clientv3.OpGet(owner)}, branch)}
+	}
+	return branch
 }
 
 // ownedResult reads the responses of the Then branch that ownedOps built:
 // those of the wrapped ops, after the owner record's put, and true; or, if
 // another lease owns the key, its owner record and false.
 func ownedResult(rs []*pb.ResponseOp) (ops []*pb.ResponseOp, foreign string, ok bool) {
-	mine := rs[0].GetResponseTxn()
-	if mine.GetSucceeded() {
-		return mine.GetResponses(), "", true
+	for {
+		txn := rs[0].GetResponseTxn()
+		if txn == nil {
+			return rs, "", true
+		}
+		if txn.GetSucceeded() {
+			return nil, ownerOf(txn.GetResponses()[0]), false
+		}
+		rs = txn.GetResponses()
 	}
-	free := mine.GetResponses()[0].GetResponseTxn()
-	if free.GetSucceeded() {
-		return free.GetResponses(), "", true
-	}
-	return nil, ownerOf(free.GetResponses()[0]), false
 }
 
 // maxOwnerGuesses bounds ownerGuesses; past it the guesses start over.

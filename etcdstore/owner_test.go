@@ -520,3 +520,61 @@ func aliceAndBob(t *testing.T) (context.Context, *etcdstore.Store, *etcdstore.Le
 	require.NoError(t, err)
 	return ctx, st, alice, bob
 }
+
+// freshStore is a store on st's keys that has seen no owner record, so
+// that its first write of a key takes the nested "owned by the lease or by
+// nobody" Txn.
+func freshStore(t *testing.T, st *etcdstore.Store) *etcdstore.Store {
+	t.Helper()
+	fresh, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()))
+	require.NoError(t, err)
+	return fresh
+}
+
+// TestPutOfAnyKeyTakesTheLargestValue puts a value of MaxValueLen bytes to
+// a key nobody owns and to a key the lease owns that the store has not
+// seen: the value is in the request once, so both fit etcd's default
+// request limit, as they do for a key the store knows or a takeover.
+func TestPutOfAnyKeyTakesTheLargestValue(t *testing.T) {
+	ctx, st, _, l := holding(t, "orders")
+	big := []byte(strings.Repeat("v", etcdstore.MaxValueLen))
+	_, err := st.Put(ctx, l.Token(), "new", big)
+	require.NoError(t, err, "a new key")
+	require.Equal(t, string(big), get(t, st, "new"))
+	owner, ok, err := st.Owner(ctx, "new")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, l.Token(), owner)
+
+	big[0] = 'w'
+	_, err = freshStore(t, st).Put(ctx, l.Token(), "new", big)
+	require.NoError(t, err, "a key the lease owns, unknown to the store")
+	require.Equal(t, string(big), get(t, st, "new"))
+}
+
+// TestOwnerRecordsBesideALeasesAreForeign writes owner records that sort
+// just outside "<lease> <token>" (by hand: guarded writes never do), and
+// records of the lease itself: a write that has not seen the key claims
+// only a key its lease owns or nobody does, and otherwise writes nothing.
+func TestOwnerRecordsBesideALeasesAreForeign(t *testing.T) {
+	ctx, st, _, l := holding(t, "orders")
+	for _, rec := range []string{"orders", "orders ", "orders!", "orders!x", "orders\x1fx", "ordersa v1:1:2:ordersa", "order v1:1:2:order", "z"} {
+		_, err := st.Client().Put(ctx, st.OwnerKey("k"), rec)
+		require.NoError(t, err)
+		_, err = freshStore(t, st).Put(ctx, l.Token(), "k", []byte(rec))
+		require.ErrorIs(t, err, token.ErrForeignLease, "owner record %q", rec)
+		_, ok, err := st.Get(ctx, "k")
+		require.NoError(t, err)
+		require.False(t, ok, "owner record %q: the write landed", rec)
+	}
+	for _, rec := range []string{"orders \x00", "orders v1:1:2:orders", "orders " + l.Token().String()} {
+		_, err := st.Client().Put(ctx, st.OwnerKey("k"), rec)
+		require.NoError(t, err)
+		_, err = freshStore(t, st).Put(ctx, l.Token(), "k", []byte(rec))
+		require.NoError(t, err, "owner record %q", rec)
+		require.Equal(t, rec, get(t, st, "k"))
+		owner, _, err := st.Owner(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, l.Token(), owner, "the write records its token")
+	}
+}

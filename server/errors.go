@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -135,11 +136,18 @@ func classify(err error) (codes.Code, string, map[string]string) {
 	case errors.Is(err, ErrEtcdUnreachable):
 		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, map[string]string{"cause": "etcd_unreachable"}
 	}
+	if etcdstore.OverSendLimit(err) {
+		// Like etcd's own "request is too large", one step earlier.
+		return codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"cause": "request_too_large", "field": "request", "reason": status.Convert(err).Message()}
+	}
 	if c, etcdErr, ok := classifyEtcd(err); ok {
 		desc := rpctypes.ErrorDesc(etcdErr)
 		md := map[string]string{"cause": c.cause, "etcd_error": desc}
 		if c.reason == fencerv1.ReasonInvalidArgument {
-			md["field"], md["reason"] = "request", desc
+			if field == "" {
+				field = "request"
+			}
+			md["field"], md["reason"] = field, desc
 		}
 		return c.code, c.reason, md
 	}
@@ -155,7 +163,7 @@ func classify(err error) (codes.Code, string, map[string]string) {
 	}
 	if st, ok := status.FromError(err); ok {
 		switch st.Code() {
-		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted, codes.ResourceExhausted:
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
 			return codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil
 		}
 	}

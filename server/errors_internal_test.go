@@ -76,3 +76,16 @@ func TestEtcdErrorsMapToCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestOverTheClientsSendLimitIsTooLarge: the etcd client's refusal of a
+// request over its send limit, a gRPC ResourceExhausted that is none of
+// etcd's errors, is the caller's INVALID_ARGUMENT like etcd's "request is
+// too large" (do not retry), not STORE_UNAVAILABLE.
+func TestOverTheClientsSendLimitIsTooLarge(t *testing.T) {
+	err := status.Error(codes.ResourceExhausted, "trying to send message larger than max (2103933 vs. 2097152)")
+	code, reason, md := classify(fmt.Errorf("etcdstore: txn: %w", err))
+	require.Equal(t, codes.InvalidArgument, code)
+	require.Equal(t, fencerv1.ReasonInvalidArgument, reason)
+	require.Equal(t, "request_too_large", md["cause"])
+	require.Equal(t, "request", md["field"])
+}

@@ -11,12 +11,14 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -114,4 +116,43 @@ func TestQuorumLossIsUnavailable(t *testing.T) {
 	_, err = c.Put(ctx, l.Token(), "k", []byte("v"))
 	t.Logf("guarded write without quorum: %v after %v", err, time.Since(start))
 	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout", "no_leader")
+}
+
+// TestOverTheEtcdClientsSendLimitIsInvalidArgument sends a Txn that fits
+// the server's request limit but whose etcd Txn (with its guard and owner
+// records) does not fit the etcd client's send limit (2 MiB): it is the
+// caller's INVALID_ARGUMENT (cause request_too_large, do not retry), as
+// etcd's own "request is too large" is, and writes nothing. A Put of a new
+// key with a 1 MiB value, which the docs allow, succeeds and reads back.
+func TestOverTheEtcdClientsSendLimitIsInvalidArgument(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, _ := startServer(t, st)
+	cc := dial(t, alice, addr)
+	raw := fencerv1.NewFencerServiceClient(cc)
+	l, err := newSession(t, client.New(cc)).Acquire(ctx, "jobs")
+	require.NoError(t, err)
+
+	req := &fencerv1.TxnRequest{Token: l.Token().String()}
+	for i := range 64 {
+		req.Success = append(req.Success, &fencerv1.Op{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: fmt.Sprintf("k%02d", i)}}})
+	}
+	value := (server.MaxRequestBytes - proto.Size(req) - 64*8) / 64
+	for _, op := range req.Success {
+		op.GetPut().Value = make([]byte, value)
+	}
+	require.Less(t, proto.Size(req), server.MaxRequestBytes)
+	_, err = raw.Txn(ctx, req)
+	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large")
+	require.Equal(t, "request", errorInfo(t, err).GetMetadata()["field"])
+	_, ok, err := st.Get(ctx, "k00")
+	require.NoError(t, err)
+	require.False(t, ok, "the refused Txn wrote")
+
+	big := []byte(strings.Repeat("v", 1<<20))
+	_, err = raw.Put(ctx, &fencerv1.PutRequest{Token: l.Token().String(), Key: "fresh", Value: big})
+	require.NoError(t, err, "a 1 MiB value to a new key")
+	got, err := raw.Get(ctx, &fencerv1.GetRequest{Key: "fresh"})
+	require.NoError(t, err)
+	require.Equal(t, big, got.GetValue())
 }

@@ -69,7 +69,12 @@ const (
 //     losses in one revision than a feed holds still all arrive
 //     (TestLeaseHubDeliversMoreLossesInOneRevisionThanAFeedHolds).
 //   - One stream's start (compacted, in the future, fresh) never leaks into
-//     another's (TestLeaseHubStreamsDoNotInheritEachOthersStart).
+//     another's (TestLeaseHubStreamsDoNotInheritEachOthersStart). A start
+//     ahead of the shared watch (an acquisition's revision it has not seen
+//     yet) joins it and gets its losses
+//     (TestLeaseHubFeedsAStreamFromAheadOfItsSharedWatch); the hub takes
+//     any start, and WatchLease refuses one beyond the store's next
+//     revision (loss_test.go, TestWatchLeaseRefusesAFutureStartRevision).
 //   - Unsubscribe racing handOver under the lock: the feed never joins the
 //     shared run after it left (TestLeaseHubNeverJoinsAnUnsubscribedFeed).
 //   - A catch-up longer than one etcd response while no shared run exists:

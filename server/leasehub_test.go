@@ -276,6 +276,36 @@ func TestLeaseHubStreamsDoNotInheritEachOthersStart(t *testing.T) {
 	quiet(t, future, 1<<40)
 }
 
+// TestLeaseHubFeedsAStreamFromAheadOfItsSharedWatch starts the shared
+// watch late (as a restart after a failure does), so that it has seen
+// nothing when streams subscribe from the revision an acquisition returned
+// and from the store's next revision: both are ahead of it, join it, and
+// get the loss once it catches up. WatchLease refuses only a start beyond
+// the store's next revision (TestWatchLeaseRefusesAFutureStartRevision).
+func TestLeaseHubFeedsAStreamFromAheadOfItsSharedWatch(t *testing.T) {
+	r := newHubRig(t)
+	since := r.now() + 1
+	r.hub.mu.Lock()
+	r.hub.shared = r.hub.runShared(&hubRun{since: since, next: since, reported: since, byLease: map[clientv3.LeaseID][]*clientv3.Event{}, delay: 3 * time.Second})
+	r.hub.mu.Unlock()
+	r.hold(r.session(), "other") // a revision the shared watch has not seen
+	a := r.session()
+	r.hold(a, "a1")
+	acquired := r.now()
+	feeds := []*hubFeed{r.subscribe(a, acquired), r.subscribe(a, acquired+1)}
+	r.hub.mu.Lock()
+	behind := r.hub.shared.next
+	r.hub.mu.Unlock()
+	require.Less(t, behind, acquired, "the shared watch has seen nothing yet")
+	for _, f := range feeds {
+		require.True(t, r.joined(f), "a start ahead of the shared watch joins it")
+	}
+	lost := r.lose("a1")
+	for _, f := range feeds {
+		require.Equal(t, lost, next(t, f).GetRevision())
+	}
+}
+
 func TestLeaseHubCloseEndsFeeds(t *testing.T) {
 	r := newHubRig(t)
 	feed := r.subscribe(r.session(), r.now()+1)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -126,4 +127,56 @@ func TestLossBetweenAcquisitionAndReplyIsReported(t *testing.T) {
 		lost := nextLost(t, stream)
 		require.Equal(t, c.GetToken(), lost.GetToken())
 	})
+}
+
+// TestWatchLeaseRefusesAFutureStartRevision asks for a stream from a
+// revision the store has not reached, while the lease hub's shared watch
+// runs: it is refused with INVALID_ARGUMENT (cause future_revision, field
+// start_revision). Streams from the revision an Acquire returned, and from
+// the revision right after it (the store's next, which the shared watch
+// may not have reached yet), are accepted and report the lease's loss.
+func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, _ := startServer(t, st)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a"})
+	require.NoError(t, err)
+	tok, err := token.Parse(a.GetToken())
+	require.NoError(t, err)
+
+	watch := func(start int64) (fencerv1.FencerService_WatchLeaseClient, *fencerv1.WatchLeaseResponse, error) {
+		wctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		stream, err := rpc.WatchLease(wctx, &fencerv1.WatchLeaseRequest{SessionId: a.GetSessionId(), StartRevision: start})
+		require.NoError(t, err)
+		first, err := stream.Recv()
+		return stream, first, err
+	}
+	head, err := st.Client().Get(ctx, "any")
+	require.NoError(t, err)
+	// The shared etcd may move on meanwhile (other tests' leases expire),
+	// so the near future is a hundred revisions ahead, not one.
+	for _, start := range []int64{1e12, head.Header.Revision + 100} {
+		_, first, err := watch(start)
+		require.Error(t, err, "a stream from revision %d (the store is at %d) answered %v", start, head.Header.Revision, first)
+		requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "future_revision")
+		require.Equal(t, "start_revision", errorInfo(t, err).GetMetadata()["field"])
+	}
+
+	var streams []fencerv1.FencerService_WatchLeaseClient
+	for _, start := range []int64{tok.Revision, tok.Revision + 1} {
+		stream, first, err := watch(start)
+		require.NoError(t, err, "from revision %d", start)
+		require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, first.GetType())
+		require.Equal(t, start, first.GetRevision())
+		streams = append(streams, stream)
+	}
+	_, err = rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: a.GetToken()}})
+	require.NoError(t, err)
+	for _, stream := range streams {
+		lost := nextLost(t, stream)
+		require.Equal(t, a.GetToken(), lost.GetToken())
+		require.Equal(t, "deleted", lost.GetReason())
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
@@ -27,7 +28,10 @@ const progressEvery = time.Second
 // attached to the session and that is deleted, or rewritten under another
 // etcd lease or create revision, is reported LOST. When the session key is
 // deleted the stream ends with SESSION_NOT_FOUND; LOST events for the same
-// revision may not have been sent first.
+// revision may not have been sent first. A start revision beyond the
+// store's next revision is refused with INVALID_ARGUMENT (cause
+// future_revision); one up to it is accepted, even if the shared watch has
+// not reached it yet.
 func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.FencerService_WatchLeaseServer) error {
 	if err := validateWatchLease(req); err != nil {
 		return err
@@ -41,6 +45,13 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	start := req.GetStartRevision()
 	if start == 0 {
 		start = rev + 1
+	}
+	if start > rev+1 {
+		// rev is the store's head (checkSession reads linearizably), and
+		// every revision a client was told of is at most rev. The hub does
+		// not check: its shared watch would accept the start and never
+		// reach it.
+		return inField("start_revision", fmt.Errorf("server: start revision %d is beyond the store's next revision %d: %w", start, rev+1, rpctypes.ErrFutureRev))
 	}
 	feed := s.hub.subscribe(id, start, rev)
 	defer s.hub.unsubscribe(feed)
