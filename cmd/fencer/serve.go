@@ -168,6 +168,11 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A prefix inside another deployment's key space would let that
+	// deployment's data writes forge this one's leases and tokens.
+	if err := etcdstore.CheckPrefix(ctx, cli, f.prefix); err != nil {
+		return err
+	}
 	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log})
 	if err != nil {
 		return err
