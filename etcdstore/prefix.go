@@ -2,8 +2,10 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,10 +32,13 @@ func (e *NestedPrefixError) Error() string {
 // CheckPrefix returns a *NestedPrefixError if a proper ancestor of prefix
 // at a "/" boundary (for "/a/b/": "/" and "/a/") has a Store's layout in
 // etcd, that is any key under its leases/, epochs/, fences/ or owners/. It
-// reads only key counts. It cannot catch the reverse order, a deployment
-// started later at an ancestor of prefix, nor a deployment that has not
-// written a key yet: etcd's own RBAC, one user per deployment confined to
-// its prefix, is what isolates deployments (docs/operations.md).
+// reads only key counts, and only what cli's etcd user may read: a range
+// it may not read counts as empty. It cannot catch the reverse order, a
+// deployment started later at an ancestor of prefix, nor a deployment that
+// has not written a key yet, nor one its user cannot see. Prefixes of
+// deployments sharing an etcd must never be nested; etcd's own RBAC, one
+// user per deployment confined to its prefix, is what isolates them
+// (docs/operations.md).
 func CheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
 	for i := 0; i < len(prefix)-1; i++ {
 		if prefix[i] != '/' {
@@ -42,6 +47,9 @@ func CheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error
 		outer := prefix[:i+1]
 		for _, dir := range layoutDirs {
 			resp, err := cli.Get(ctx, outer+dir, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithLimit(1))
+			if errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied) {
+				continue // out of this etcd user's sight
+			}
 			if err != nil {
 				return fmt.Errorf("etcdstore: check prefix %q: %w", prefix, err)
 			}

@@ -2,8 +2,11 @@ package etcdstore_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -37,4 +40,40 @@ func TestCheckPrefix(t *testing.T) {
 	_, err := cli.Put(ctx, outer+"data/tenant1/epochs/x", "1")
 	require.NoError(t, err)
 	require.NoError(t, etcdstore.CheckPrefix(ctx, cli, outer+"data/tenant2/"))
+}
+
+// TestCheckPrefixSeesOnlyWhatRBACAllows checks a prefix inside an outer
+// deployment as an etcd user whose role is confined to that prefix: the
+// outer deployment's keys are out of its sight, so the check passes (the
+// RBAC is the isolation), while the same check as root refuses it.
+func TestCheckPrefixSeesOnlyWhatRBACAllows(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	member := etcdtest.Start(t)
+	root := etcdtest.Client(t, member.Endpoint())
+	inner := "/fencer/data/tenant2/"
+	_, err := root.Put(ctx, "/fencer/epochs/T0", "1")
+	require.NoError(t, err)
+	for _, step := range []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "tenant2"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "tenant2", inner, clientv3.GetPrefixRangeEnd(inner), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserAdd(ctx, "tenant2", "tenant2pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "tenant2", "tenant2"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	} {
+		require.NoError(t, step())
+	}
+	as := func(user, password string) *clientv3.Client {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, Username: user, Password: password, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		require.NoError(t, err)
+		t.Cleanup(func() { cli.Close() })
+		return cli
+	}
+	require.NoError(t, etcdstore.CheckPrefix(ctx, as("tenant2", "tenant2pw"), inner))
+	var nested *etcdstore.NestedPrefixError
+	require.ErrorAs(t, etcdstore.CheckPrefix(ctx, as("root", "rootpw"), inner), &nested)
 }
