@@ -220,6 +220,7 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 	cfg.AutoCompactionMode = embed.CompactorModePeriodic
 	cfg.AutoCompactionRetention = o.retention.String()
 	cfg.QuotaBackendBytes = o.quota
+	cfg.MaxTxnOps = MaxTxnOps
 	if o.maxRequestBytes > 0 {
 		cfg.MaxRequestBytes = o.maxRequestBytes
 	}

@@ -16,6 +16,16 @@ const DefaultCompactionRetention = time.Hour
 // is disarmed.
 const DefaultQuotaBytes = 2 << 30
 
+// MaxTxnOps is the --max-txn-ops of every member: the most compares, or
+// operations of one branch, a Txn may have, less at each nesting level the
+// operations of the Txns around it (etcd's rule). 258 is what the service's
+// documented Txn limits need at worst: a guarded Txn is a Txn of the two
+// token compares (level 1), around one owner compare per data key written,
+// at most 2 x 64 (level 2), around the caller's Txn, whose branch is its
+// 64 operations plus one owner claim per fresh key, 128 (level 3):
+// 2 + 128 + 128. etcd's default is 128.
+const MaxTxnOps = 258
+
 // Option configures the members StartCluster starts.
 type Option func(*options)
 

@@ -49,8 +49,10 @@ type Store struct {
 // Option configures a Store.
 type Option func(*Store)
 
-// WithPrefix sets the key prefix; it must end in "/". Stores with different
-// prefixes are independent.
+// WithPrefix sets the key prefix; it must end in "/". Stores whose prefixes
+// are not nested (neither is a prefix of the other) are independent; a
+// Store whose prefix lies inside another's can have its keys written by the
+// other's data writes (CheckPrefix detects some of these).
 func WithPrefix(prefix string) Option { return func(s *Store) { s.prefix = prefix } }
 
 // New returns a Store that uses cli. The Store does not close cli.

@@ -19,7 +19,10 @@ const (
 	DefaultTTLSeconds = 10
 	// MaxTxnCompares is the most compares a Txn may carry.
 	MaxTxnCompares = 64
-	// MaxTxnOps is the most operations each Txn branch may carry.
+	// MaxTxnOps is the most operations each Txn branch may carry. A Txn at
+	// this limit needs an etcd with --max-txn-ops of at least
+	// embedetcd.MaxTxnOps (258); on etcd's default of 128, etcd itself
+	// refuses smaller Txns with too_many_ops.
 	MaxTxnOps = 64
 	// MaxListPageSize is the largest page ListLeases returns.
 	MaxListPageSize = 5000

@@ -86,7 +86,7 @@ func (a *app) acquireCmd() *cobra.Command {
 			case dash == 1 && len(args) == 1:
 				return usagef("no command after --: fencer acquire %s -- CMD [ARGS...], or drop -- to hold the lease until interrupted", args[0])
 			}
-			return nil
+			return validUTF8("NAME", args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.validate(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -53,13 +54,28 @@ func (a *app) withClient(ctx context.Context, do func(ctx context.Context, cc *g
 
 // nArgs accepts exactly n arguments, refusing others with a usage error
 // that shows the command's use line.
-func nArgs(n int) cobra.PositionalArgs {
+func nArgs(n int, text ...string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
 			return usagef("want %d argument(s), got %d: fencer %s", n, len(args), cmd.Use)
 		}
+		for i, name := range text {
+			if err := validUTF8(name, args[i]); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
+}
+
+// validUTF8 refuses an argument that is not valid UTF-8, such as a name or
+// key, which the service's protobuf strings cannot carry: gRPC would fail
+// the call before the server could say why.
+func validUTF8(name, arg string) error {
+	if !utf8.ValidString(arg) {
+		return usagef("invalid %s %q: not valid UTF-8", name, arg)
+	}
+	return nil
 }
 
 // tokenFlag adds --token, read from $FENCER_TOKEN as set by fencer
@@ -106,7 +122,7 @@ func (a *app) putCmd() *cobra.Command {
 belongs to that lease or to none; otherwise nothing is written (exit code
 4 for a stale token, 8 for a key of another lease). The token comes from
 --token or $FENCER_TOKEN, which fencer acquire sets for its command.`,
-		Args: nArgs(2),
+		Args: nArgs(2, "KEY"),
 	}
 	tokStr := tokenFlag(cmd)
 	opts := takeOverFlag(cmd, "key")
@@ -139,7 +155,7 @@ func (a *app) deleteCmd() *cobra.Command {
 token's lease or to none, like put. Deleting a key that does not exist
 succeeds, and says so (deleted: false).`,
 		Aliases: []string{"del"},
-		Args:    nArgs(1),
+		Args:    nArgs(1, "KEY"),
 	}
 	tokStr := tokenFlag(cmd)
 	opts := takeOverFlag(cmd, "key")
@@ -172,7 +188,7 @@ func (a *app) advanceCmd() *cobra.Command {
 is current and not lower than the one recorded (exit code 4 otherwise): the
 sequencer check for a store that cannot run a transaction. A resource
 advanced by another lease is refused (exit code 8) unless --take-over.`,
-		Args: nArgs(1),
+		Args: nArgs(1, "RESOURCE"),
 	}
 	tokStr := tokenFlag(cmd)
 	opts := takeOverFlag(cmd, "resource")
@@ -238,7 +254,7 @@ func (a *app) getCmd() *cobra.Command {
 		Use:   "get KEY",
 		Short: "read a data key (exit code 3 if it does not exist)",
 		Long:  `Prints KEY's value (text), or the key with its revisions (table, json, yaml). Reads are not guarded.`,
-		Args:  nArgs(1),
+		Args:  nArgs(1, "KEY"),
 	}
 	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
 		v, found, err := c.Get(ctx, args[0])

@@ -118,7 +118,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopWatchers()
-	watchErrs := make(chan error, len(watchers)+1)
+	watchErrs := make(chan error, len(watchers)+2)
 	for _, w := range watchers {
 		wg.Go(func() {
 			if err := w(ctx); err != nil {
@@ -168,6 +168,17 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkPrefix(ctx, cli, f.prefix, log); err != nil {
+		var nested *etcdstore.NestedPrefixError
+		if errors.As(err, &nested) {
+			return err
+		}
+		wg.Go(func() {
+			if err := recheckPrefix(ctx, cli, f.prefix); err != nil {
+				watchErrs <- err
+			}
+		})
+	}
 	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log})
 	if err != nil {
 		return err
@@ -215,6 +226,46 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 		_ = metrics.Shutdown(sctx)
 	}
 	return err
+}
+
+// prefixCheckTimeout bounds the check of --prefix at start, so that an
+// unreachable etcd delays the start by no more than this.
+const prefixCheckTimeout = 2 * time.Second
+
+// checkPrefix refuses a prefix inside another deployment's key space (whose
+// data writes could then forge this one's leases and tokens): it returns
+// the *etcdstore.NestedPrefixError, or another error, logged, if etcd did
+// not answer within prefixCheckTimeout.
+func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, prefixCheckTimeout)
+	defer cancel()
+	err := etcdstore.CheckPrefix(cctx, cli, prefix)
+	var nested *etcdstore.NestedPrefixError
+	if err != nil && !errors.As(err, &nested) {
+		log.Warn("could not check --prefix yet; checking again until etcd answers", "prefix", prefix, "error", err)
+	}
+	return err
+}
+
+// recheckPrefix checks prefix every second until etcd answers, and
+// returns the *etcdstore.NestedPrefixError if the answer is a refusal, or
+// nil. Until it answers, the server may serve calls (which fail while etcd
+// is unreachable).
+func recheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+		cctx, cancel := context.WithTimeout(ctx, prefixCheckTimeout)
+		err := etcdstore.CheckPrefix(cctx, cli, prefix)
+		cancel()
+		var nested *etcdstore.NestedPrefixError
+		if err == nil || errors.As(err, &nested) {
+			return err
+		}
+	}
 }
 
 // logger builds the server's logger from --log-level and --log-format.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -185,6 +186,9 @@ func parseCompare(line string) (*fencerv1.Compare, error) {
 	if key == "" {
 		return nil, errors.New("empty key")
 	}
+	if !utf8.ValidString(key) {
+		return nil, fmt.Errorf("key %q: not valid UTF-8", key)
+	}
 	w, err := words(rest[1:])
 	if err != nil {
 		return nil, err
@@ -222,6 +226,8 @@ func parseOp(line string) (*fencerv1.Op, error) {
 		return nil, fmt.Errorf("%s takes %d argument(s), got %d", w[0], n-1, len(w)-1)
 	case w[1] == "":
 		return nil, errors.New("empty key")
+	case !utf8.ValidString(w[1]):
+		return nil, fmt.Errorf("key %q: not valid UTF-8", w[1])
 	}
 	switch w[0] {
 	case "put":

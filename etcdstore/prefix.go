@@ -1,0 +1,62 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// layoutDirs are the key spaces a Store keeps under its prefix; a key
+// under prefix+dir for any of them shows that a deployment uses prefix.
+var layoutDirs = []string{"leases/", "epochs/", "fences/", "owners/"}
+
+// NestedPrefixError reports a prefix that lies inside the key space of
+// another deployment found in etcd: that deployment's guarded writes of its
+// own data keys could then write this prefix's holder, epoch and fence
+// keys, forging or invalidating its tokens.
+type NestedPrefixError struct {
+	// Prefix is the prefix that was refused.
+	Prefix string
+	// Outer is the other deployment's prefix, a proper ancestor of Prefix
+	// under which etcd holds a lease, epoch, fence or owner key.
+	Outer string
+}
+
+func (e *NestedPrefixError) Error() string {
+	return fmt.Sprintf("etcdstore: prefix %q lies inside the key space of the deployment with prefix %q in the same etcd; prefixes of deployments sharing an etcd must not be nested", e.Prefix, e.Outer)
+}
+
+// CheckPrefix returns a *NestedPrefixError if a proper ancestor of prefix
+// at a "/" boundary (for "/a/b/": "/" and "/a/") has a Store's layout in
+// etcd, that is any key under its leases/, epochs/, fences/ or owners/. It
+// reads only key counts, and only what cli's etcd user may read: a range
+// it may not read counts as empty. It cannot catch the reverse order, a
+// deployment started later at an ancestor of prefix, nor a deployment that
+// has not written a key yet, nor one its user cannot see. Prefixes of
+// deployments sharing an etcd must never be nested; etcd's own RBAC, one
+// user per deployment confined to its prefix, is what isolates them
+// (docs/operations.md).
+func CheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
+	for i := 0; i < len(prefix)-1; i++ {
+		if prefix[i] != '/' {
+			continue
+		}
+		outer := prefix[:i+1]
+		for _, dir := range layoutDirs {
+			resp, err := cli.Get(ctx, outer+dir, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithLimit(1))
+			if errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied) {
+				continue // out of this etcd user's sight
+			}
+			if err != nil {
+				return fmt.Errorf("etcdstore: check prefix %q: %w", prefix, err)
+			}
+			if resp.Count > 0 {
+				return &NestedPrefixError{Prefix: prefix, Outer: outer}
+			}
+		}
+	}
+	return nil
+}
