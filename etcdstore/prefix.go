@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -29,22 +30,29 @@ func (e *NestedPrefixError) Error() string {
 	return fmt.Sprintf("etcdstore: prefix %q lies inside the key space of the deployment with prefix %q in the same etcd; prefixes of deployments sharing an etcd must not be nested", e.Prefix, e.Outer)
 }
 
-// CheckPrefix returns a *NestedPrefixError if a proper ancestor of prefix
-// at a "/" boundary (for "/a/b/": "/" and "/a/") has a Store's layout in
-// etcd, that is any key under its leases/, epochs/, fences/ or owners/. It
-// reads only key counts, and only what cli's etcd user may read: a range
-// it may not read counts as empty. It cannot catch the reverse order, a
-// deployment started later at an ancestor of prefix, nor a deployment that
-// has not written a key yet, nor one its user cannot see. Prefixes of
-// deployments sharing an etcd must never be nested; etcd's own RBAC, one
-// user per deployment confined to its prefix, is what isolates them
-// (docs/operations.md).
+// CheckPrefix returns a *NestedPrefixError if prefix lies inside the
+// data or owner key space of another deployment: if, for a proper ancestor
+// A of prefix at a "/" boundary (for "/a/data/b/": "/" and "/a/"), prefix
+// begins with A+"data/" or A+"owners/", and etcd holds a Store's layout
+// under A, that is any key under its leases/, epochs/, fences/ or owners/.
+// Those are the key spaces whose keys A's clients choose; a prefix under
+// A's other key spaces (or beside them) is not written by A and is not
+// refused. It reads only key counts, and only what cli's etcd user may
+// read: a range it may not read counts as empty. It cannot catch the
+// reverse order, a deployment started later at an ancestor of prefix, nor
+// a deployment that has not written a key yet, nor one its user cannot
+// see. Prefixes of deployments sharing an etcd must never be nested;
+// etcd's own RBAC, one user per deployment confined to its prefix, is
+// what isolates them (docs/operations.md).
 func CheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error {
 	for i := 0; i < len(prefix)-1; i++ {
 		if prefix[i] != '/' {
 			continue
 		}
-		outer := prefix[:i+1]
+		outer, rest := prefix[:i+1], prefix[i+1:]
+		if !strings.HasPrefix(rest, "data/") && !strings.HasPrefix(rest, "owners/") {
+			continue
+		}
 		for _, dir := range layoutDirs {
 			resp, err := cli.Get(ctx, outer+dir, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithLimit(1))
 			if errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied) {

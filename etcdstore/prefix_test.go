@@ -24,7 +24,7 @@ func TestCheckPrefix(t *testing.T) {
 	for _, dir := range []string{"leases/", "epochs/", "fences/", "owners/"} {
 		_, err := cli.Put(ctx, outer+dir+"x", "1")
 		require.NoError(t, err)
-		for _, inner := range []string{outer + "data/tenant2/", outer + "epochs/a/b/", outer + "other/"} {
+		for _, inner := range []string{outer + "data/tenant2/", outer + "owners/t/", outer + "data/"} {
 			err := etcdstore.CheckPrefix(ctx, cli, inner)
 			var nested *etcdstore.NestedPrefixError
 			require.ErrorAs(t, err, &nested, "%s with a key under %s", inner, dir)
@@ -33,6 +33,12 @@ func TestCheckPrefix(t *testing.T) {
 			require.Contains(t, err.Error(), outer)
 		}
 		require.NoError(t, etcdstore.CheckPrefix(ctx, cli, outer))
+		// Key spaces that the outer deployment's clients do not choose
+		// keys in are not refused: a key such as /leases/x of another
+		// program at the root does not refuse every prefix.
+		for _, beside := range []string{outer + "other/", outer + "epochs/a/b/", outer + "tenant/data/"} {
+			require.NoError(t, etcdstore.CheckPrefix(ctx, cli, beside), "%s with a key under %s", beside, dir)
+		}
 		_, err = cli.Delete(ctx, outer+dir+"x")
 		require.NoError(t, err)
 	}

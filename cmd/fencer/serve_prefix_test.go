@@ -23,7 +23,7 @@ func TestServeRefusesANestedPrefix(t *testing.T) {
 	cli := etcdtest.Client(t, member.Endpoint())
 	_, err := cli.Put(etcdtest.Context(t), "/fencer/epochs/T0", "1")
 	require.NoError(t, err)
-	for _, prefix := range []string{"/fencer/data/tenant2/", "/fencer/epochs/x/", "/fencer/other/"} {
+	for _, prefix := range []string{"/fencer/data/tenant2/", "/fencer/owners/x/"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		var stderr bytes.Buffer
 		code := runServe(ctx, []string{"--listen", freeAddr(t), "--metrics-listen", "", "--etcd-endpoints", member.Endpoint(), "--prefix", prefix}, &bytes.Buffer{}, &stderr)
