@@ -15,6 +15,7 @@ run() { # package, benchmark regexp, default benchtime
 # vs concurrency.Mutex at 1 and 64 goroutines, and a one-goroutine cycle taken
 # apart with raw etcd calls; loss detection after an external delete.
 run ./etcdstore 'BenchmarkGuardedPut$' 3000x
+run ./etcdstore 'BenchmarkGuardedPutFreshKey$' 2000x
 run ./etcdstore 'BenchmarkAcquireRelease$' 2000x
 run ./etcdstore 'BenchmarkAcquireReleaseCost$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
