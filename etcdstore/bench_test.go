@@ -15,6 +15,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // timeRounds runs each variant n times, interleaved in rounds of 50 so that
@@ -59,6 +60,18 @@ func mutexSession(b *testing.B, st *etcdstore.Store) *concurrency.Session {
 	return es
 }
 
+// benchLease returns a store on the shared etcd member and the token of
+// its lease "bench", held by a session that ends with b.
+func benchLease(b *testing.B) (*etcdstore.Store, token.Token) {
+	b.Helper()
+	st := etcdtest.Store(b)
+	l, err := newSession(b, st).Acquire(context.Background(), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st, l.Token()
+}
+
 // BenchmarkGuardedPut compares Store.Put (an exact token, the key's owner)
 // with the hand-written guarded etcd Txn of the P1 target,
 // If(CreateRevision(holder) = rev).Then(OpPut), and with a plain,
@@ -71,13 +84,8 @@ func mutexSession(b *testing.B, st *etcdstore.Store) *concurrency.Session {
 // faster than the baseline; ratio-vs-rawtxn is the P1 figure.
 func BenchmarkGuardedPut(b *testing.B) {
 	ctx := context.Background()
-	st := etcdtest.Store(b)
-	s := newSession(b, st)
-	l, err := s.Acquire(ctx, "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	tok, key := l.Token(), st.DataKey("k")
+	st, tok := benchLease(b)
+	key := st.DataKey("k")
 	holderKey, epochKey, ownerKey := st.Prefix()+"leases/bench", st.Prefix()+"epochs/bench", st.OwnerKey("k")
 	val := []byte("value")
 	if _, err := st.Put(ctx, tok, "k", val); err != nil { // claim k, as every Put after the first finds it
@@ -139,13 +147,8 @@ func BenchmarkGuardedPut(b *testing.B) {
 // chain-ratio-vs-twobranch above 1 means the chain is faster.
 func BenchmarkGuardedPutFreshKey(b *testing.B) {
 	ctx := context.Background()
-	st := etcdtest.Store(b)
-	s := newSession(b, st)
-	l, err := s.Acquire(ctx, "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	tok, cli, val := l.Token(), st.Client(), "value"
+	st, tok := benchLease(b)
+	cli, val := st.Client(), "value"
 	guard := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(st.Prefix()+"leases/bench"), "=", tok.Revision),
 		clientv3.Compare(clientv3.Value(st.Prefix()+"epochs/bench"), "=", strconv.FormatUint(tok.Epoch, 10)),
