@@ -66,7 +66,9 @@ type FencerServiceClient interface {
 	// KeepAlive renews sessions. Each request renews one session and is
 	// answered by one response carrying the TTL etcd granted. The stream ends
 	// with SESSION_NOT_FOUND when a session has expired; a session can never
-	// be revived.
+	// be revived. On a server with a token file, the stream (like a
+	// WatchLease stream) ends with UNAUTHENTICATED when its bearer token is
+	// removed from the file, so its sessions then expire after their TTL.
 	KeepAlive(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[KeepAliveRequest, KeepAliveResponse], error)
 	// Release ends one acquisition (by token) or a whole session (by
 	// session_id). Releasing a token deletes the holder key only if the token
@@ -267,7 +269,9 @@ type FencerServiceServer interface {
 	// KeepAlive renews sessions. Each request renews one session and is
 	// answered by one response carrying the TTL etcd granted. The stream ends
 	// with SESSION_NOT_FOUND when a session has expired; a session can never
-	// be revived.
+	// be revived. On a server with a token file, the stream (like a
+	// WatchLease stream) ends with UNAUTHENTICATED when its bearer token is
+	// removed from the file, so its sessions then expire after their TTL.
 	KeepAlive(grpc.BidiStreamingServer[KeepAliveRequest, KeepAliveResponse]) error
 	// Release ends one acquisition (by token) or a whole session (by
 	// session_id). Releasing a token deletes the holder key only if the token

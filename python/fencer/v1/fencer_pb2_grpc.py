@@ -94,7 +94,9 @@ class FencerServiceServicer(object):
         """KeepAlive renews sessions. Each request renews one session and is
         answered by one response carrying the TTL etcd granted. The stream ends
         with SESSION_NOT_FOUND when a session has expired; a session can never
-        be revived.
+        be revived. On a server with a token file, the stream (like a
+        WatchLease stream) ends with UNAUTHENTICATED when its bearer token is
+        removed from the file, so its sessions then expire after their TTL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
