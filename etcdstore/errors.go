@@ -50,8 +50,9 @@ func invalid(arg, value, reason string) error { return token.InvalidArgument(arg
 // request larger than its send limit (2 MiB unless the client was
 // configured otherwise): a gRPC ResourceExhausted that is not one of
 // etcd's own errors (etcd's ResourceExhausted errors, too many requests
-// and no space, are typed), whether the client converted those or not. Such a request never reached etcd, so nothing
-// of it was written, and sending it again fails again. It does not tell
+// and no space, are typed), whether the client converted those or not.
+// Such a request never reached etcd, so nothing of it was written, and
+// sending it again fails again. It does not tell
 // that refusal from gRPC's rarer ResourceExhausted errors on the client's
 // side (a response over the client's receive limit, an HTTP/2 stream reset
 // with FLOW_CONTROL or ENHANCE_YOUR_CALM), which it reports the same way.

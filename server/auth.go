@@ -64,9 +64,9 @@ type Anonymous string
 func (a Anonymous) Authenticate(context.Context) (string, error) { return string(a), nil }
 
 // BearerTokens authenticates calls by the "authorization: Bearer <token>"
-// metadata (the scheme in any case, one space before the token) against a fixed set of tokens. Tokens are compared by their
-// SHA-256 digest, so lookup time does not depend on how much of a token
-// matches. It does not expire or rotate tokens; TokenFile reloads a
+// metadata (the scheme in any case, one space before the token) against a
+// fixed set of tokens. Tokens are compared by their SHA-256 digest, so
+// lookup time does not depend on how much of a token matches. It does not expire or rotate tokens; TokenFile reloads a
 // token file when it changes.
 type BearerTokens struct {
 	principals map[[sha256.Size]byte]string

@@ -53,13 +53,14 @@ func (a *app) withClient(ctx context.Context, do func(ctx context.Context, cc *g
 }
 
 // nArgs accepts exactly n arguments, refusing others with a usage error
-// that shows the command's use line.
-func nArgs(n int, text ...string) cobra.PositionalArgs {
+// that shows the command's use line; the first len(names) must be valid
+// UTF-8, and are named so in the error.
+func nArgs(n int, names ...string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
 			return usagef("want %d argument(s), got %d: fencer %s", n, len(args), cmd.Use)
 		}
-		for i, name := range text {
+		for i, name := range names {
 			if err := validUTF8(name, args[i]); err != nil {
 				return err
 			}

@@ -168,11 +168,10 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := checkPrefix(ctx, cli, f.prefix, log); err != nil {
-		var nested *etcdstore.NestedPrefixError
-		if errors.As(err, &nested) {
-			return err
-		}
+	if answered, err := checkPrefix(ctx, cli, f.prefix); answered && err != nil {
+		return err
+	} else if !answered {
+		log.Warn("could not check --prefix yet; checking again until etcd answers", "prefix", f.prefix, "error", err)
 		wg.Go(func() {
 			if err := recheckPrefix(ctx, cli, f.prefix); err != nil {
 				watchErrs <- err
@@ -232,19 +231,16 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
 // unreachable etcd delays the start by no more than this.
 const prefixCheckTimeout = 2 * time.Second
 
-// checkPrefix refuses a prefix inside another deployment's key space (whose
-// data writes could then forge this one's leases and tokens): it returns
-// the *etcdstore.NestedPrefixError, or another error, logged, if etcd did
-// not answer within prefixCheckTimeout.
-func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string, log *slog.Logger) error {
+// checkPrefix checks that prefix is not inside another deployment's key
+// space (whose data writes could then forge this one's leases and tokens),
+// within prefixCheckTimeout. It reports whether etcd answered, with nil or
+// the *etcdstore.NestedPrefixError; if not, err is why.
+func checkPrefix(ctx context.Context, cli *clientv3.Client, prefix string) (answered bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, prefixCheckTimeout)
 	defer cancel()
-	err := etcdstore.CheckPrefix(cctx, cli, prefix)
+	err = etcdstore.CheckPrefix(cctx, cli, prefix)
 	var nested *etcdstore.NestedPrefixError
-	if err != nil && !errors.As(err, &nested) {
-		log.Warn("could not check --prefix yet; checking again until etcd answers", "prefix", prefix, "error", err)
-	}
-	return err
+	return err == nil || errors.As(err, &nested), err
 }
 
 // recheckPrefix checks prefix every second until etcd answers, and
@@ -258,11 +254,7 @@ func recheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) err
 			return nil
 		case <-time.After(time.Second):
 		}
-		cctx, cancel := context.WithTimeout(ctx, prefixCheckTimeout)
-		err := etcdstore.CheckPrefix(cctx, cli, prefix)
-		cancel()
-		var nested *etcdstore.NestedPrefixError
-		if err == nil || errors.As(err, &nested) {
+		if answered, err := checkPrefix(ctx, cli, prefix); answered {
 			return err
 		}
 	}
