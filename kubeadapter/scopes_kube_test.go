@@ -180,6 +180,9 @@ func TestShardScopesOneActive(t *testing.T) {
 	settled(t, []*ringMember{d1, d2}, many)
 	w30 := steadyWrites(t, k, d2)
 	t.Logf("steady-state Lease writes over 8 renewal periods: %.0f for 3 namespaces, %.0f for 30", w3, w30)
-	require.InDelta(t, w3, w30, 1, "steady-state Lease writes grew with the namespaces")
-	require.InDelta(t, 16, w3, 1, "two members renewing every period")
+	// A window of 8 periods may catch a renewal more or less per member, and
+	// a retried renewal on a loaded machine one more; renewing per scope
+	// would cost at least 24 more writes over 3 namespaces and 240 over 30.
+	require.InDelta(t, w3, w30, 4, "steady-state Lease writes grew with the namespaces")
+	require.InDelta(t, 16, w3, 4, "two members renewing every period")
 }
