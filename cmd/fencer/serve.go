@@ -97,11 +97,21 @@ docs/operations.md.`,
 	return cmd
 }
 
-func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
+// serve runs fencer serve until ctx ends (a signal), then shuts down and
+// returns nil, having logged "stopped" once everything it started has
+// stopped: also when ctx ends while the embedded etcd starts.
+func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 	log, err := f.logger(stderr)
 	if err != nil {
 		return err
 	}
+	stopped := ctx
+	defer func() {
+		if err == nil || stopped.Err() != nil && errors.Is(err, stopped.Err()) {
+			err = nil
+			log.Info("stopped")
+		}
+	}()
 	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler())) // certwatcher's logs
 	tlsCfg, auth, watchers, err := f.security(log)
 	if err != nil {
