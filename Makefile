@@ -26,7 +26,7 @@ demo: build
 
 ## build: build the fencer binary into bin/
 build:
-	$(GO) build -ldflags "-X main.commit=$$(git rev-parse HEAD 2>/dev/null)" -o bin/fencer ./cmd/fencer
+	@$(GO) build -ldflags "-X main.commit=$$(git rev-parse HEAD 2>/dev/null)" -o bin/fencer ./cmd/fencer
 
 ## kube-apiserver: build the test kube-apiserver into .cache/bin (cached)
 kube-apiserver:
