@@ -58,8 +58,8 @@ func (a *app) serveCmd() *cobra.Command {
 		Long: `Serves fencer's gRPC API on --listen, over an embedded etcd member in
 --data-dir, or over an existing etcd cluster with --etcd-endpoints. It
 refuses plaintext or unauthenticated service off loopback unless
---insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully. See
-docs/operations.md.`,
+--insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully; it then
+logs "stopped" and exits 0. See docs/operations.md.`,
 		Args: nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
