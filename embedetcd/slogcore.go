@@ -15,6 +15,7 @@ import (
 // above to log, as the embedded member's are (at slog's warn or error
 // level, fields as attributes, the zap logger's name as logger), for an
 // etcd client's clientv3.Config.Logger. Entries below warn are dropped.
+// Unlike a member's, no entry is logged at a level other than its own.
 // It adds no attributes of its own: give log a component.
 func ZapLogger(log *slog.Logger) *zap.Logger { return newZapLogger(log, nil) }
 
