@@ -15,14 +15,16 @@ all: lint test
 # run and demo build the binary and run it, rather than `go run` it: on
 # Ctrl-C, `go run` exits 1 whatever the program's status, and make then
 # reports an error; fencer serve itself exits 0 after a clean shutdown.
+# They and build echo no command, so that make demo prints what the
+# README's demo block shows (TestDocs runs that block).
 
 ## run: start the fencer service on an embedded etcd (data in ./data, gRPC on 127.0.0.1:7890)
 run: build
-	./bin/fencer serve
+	@./bin/fencer serve
 
 ## demo: play a stale write being fenced, live on an embedded etcd
 demo: build
-	./bin/fencer demo
+	@./bin/fencer demo
 
 ## build: build the fencer binary into bin/
 build:
