@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -76,8 +75,8 @@ type Server struct {
 	etcd   *embed.Etcd
 	lock   *os.File
 	once   sync.Once
-	// closing quiets etcd's logs of its own shutdown.
-	closing *atomic.Bool
+	// logs sets the levels of etcd's logs of this member.
+	logs *memberLog
 }
 
 // Start starts a single-member cluster described by m and waits until it
@@ -224,8 +223,8 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 	if o.maxRequestBytes > 0 {
 		cfg.MaxRequestBytes = o.maxRequestBytes
 	}
-	closing := new(atomic.Bool)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log, closing))
+	logs := new(memberLog)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log, logs))
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
 	e, err := embed.StartEtcd(cfg)
@@ -233,7 +232,7 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 		lock.Close()
 		return nil, fmt.Errorf("embedetcd: start member %s: %w", m.Name, err)
 	}
-	return &Server{member: m, etcd: e, lock: lock, closing: closing}, nil
+	return &Server{member: m, etcd: e, lock: lock, logs: logs}, nil
 }
 
 // lockDir takes an exclusive lock on a file in dir and returns the open
@@ -302,7 +301,7 @@ func (s *Server) IsLeader() bool {
 // directory. It is safe to call more than once.
 func (s *Server) Close() {
 	s.once.Do(func() {
-		s.closing.Store(true)
+		s.logs.closing.Store(true)
 		s.etcd.Close()
 		select {
 		case <-s.etcd.Server.StopNotify():

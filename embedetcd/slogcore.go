@@ -15,25 +15,73 @@ import (
 // above to log, as the embedded member's are (at slog's warn or error
 // level, fields as attributes, the zap logger's name as logger), for an
 // etcd client's clientv3.Config.Logger. Entries below warn are dropped.
+// Unlike a member's, no entry is logged at a level other than its own.
 // It adds no attributes of its own: give log a component.
-func ZapLogger(log *slog.Logger) *zap.Logger { return newZapLogger(log, new(atomic.Bool)) }
+func ZapLogger(log *slog.Logger) *zap.Logger { return newZapLogger(log, nil) }
 
-// newZapLogger is ZapLogger, with records at debug once closing is set.
-func newZapLogger(log *slog.Logger, closing *atomic.Bool) *zap.Logger {
-	return zap.New(&slogCore{log: log, min: zapcore.WarnLevel, closing: closing})
+// newZapLogger is ZapLogger for a member's logs when member is not nil:
+// at the levels member.level gives them.
+func newZapLogger(log *slog.Logger, member *memberLog) *zap.Logger {
+	return zap.New(&slogCore{log: log, min: zapcore.WarnLevel, member: member})
+}
+
+// moot are warnings every embedded member logs at start, about choices
+// that matter where others can reach etcd: the member serves its gRPC
+// and HTTP clients on one listener, and would sign auth tokens with the
+// "simple" provider. fencer's member serves only the owner's 0600 unix
+// socket, with auth off, and its only client is fencer's gRPC one. They
+// go out at info.
+var moot = map[string]bool{
+	"Running http and grpc server on single port. This is not recommended for production.": true,
+	"simple token is not cryptographically signed":                                         true,
+}
+
+// startupRace are the warning and the error a new member may log once,
+// a moment after its cluster version is first set: etcd's storage-version
+// monitor wakes on that, and reads the backend before its first commit
+// has saved the raft term, so it finds no version ("missing term
+// information"; etcd-io/etcd#18978). It tries again every 4 s, by when
+// the commit has long happened. The first of each goes out at info; a
+// second is a real failure and keeps etcd's level.
+var startupRace = [...]string{"Failed to detect schema version", "failed to update storage version"}
+
+// memberLog is what the logger of one member knows beyond each entry.
+type memberLog struct {
+	// closing is set once the member is being closed: etcd reports its
+	// listeners closing as errors.
+	closing atomic.Bool
+	// raced records which of startupRace has been logged once.
+	raced [len(startupRace)]atomic.Bool
+}
+
+// level is the slog level of a member's entry: debug once closing, info
+// for what moot and startupRace name (see there), and otherwise zap's
+// level mapped by slogLevel.
+func (m *memberLog) level(e zapcore.Entry) slog.Level {
+	if m.closing.Load() {
+		return slog.LevelDebug
+	}
+	if moot[e.Message] {
+		return slog.LevelInfo
+	}
+	for i, msg := range startupRace {
+		if e.Message == msg && m.raced[i].CompareAndSwap(false, true) {
+			return slog.LevelInfo
+		}
+	}
+	return slogLevel(e.Level)
 }
 
 // slogCore is a zapcore.Core that writes to a slog.Logger, so that etcd's
 // zap logs reach fencer's logger. (go.uber.org/zap/exp/zapslog bridges the
 // other way, slog to zap.) Fields become attributes in key order; entries
-// below min are dropped before their fields are encoded. Once closing is
-// set, records go out at debug level: etcd reports its listeners closing
-// under it as errors.
+// below min are dropped before their fields are encoded. A member's
+// entries (member not nil) go out at member.level.
 type slogCore struct {
-	log     *slog.Logger
-	min     zapcore.Level
-	attrs   []slog.Attr
-	closing *atomic.Bool
+	log    *slog.Logger
+	min    zapcore.Level
+	attrs  []slog.Attr
+	member *memberLog
 }
 
 var _ zapcore.Core = (*slogCore)(nil)
@@ -41,7 +89,7 @@ var _ zapcore.Core = (*slogCore)(nil)
 func (c *slogCore) Enabled(l zapcore.Level) bool { return l >= c.min }
 
 func (c *slogCore) With(fields []zapcore.Field) zapcore.Core {
-	return &slogCore{log: c.log, min: c.min, attrs: append(slices.Clip(c.attrs), attrsOf(fields)...), closing: c.closing}
+	return &slogCore{log: c.log, min: c.min, attrs: append(slices.Clip(c.attrs), attrsOf(fields)...), member: c.member}
 }
 
 func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -57,8 +105,8 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 		attrs = append(attrs, slog.String("logger", e.LoggerName))
 	}
 	level := slogLevel(e.Level)
-	if c.closing.Load() {
-		level = slog.LevelDebug
+	if c.member != nil {
+		level = c.member.level(e)
 	}
 	c.log.LogAttrs(context.Background(), level, e.Message, attrs...)
 	return nil

@@ -39,13 +39,14 @@ func (a *app) demoCmd() *cobra.Command {
 }
 
 func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer) error {
+	where := "in " + dataDir
 	if dataDir == "" {
 		dir, err := os.MkdirTemp("", "fencer-demo-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		dataDir = dir
+		dataDir, where = dir, "in a temporary directory"
 	}
 	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "demo", Dir: dataDir})
 	if err != nil {
@@ -69,7 +70,7 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 		defer mu.Unlock()
 		fmt.Fprintf(out, "%7.3fs  %-2s %s\n", time.Since(start).Seconds(), who, fmt.Sprintf(format, a...))
 	}
-	fmt.Fprintf(out, "fencer demo: embedded etcd at %s, data in %s\n\n", srv.Endpoint(), dataDir)
+	fmt.Fprintf(out, "fencer demo: workers A and B on an embedded etcd %s\n\n", where)
 
 	// A's keepalive runs on a clock that never moves: from the moment it
 	// has acquired, A behaves like a process frozen by a long GC pause or
@@ -92,12 +93,13 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 	say("A", "put orders/total = 100        accepted")
 	say("A", "stalls: no keepalive for longer than its %s TTL", ttl)
 	watchCtx, stopWatching := context.WithCancel(ctx)
-	noticed := make(chan struct{})
+	noticed, said := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(noticed)
 		select {
 		case <-la.Done():
 			say("A", "(its own watch saw the loss: %v; a frozen process would not)", la.Err())
+			close(said)
 		case <-watchCtx.Done():
 		}
 	}()
@@ -115,6 +117,14 @@ func demo(ctx context.Context, dataDir string, ttl time.Duration, out io.Writer)
 	lb, err := b.Acquire(ctx, "orders")
 	if err != nil {
 		return err
+	}
+	// A's watch and B's wait see the same deletion of A's holder key; A's
+	// line goes first, so that the timeline reads the same on every run.
+	select {
+	case <-said:
+	case <-time.After(ttl):
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	say("B", "acquired lease %q            token %s", "orders", lb.Token())
 	if _, err := st.Put(ctx, lb.Token(), "orders/total", []byte("250 (written by B)")); err != nil {

@@ -58,8 +58,8 @@ func (a *app) serveCmd() *cobra.Command {
 		Long: `Serves fencer's gRPC API on --listen, over an embedded etcd member in
 --data-dir, or over an existing etcd cluster with --etcd-endpoints. It
 refuses plaintext or unauthenticated service off loopback unless
---insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully. See
-docs/operations.md.`,
+--insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully; it then
+logs "stopped" and exits 0. See docs/operations.md.`,
 		Args: nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
@@ -97,11 +97,21 @@ docs/operations.md.`,
 	return cmd
 }
 
-func serve(ctx context.Context, f serveFlags, stderr io.Writer) error {
+// serve runs fencer serve until ctx ends (a signal), then shuts down and
+// returns nil, having logged "stopped" once everything it started has
+// stopped: also when ctx ends while the embedded etcd starts.
+func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 	log, err := f.logger(stderr)
 	if err != nil {
 		return err
 	}
+	stopped := ctx
+	defer func() {
+		if err == nil || stopped.Err() != nil && errors.Is(err, stopped.Err()) {
+			err = nil
+			log.Info("stopped")
+		}
+	}()
 	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler())) // certwatcher's logs
 	tlsCfg, auth, watchers, err := f.security(log)
 	if err != nil {
