@@ -96,8 +96,10 @@ class Client:
     $FENCER_AUTH_TOKEN. With root_certificates (PEM bytes, or True for the
     system's roots) the channel uses TLS; a bearer token is sent over
     plaintext only when allow_insecure is set or the server is on loopback.
-    ttl is the session's TTL in whole seconds; timeout bounds each call.
-    Methods are safe to call from several threads."""
+    ttl is the session's TTL in whole seconds; timeout bounds each call
+    to the server, in seconds, but not acquire's wait for a lease another
+    holder has (acquire's own timeout bounds that). Methods are safe to
+    call from several threads."""
 
     def __init__(self, server=None, auth_token=None, root_certificates=None,
                  ttl=10, timeout=10.0, allow_insecure=False):
@@ -128,9 +130,9 @@ class Client:
 
     # -- calls ---------------------------------------------------------
 
-    def _call(self, method, request, timeout=None):
+    def _call(self, method, request):
         try:
-            return method(request, metadata=self._md, timeout=timeout or self.timeout)
+            return method(request, metadata=self._md, timeout=self.timeout)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
@@ -179,9 +181,21 @@ class Client:
 
     def acquire(self, name, wait=True, timeout=None):
         """Acquires lease name through the session and returns its Lease (a
-        context manager that releases it). With wait, it waits while another
-        holder has it, up to timeout seconds (None: for ever); without,
-        raises HeldError at once."""
+        context manager that releases it). While another holder has it,
+        acquire waits as python-etcd3's Lock.acquire does: with
+        timeout=None until the lease is free, else up to timeout seconds
+        (0 or more), then raises WaitTimeoutError, a HeldError. With
+        wait=False it raises HeldError at once. Waiters are not queued.
+
+        The first attempt does not wait and is bounded by the client's
+        per-call timeout, so an unreachable server raises UnavailableError
+        whatever the wait; only once the server has answered that the lease
+        is held does one waiting call follow, bounded by timeout alone (as
+        the Go client and `fencer acquire --wait-timeout` do). A waiting
+        call that fails for another reason (the server stopped) raises that
+        error, such as UnavailableError."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be None (wait for ever) or 0 or more seconds")
         if self._closed.is_set():
             raise errors.SessionNotFoundError("the client is closed")
         if self._session_end is not None:
@@ -192,18 +206,42 @@ class Client:
             return self._acquire(name, wait, timeout, self._session_id)
 
     def _acquire(self, name, wait, timeout, sid):
-        req = fencer_pb2.AcquireRequest(name=name, session_id=sid, wait=wait)
+        start = sent = time.monotonic()
+        req = fencer_pb2.AcquireRequest(name=name, session_id=sid)
         if sid == 0:
             req.ttl_seconds = self.ttl
-        sent = time.monotonic()
-        resp = self._call(self._stub.Acquire, req, timeout=timeout if wait else self.timeout)
+        try:
+            resp = self._call(self._stub.Acquire, req)
+        except errors.HeldError as held:
+            if not wait:
+                raise
+            req.wait = True
+            sent = time.monotonic()
+            left = None if timeout is None else start + timeout - sent
+            resp = self._wait_acquire(req, left, held, timeout)
         lease = Lease(self, name, resp.token)
         with self._mu:
             self._held[name] = lease
         if sid == 0:
+            # The server renewed the new session every TTL/3 while the call
+            # waited, so it expires no sooner than either bound (as in the
+            # Go client).
+            deadline = max(sent + resp.ttl_seconds, time.monotonic() + resp.ttl_seconds / 2.0)
             self._session_id = resp.session_id
-            self._start(resp.session_id, sent + resp.ttl_seconds, _revision(resp.token))
+            self._start(resp.session_id, deadline, _revision(resp.token))
         return lease
+
+    def _wait_acquire(self, req, left, held, timeout):
+        """Makes the waiting Acquire call, whose only deadline is left
+        seconds (None: none), and raises WaitTimeoutError when it passes."""
+        if left is not None and left <= 0:
+            raise errors.WaitTimeoutError.after(held, timeout)
+        try:
+            return self._stub.Acquire(req, metadata=self._md, timeout=left)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.WaitTimeoutError.after(held, timeout) from None
+            raise errors.from_rpc_error(e) from None
 
     def _forget(self, lease):
         with self._mu:

@@ -106,7 +106,8 @@ class StaleError(FencerError):
 
 
 class HeldError(FencerError):
-    """Another holder holds the lease (an acquire with wait=False)."""
+    """Another holder holds the lease (an acquire with wait=False, or
+    WaitTimeoutError after a bounded wait)."""
 
     @property
     def lease(self):
@@ -115,6 +116,20 @@ class HeldError(FencerError):
     @property
     def holder(self):
         return self.metadata.get("holder", "")
+
+
+class WaitTimeoutError(HeldError):
+    """Client.acquire waited its timeout for a lease another holder held,
+    and gave up. lease and holder are as the server first reported them."""
+
+    @classmethod
+    def after(cls, held, timeout):
+        """Returns the WaitTimeoutError of a wait of timeout seconds that
+        began with HeldError held."""
+        msg = "gave up waiting for lease %r after %gs" % (held.lease, timeout)
+        if held.holder:
+            msg += ", held by " + held.holder
+        return cls(msg, reason=held.reason, code="DEADLINE_EXCEEDED", metadata=held.metadata)
 
 
 class ForeignLeaseError(FencerError):

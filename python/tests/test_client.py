@@ -98,8 +98,63 @@ class ClientTest(unittest.TestCase):
                 self.b.acquire(lease_name, wait=False)
             self.assertEqual(cm.exception.lease, lease_name)
             self.assertTrue(cm.exception.holder)
-            with self.assertRaises(fencer.UnavailableError):
-                self.b.acquire(lease_name, timeout=0.5)  # the wait times out
+
+    def test_acquire_gives_up_after_timeout_as_held(self):
+        lease_name = name("wait-timeout")
+        with self.a.acquire(lease_name) as held:
+            start = time.monotonic()
+            with self.assertRaises(fencer.WaitTimeoutError) as cm:
+                self.b.acquire(lease_name, timeout=1)
+            waited = time.monotonic() - start
+            self.assertIsInstance(cm.exception, fencer.HeldError)
+            self.assertNotIsInstance(cm.exception, fencer.UnavailableError)
+            self.assertEqual(cm.exception.lease, lease_name)
+            self.assertTrue(cm.exception.holder)
+            self.assertIn(lease_name, str(cm.exception))
+            self.assertNotIn("cannot reach", str(cm.exception))
+            self.assertGreaterEqual(waited, 0.9)  # it waited, rather than failing at once
+            self.assertFalse(held.lost.is_set(), held.lost_reason)
+            # Without waiting, and with no time left to wait, it fails at once.
+            with self.assertRaises(fencer.HeldError):
+                self.b.acquire(lease_name, wait=False)
+            with self.assertRaises(fencer.WaitTimeoutError):
+                self.b.acquire(lease_name, timeout=0)
+        with self.assertRaises(ValueError):
+            self.b.acquire(lease_name, timeout=-1)
+
+    def test_acquire_waits_past_the_call_timeout(self):
+        # The per-call timeout (1 s) bounds reaching the server, not the wait
+        # for a held lease: acquire() with no timeout waits until the holder
+        # releases, 3 s later, longer than the waiter's TTL (2 s) too, which
+        # the session must survive.
+        lease_name = name("wait-forever")
+        held = self.a.acquire(lease_name)
+        waiter = fencer.Client(self.server, ttl=2, timeout=1)
+        self.addCleanup(waiter.close)
+        got = {}
+
+        def acquire():
+            try:
+                got["lease"] = waiter.acquire(lease_name)
+            except Exception as e:  # reported below
+                got["error"] = e
+
+        t = threading.Thread(target=acquire, daemon=True)
+        start = time.monotonic()
+        t.start()
+        time.sleep(3)
+        self.assertTrue(t.is_alive(), got)  # still waiting, past the call timeout
+        held.release()
+        t.join(20)
+        self.assertFalse(t.is_alive(), "acquire did not return after the release")
+        self.assertNotIn("error", got)
+        lease = got["lease"]
+        self.assertGreaterEqual(time.monotonic() - start, 3)
+        self.assertTrue(lease.token.startswith("v1:2:"), lease.token)
+        time.sleep(2 * waiter.ttl)  # the new session is renewed past its TTL
+        self.assertFalse(lease.lost.is_set(), lease.lost_reason)
+        lease.put(lease_name + "/k", b"mine")
+        lease.release()
 
     def test_txn(self):
         with self.a.acquire(name("txn")) as lease:
@@ -143,6 +198,11 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(fencer.UnavailableError) as cm:
                 c.acquire("x", wait=False)
             self.assertIn("fencer serve", str(cm.exception))
+            # Waiting, for ever or bounded, does not turn it into a wait.
+            for timeout in (None, 30):
+                with self.assertRaises(fencer.UnavailableError) as cm:
+                    c.acquire("x", timeout=timeout)
+                self.assertIn("fencer serve", str(cm.exception))
 
 
 class _CountingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryClientInterceptor,
