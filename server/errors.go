@@ -63,7 +63,7 @@ func toStatus(err error) error {
 		return err // already a status, e.g. from grpc itself
 	}
 	code, reason, md := classify(err)
-	st := status.New(code, err.Error())
+	st := status.New(code, userMessage(err))
 	details := []*errdetails.ErrorInfo{{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md}}
 	var fe *fieldError
 	if errors.As(err, &fe) {
@@ -86,6 +86,42 @@ func toStatus(err error) error {
 		return withDetails.Err()
 	}
 	return st.Err()
+}
+
+// userMessage is the status message for err. For the errors a caller acts
+// on (stale, held, foreign lease, not held, session not found) it is a
+// sentence built from the typed error, in the words the CLI uses, without
+// the server's internal wrapping ("etcdstore: put ..."): clients in any
+// language show it as it is. Any other error keeps its text.
+func userMessage(err error) string {
+	var (
+		stale   *token.StaleError
+		held    *token.HeldError
+		foreign *token.ForeignLeaseError
+	)
+	switch {
+	case errors.As(err, &stale):
+		if stale.Newer.IsZero() {
+			return fmt.Sprintf("stale token: %s is no longer current; nothing was written", stale.Token)
+		}
+		return fmt.Sprintf("stale token: %s is superseded by %s; nothing was written", stale.Token, stale.Newer)
+	case errors.As(err, &held):
+		if held.Holder == "" {
+			return fmt.Sprintf("lease %q is held by another holder", held.Lease)
+		}
+		return fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
+	case errors.As(err, &foreign):
+		owner := fmt.Sprintf("lease %q", foreign.Got)
+		if foreign.Got == anotherPrincipalsLease {
+			owner = anotherPrincipalsLease
+		}
+		return fmt.Sprintf("foreign lease: the key or resource belongs to %s, not to the token's lease %q; nothing was written (set take_over to take it over)", owner, foreign.Want)
+	case errors.Is(err, token.ErrNotHeld):
+		return "the lease is not held"
+	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return "session not found: it has expired or was released"
+	}
+	return err.Error()
 }
 
 // classify picks the code, reason and metadata for err.

@@ -13,7 +13,7 @@ import grpc
 
 import fencer
 from fencer import txn
-from fencer.v1 import fencer_pb2_grpc
+from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
 
 def name(prefix):
@@ -84,6 +84,12 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.reason, "STALE_TOKEN")
         self.assertEqual(cm.exception.token, old.token)
         self.assertEqual(cm.exception.newer_token, new.token)
+        # The message is for the user: both tokens, none of the server's
+        # internals (no Go package prefix such as "etcdstore: put").
+        self.assertEqual(str(cm.exception), "stale token: %s is superseded by %s; nothing was written" % (old.token, new.token))
+        with self.assertRaises(fencer.StaleError) as cm:
+            old.check()
+        self.assertEqual(str(cm.exception), "stale token: %s is superseded by %s; nothing was written" % (old.token, new.token))
         with self.assertRaises(fencer.StaleError):
             old.delete(key)
         with self.assertRaises(fencer.StaleError):
@@ -98,6 +104,7 @@ class ClientTest(unittest.TestCase):
                 self.b.acquire(lease_name, wait=False)
             self.assertEqual(cm.exception.lease, lease_name)
             self.assertTrue(cm.exception.holder)
+            self.assertEqual(str(cm.exception), 'lease "%s" is held by %s' % (lease_name, cm.exception.holder))
 
     def test_acquire_gives_up_after_timeout_as_held(self):
         lease_name = name("wait-timeout")
@@ -174,8 +181,9 @@ class ClientTest(unittest.TestCase):
         with self.a.acquire(name("one")) as one, self.a.acquire(name("two")) as two:
             key = one.name + "/k"
             one.put(key, b"1")
-            with self.assertRaises(fencer.ForeignLeaseError):
+            with self.assertRaises(fencer.ForeignLeaseError) as cm:
                 two.put(key, b"2")
+            self.assertEqual(str(cm.exception), "foreign lease: the key or resource belongs to lease \"%s\", not to the token's lease \"%s\"; nothing was written (set take_over to take it over)" % (one.name, two.name))
             two.put(key, b"2", take_over=True)
             self.assertEqual(self.a.get(key), b"2")
 
@@ -187,8 +195,12 @@ class ClientTest(unittest.TestCase):
         lease = self.a.acquire(name("end"))
         self.a.close()
         self.assertTrue(lease.lost.is_set())
-        with self.assertRaises(fencer.StaleError):
+        with self.assertRaises(fencer.StaleError) as cm:
             self.b.check(lease.token)
+        self.assertEqual(str(cm.exception), "stale token: %s is no longer current; nothing was written" % lease.token)
+        with self.assertRaises(fencer.SessionNotFoundError) as cm:
+            self.b._call(self.b._stub.Acquire, fencer_pb2.AcquireRequest(name=name("end"), session_id=self.a._session_id))
+        self.assertEqual(str(cm.exception), "session not found: it has expired or was released")
 
     def test_unavailable(self):
         with socket.socket() as s:
