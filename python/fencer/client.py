@@ -191,9 +191,12 @@ class Client:
         per-call timeout, so an unreachable server raises UnavailableError
         whatever the wait; only once the server has answered that the lease
         is held does one waiting call follow, bounded by timeout alone (as
-        the Go client and `fencer acquire --wait-timeout` do). A waiting
-        call that fails for another reason (the server stopped) raises that
-        error, such as UnavailableError."""
+        the Go client and `fencer acquire --wait-timeout` do). One call, not
+        a loop of short ones: a call that ends at its deadline can miss an
+        acquisition the server made at that moment, so the wait has one
+        deadline, not one per call. A waiting call that fails for another
+        reason (the server stopped) raises that error, such as
+        UnavailableError."""
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None (wait for ever) or 0 or more seconds")
         if self._closed.is_set():

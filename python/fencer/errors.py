@@ -7,6 +7,8 @@ google.rpc protos, so the two messages are declared here from their
 published definitions (wire-compatible, fields by number).
 """
 
+import json
+
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
 
 DOMAIN = "fencer.dev"
@@ -126,7 +128,7 @@ class WaitTimeoutError(HeldError):
     def after(cls, held, timeout):
         """Returns the WaitTimeoutError of a wait of timeout seconds that
         began with HeldError held."""
-        msg = "gave up waiting for lease %r after %gs" % (held.lease, timeout)
+        msg = "gave up waiting for lease %s after %gs" % (json.dumps(held.lease, ensure_ascii=False), timeout)
         if held.holder:
             msg += ", held by " + held.holder
         return cls(msg, reason=held.reason, code="DEADLINE_EXCEEDED", metadata=held.metadata)
