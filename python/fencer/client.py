@@ -31,6 +31,14 @@ from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
 DEFAULT_SERVER = "127.0.0.1:7890"
 
+# The channel's keepalive: while a call or stream is open (acquire's wait,
+# the session's streams), it pings every _KEEPALIVE[0] seconds and drops
+# the connection when a ping has no answer within _KEEPALIVE[1] seconds, so
+# that a connection that passes nothing (a partition, a frozen server)
+# fails those calls with UnavailableError instead of leaving them waiting.
+# fencer serve refuses pings more often than every 5 s.
+_KEEPALIVE = (10, 5)
+
 
 class Lease:
     """One acquisition, held through the Client's session. token is fixed
@@ -105,14 +113,17 @@ class Client:
                  ttl=10, timeout=10.0, allow_insecure=False):
         self.server = server or os.environ.get("FENCER_SERVER") or DEFAULT_SERVER
         token = auth_token if auth_token is not None else os.environ.get("FENCER_AUTH_TOKEN")
+        every, within = _KEEPALIVE
+        options = [("grpc.keepalive_time_ms", int(every * 1000)), ("grpc.keepalive_timeout_ms", int(within * 1000)),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if root_certificates is not None:
             roots = None if root_certificates is True else root_certificates
-            self._channel = grpc.secure_channel(self.server, grpc.ssl_channel_credentials(roots))
+            self._channel = grpc.secure_channel(self.server, grpc.ssl_channel_credentials(roots), options=options)
         else:
             host = self.server.rsplit(":", 1)[0].strip("[]")
             if token and not allow_insecure and host not in ("127.0.0.1", "::1", "localhost"):
                 raise errors.FencerError("refusing to send the bearer token in plaintext to %s: pass root_certificates or allow_insecure=True" % self.server)
-            self._channel = grpc.insecure_channel(self.server)
+            self._channel = grpc.insecure_channel(self.server, options=options)
         self._stub = fencer_pb2_grpc.FencerServiceStub(self._channel)
         self._md = (("authorization", "Bearer " + token),) if token else ()
         if int(ttl) != ttl or not 1 <= ttl <= 3600:
@@ -195,8 +206,9 @@ class Client:
         a loop of short ones: a call that ends at its deadline can miss an
         acquisition the server made at that moment, so the wait has one
         deadline, not one per call. A waiting call that fails for another
-        reason (the server stopped) raises that error, such as
-        UnavailableError."""
+        reason raises that error: UnavailableError when the server stops,
+        or when the connection passes nothing for a keepalive period
+        (10 s, then 5 s for the ping's answer)."""
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None (wait for ever) or 0 or more seconds")
         if self._closed.is_set():

@@ -8,10 +8,12 @@ import threading
 import time
 import unittest
 import uuid
+from unittest import mock
 
 import grpc
 
 import fencer
+import fencer.client
 from fencer import txn
 from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
@@ -163,6 +165,23 @@ class ClientTest(unittest.TestCase):
         lease.put(lease_name + "/k", b"mine")
         lease.release()
 
+    def test_waiting_acquire_learns_of_a_dead_connection(self):
+        # The connection stops passing anything, as in a partition, while
+        # acquire waits for a held lease: keepalive pings find it dead, and
+        # acquire raises UnavailableError long before its wait would end.
+        lease_name = name("partition")
+        proxy = _FreezingProxy(self.server)
+        self.addCleanup(proxy.close)
+        with mock.patch.object(fencer.client, "_KEEPALIVE", (6, 2)):
+            c = fencer.Client(proxy.address)
+        self.addCleanup(c.close)
+        with self.a.acquire(lease_name):
+            threading.Timer(1, proxy.frozen.set).start()  # once the waiting call is made
+            start = time.monotonic()
+            with self.assertRaises(fencer.UnavailableError):
+                c.acquire(lease_name, timeout=30)
+            self.assertLess(time.monotonic() - start, 25)
+
     def test_txn(self):
         with self.a.acquire(name("txn")) as lease:
             key = lease.name + "/state"
@@ -215,6 +234,52 @@ class ClientTest(unittest.TestCase):
                 with self.assertRaises(fencer.UnavailableError) as cm:
                     c.acquire("x", timeout=timeout)
                 self.assertIn("fencer serve", str(cm.exception))
+
+
+class _FreezingProxy:
+    """A TCP proxy to address that, once frozen is set, passes nothing more
+    either way and keeps its connections open, as a partition does."""
+
+    def __init__(self, address):
+        host, port = address.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self.frozen = threading.Event()
+        self._closed = threading.Event()
+        self._socks = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self._listener.accept()
+                up = socket.create_connection(self._target)
+            except OSError:
+                return
+            self._socks += [down, up]
+            for src, dst in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if self.frozen.is_set():
+                    self._closed.wait()
+                    return
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        src.close()
+        dst.close()
+
+    def close(self):
+        self._closed.set()
+        for s in self._socks:
+            s.close()
 
 
 class _CountingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryClientInterceptor,
