@@ -89,15 +89,19 @@ func toStatus(err error) error {
 }
 
 // userMessage is the status message for err. For the errors a caller acts
-// on (stale, held, foreign lease, not held, session not found) it is a
-// sentence built from the typed error, in the words the CLI uses, without
-// the server's internal wrapping ("etcdstore: put ..."): clients in any
-// language show it as it is. Any other error keeps its text.
+// on (stale, held, foreign lease, not held, session not found, a malformed
+// token, an invalid argument) it is a sentence built from the typed error,
+// in the words the CLI uses, without the server's internal wrapping
+// ("etcdstore: put ..."): clients in any language show it as it is. Any
+// other error keeps its text.
 func userMessage(err error) string {
 	var (
-		stale   *token.StaleError
-		held    *token.HeldError
-		foreign *token.ForeignLeaseError
+		stale     *token.StaleError
+		held      *token.HeldError
+		foreign   *token.ForeignLeaseError
+		malformed *token.MalformedError
+		arg       *token.ArgumentError
+		fe        *fieldError
 	)
 	switch {
 	case errors.As(err, &stale):
@@ -116,6 +120,14 @@ func userMessage(err error) string {
 			owner = anotherPrincipalsLease
 		}
 		return fmt.Sprintf("foreign lease: the key or resource belongs to %s, not to the token's lease %q; nothing was written (set take_over to take it over)", owner, foreign.Want)
+	case errors.As(err, &malformed):
+		return fmt.Sprintf("malformed token: %s %q: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Field, malformed.Input, malformed.Reason)
+	case errors.As(err, &arg):
+		msg := fmt.Sprintf("invalid %s %q: %s", arg.Arg, arg.Value, arg.Reason)
+		if errors.As(err, &fe) && fe.field != arg.Arg {
+			msg += " (field " + fe.field + ")"
+		}
+		return msg
 	case errors.Is(err, token.ErrNotHeld):
 		return "the lease is not held"
 	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):

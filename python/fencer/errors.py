@@ -135,8 +135,9 @@ class WaitTimeoutError(HeldError):
 
 
 class ForeignLeaseError(FencerError):
-    """The key or resource belongs to another lease (want: the lease that
-    owns it; got: the token's lease); pass take_over=True to take it."""
+    """The key or resource belongs to another lease (metadata want: the
+    token's lease; got: the lease that owns it); pass take_over=True to
+    take it."""
 
 
 class NotHeldError(FencerError):

@@ -207,8 +207,14 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(self.a.get(key), b"2")
 
     def test_invalid_token(self):
-        with self.assertRaises(fencer.InvalidTokenError):
+        with self.assertRaises(fencer.InvalidTokenError) as cm:
             self.a.put("v9:nope", "k", b"v")
+        self.assertEqual(str(cm.exception), 'malformed token: version "v9": want "v1" (a token looks like v1:EPOCH:REVISION:LEASE)')
+        with self.a.acquire(name("invalid")) as lease:
+            with self.assertRaises(fencer.InvalidArgumentError) as cm:
+                lease.put("", b"v")
+            self.assertEqual(str(cm.exception), 'invalid key "": empty')
+            self.assertEqual(cm.exception.metadata["field"], "key")
 
     def test_session_end_marks_leases_lost(self):
         lease = self.a.acquire(name("end"))
