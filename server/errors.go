@@ -95,39 +95,36 @@ func toStatus(err error) error {
 // ("etcdstore: put ..."): clients in any language show it as it is. Any
 // other error keeps its text.
 func userMessage(err error) string {
-	var (
-		stale     *token.StaleError
-		held      *token.HeldError
-		foreign   *token.ForeignLeaseError
-		malformed *token.MalformedError
-		arg       *token.ArgumentError
-		fe        *fieldError
-	)
-	switch {
-	case errors.As(err, &stale):
+	if stale, ok := errors.AsType[*token.StaleError](err); ok {
 		if stale.Newer.IsZero() {
 			return fmt.Sprintf("stale token: %s is no longer current; nothing was written", stale.Token)
 		}
 		return fmt.Sprintf("stale token: %s is superseded by %s; nothing was written", stale.Token, stale.Newer)
-	case errors.As(err, &held):
+	}
+	if held, ok := errors.AsType[*token.HeldError](err); ok {
 		if held.Holder == "" {
 			return fmt.Sprintf("lease %q is held by another holder", held.Lease)
 		}
 		return fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
-	case errors.As(err, &foreign):
+	}
+	if foreign, ok := errors.AsType[*token.ForeignLeaseError](err); ok {
 		owner := fmt.Sprintf("lease %q", foreign.Got)
 		if foreign.Got == anotherPrincipalsLease {
 			owner = anotherPrincipalsLease
 		}
 		return fmt.Sprintf("foreign lease: the key or resource belongs to %s, not to the token's lease %q; nothing was written (set take_over to take it over)", owner, foreign.Want)
-	case errors.As(err, &malformed):
+	}
+	if malformed, ok := errors.AsType[*token.MalformedError](err); ok {
 		return fmt.Sprintf("malformed token: %s %q: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Field, malformed.Input, malformed.Reason)
-	case errors.As(err, &arg):
+	}
+	if arg, ok := errors.AsType[*token.ArgumentError](err); ok {
 		msg := fmt.Sprintf("invalid %s %q: %s", arg.Arg, arg.Value, arg.Reason)
-		if errors.As(err, &fe) && fe.field != arg.Arg {
+		if fe, ok := errors.AsType[*fieldError](err); ok && fe.field != arg.Arg {
 			msg += " (field " + fe.field + ")"
 		}
 		return msg
+	}
+	switch {
 	case errors.Is(err, token.ErrNotHeld):
 		return "the lease is not held"
 	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):
