@@ -34,7 +34,7 @@ build:
 kube-apiserver:
 	./scripts/build-kube-apiserver.sh
 
-## python-deps: install Debian's python3-grpcio and python3-protobuf (for the Python client test)
+## python-deps: install Debian's python3-grpcio, python3-protobuf, python3-venv and python3-wheel (for the Python client's tests and its install line)
 python-deps:
 	./scripts/install-python-deps.sh
 

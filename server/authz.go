@@ -256,6 +256,10 @@ func (a *Authorization) authorizeTxn(need func(kind, name string) error, r *fenc
 // caller is told.
 const otherPrincipal = "another principal"
 
+// anotherPrincipalsLease stands for the lease of another principal that
+// owns a key or resource, in what a caller is told.
+const anotherPrincipalsLease = "a lease of another principal"
+
 // hideOthers keeps a refusal from telling a caller about another
 // principal's lease: an acquisition through a session that is not the
 // caller's is refused as such (PERMISSION_DENIED) even when the lease was
@@ -265,7 +269,7 @@ const otherPrincipal = "another principal"
 func (s *Server) hideOthers(ctx context.Context, principal string, req any, err error) error {
 	var foreign *token.ForeignLeaseError
 	if errors.As(err, &foreign) && s.authz != nil && !s.authz.Allowed(principal, "lease", foreign.Got) {
-		return &token.ForeignLeaseError{Want: foreign.Want, Got: "a lease of another principal"}
+		return &token.ForeignLeaseError{Want: foreign.Want, Got: anotherPrincipalsLease}
 	}
 	var held *token.HeldError
 	if !errors.As(err, &held) {

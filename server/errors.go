@@ -63,7 +63,7 @@ func toStatus(err error) error {
 		return err // already a status, e.g. from grpc itself
 	}
 	code, reason, md := classify(err)
-	st := status.New(code, err.Error())
+	st := status.New(code, userMessage(err))
 	details := []*errdetails.ErrorInfo{{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md}}
 	var fe *fieldError
 	if errors.As(err, &fe) {
@@ -86,6 +86,51 @@ func toStatus(err error) error {
 		return withDetails.Err()
 	}
 	return st.Err()
+}
+
+// userMessage is the status message for err. For the errors a caller acts
+// on (stale, held, foreign lease, not held, session not found, a malformed
+// token, an invalid argument) it is a sentence built from the typed error,
+// in the words the CLI uses, without the server's internal wrapping
+// ("etcdstore: put ..."): clients in any language show it as it is. Any
+// other error keeps its text.
+func userMessage(err error) string {
+	if stale, ok := errors.AsType[*token.StaleError](err); ok {
+		if stale.Newer.IsZero() {
+			return fmt.Sprintf("stale token: %s is no longer current; nothing was written", stale.Token)
+		}
+		return fmt.Sprintf("stale token: %s is superseded by %s; nothing was written", stale.Token, stale.Newer)
+	}
+	if held, ok := errors.AsType[*token.HeldError](err); ok {
+		if held.Holder == "" {
+			return fmt.Sprintf("lease %q is held by another holder", held.Lease)
+		}
+		return fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
+	}
+	if foreign, ok := errors.AsType[*token.ForeignLeaseError](err); ok {
+		owner := fmt.Sprintf("lease %q", foreign.Got)
+		if foreign.Got == anotherPrincipalsLease {
+			owner = anotherPrincipalsLease
+		}
+		return fmt.Sprintf("foreign lease: the key or resource belongs to %s, not to the token's lease %q; nothing was written (set take_over to take it over)", owner, foreign.Want)
+	}
+	if malformed, ok := errors.AsType[*token.MalformedError](err); ok {
+		return fmt.Sprintf("malformed token: %s %q: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Field, malformed.Input, malformed.Reason)
+	}
+	if arg, ok := errors.AsType[*token.ArgumentError](err); ok {
+		msg := fmt.Sprintf("invalid %s %q: %s", arg.Arg, arg.Value, arg.Reason)
+		if fe, ok := errors.AsType[*fieldError](err); ok && fe.field != arg.Arg {
+			msg += " (field " + fe.field + ")"
+		}
+		return msg
+	}
+	switch {
+	case errors.Is(err, token.ErrNotHeld):
+		return "the lease is not held"
+	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return "session not found: it has expired or was released"
+	}
+	return err.Error()
 }
 
 // classify picks the code, reason and metadata for err.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // TestEtcdErrorsMapToCodes checks the table of etcd error classes, for
@@ -88,4 +89,47 @@ func TestOverTheClientsSendLimitIsTooLarge(t *testing.T) {
 	require.Equal(t, fencerv1.ReasonInvalidArgument, reason)
 	require.Equal(t, "request_too_large", md["cause"])
 	require.Equal(t, "request", md["field"])
+}
+
+// TestStatusMessagesAreForUsers: the status message of an error a caller
+// acts on is a sentence built from the typed error, without the server's
+// internal wrapping (a Go package prefix such as "etcdstore: put"), so
+// that clients in any language can show it as it is.
+func TestStatusMessagesAreForUsers(t *testing.T) {
+	old, _ := token.Parse("v1:1:3:orders")
+	newer, _ := token.Parse("v1:2:7:orders")
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"stale superseded", fmt.Errorf("etcdstore: put %q: %w", "orders/total", &token.StaleError{Token: old, Newer: newer}),
+			"stale token: v1:1:3:orders is superseded by v1:2:7:orders; nothing was written"},
+		{"stale", fmt.Errorf("etcdstore: check: %w", &token.StaleError{Token: old}),
+			"stale token: v1:1:3:orders is no longer current; nothing was written"},
+		{"held", fmt.Errorf("etcdstore: acquire: %w", &token.HeldError{Lease: "orders", Holder: "alice/00000000000000ab"}),
+			`lease "orders" is held by alice/00000000000000ab`},
+		{"held, holder hidden", &token.HeldError{Lease: "orders"},
+			`lease "orders" is held by another holder`},
+		{"foreign", fmt.Errorf("etcdstore: put %q: %w", "orders/total", &token.ForeignLeaseError{Want: "billing", Got: "orders"}),
+			`foreign lease: the key or resource belongs to lease "orders", not to the token's lease "billing"; nothing was written (set take_over to take it over)`},
+		{"foreign, owner hidden", &token.ForeignLeaseError{Want: "billing", Got: anotherPrincipalsLease},
+			`foreign lease: the key or resource belongs to a lease of another principal, not to the token's lease "billing"; nothing was written (set take_over to take it over)`},
+		{"malformed token", inField("token", &token.MalformedError{Field: "version", Input: "v9", Reason: `want "v1"`}),
+			`malformed token: version "v9": want "v1" (a token looks like v1:EPOCH:REVISION:LEASE)`},
+		{"invalid argument", inField("key", token.InvalidArgument("key", "", "empty")),
+			`invalid key "": empty`},
+		{"invalid argument in another field", inField("compares[0].key", token.InvalidArgument("key", "", "empty")),
+			`invalid key "": empty (field compares[0].key)`},
+		{"not held", fmt.Errorf("etcdstore: release: %w", token.ErrNotHeld),
+			"the lease is not held"},
+		{"session not found", fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, 42),
+			"session not found: it has expired or was released"},
+		{"etcd lease not found", fmt.Errorf("etcdstore: keepalive: %w", rpctypes.ErrLeaseNotFound),
+			"session not found: it has expired or was released"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, status.Convert(toStatus(tc.err)).Message())
+		})
+	}
 }

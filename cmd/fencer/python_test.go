@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,12 +22,7 @@ const python = "/usr/bin/python3"
 // is taken, and typed exceptions. It skips without that Python, except in
 // CI (CI=true), where that is a failure.
 func TestPythonClient(t *testing.T) {
-	if out, err := exec.Command(python, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s with grpc and protobuf is required in CI (make python-deps): %v\n%s", python, err, out)
-		}
-		t.Skipf("no %s with grpc and protobuf (make python-deps): %v", python, err)
-	}
+	requirePython(t, "grpc", "google.protobuf")
 	s := startServeProc(t)
 	pyDir, err := filepath.Abs("../../python")
 	require.NoError(t, err)
@@ -35,4 +31,17 @@ func TestPythonClient(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "python tests failed:\n%s", out)
 	t.Logf("%s", out)
+}
+
+// requirePython skips the test unless python can import modules, which
+// make python-deps installs; in CI (CI=true) it fails the test instead.
+func requirePython(t *testing.T, modules ...string) {
+	t.Helper()
+	list := strings.Join(modules, ", ")
+	if out, err := exec.Command(python, "-c", "import "+list).CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s with %s is required in CI (make python-deps): %v\n%s", python, list, err, out)
+		}
+		t.Skipf("no %s with %s (make python-deps): %v", python, list, err)
+	}
 }

@@ -28,11 +28,12 @@ from fencer.errors import (
     StaleError,
     UnauthenticatedError,
     UnavailableError,
+    WaitTimeoutError,
 )
 
 __all__ = [
     "Client", "Lease", "TxnResult",
-    "FencerError", "StaleError", "HeldError", "ForeignLeaseError", "NotHeldError",
+    "FencerError", "StaleError", "HeldError", "WaitTimeoutError", "ForeignLeaseError", "NotHeldError",
     "InvalidTokenError", "InvalidArgumentError", "SessionNotFoundError",
     "PermissionDeniedError", "UnauthenticatedError", "UnavailableError",
 ]

@@ -31,6 +31,14 @@ from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
 DEFAULT_SERVER = "127.0.0.1:7890"
 
+# The channel's keepalive: while a call or stream is open (acquire's wait,
+# the session's streams), it pings every _KEEPALIVE[0] seconds and drops
+# the connection when a ping has no answer within _KEEPALIVE[1] seconds, so
+# that a connection that passes nothing (a partition, a frozen server)
+# fails those calls with UnavailableError instead of leaving them waiting.
+# fencer serve refuses pings more often than every 5 s.
+_KEEPALIVE = (10, 5)
+
 
 class Lease:
     """One acquisition, held through the Client's session. token is fixed
@@ -96,21 +104,26 @@ class Client:
     $FENCER_AUTH_TOKEN. With root_certificates (PEM bytes, or True for the
     system's roots) the channel uses TLS; a bearer token is sent over
     plaintext only when allow_insecure is set or the server is on loopback.
-    ttl is the session's TTL in whole seconds; timeout bounds each call.
-    Methods are safe to call from several threads."""
+    ttl is the session's TTL in whole seconds; timeout bounds each call
+    to the server, in seconds, but not acquire's wait for a lease another
+    holder has (acquire's own timeout bounds that). Methods are safe to
+    call from several threads."""
 
     def __init__(self, server=None, auth_token=None, root_certificates=None,
                  ttl=10, timeout=10.0, allow_insecure=False):
         self.server = server or os.environ.get("FENCER_SERVER") or DEFAULT_SERVER
         token = auth_token if auth_token is not None else os.environ.get("FENCER_AUTH_TOKEN")
+        every, within = _KEEPALIVE
+        options = [("grpc.keepalive_time_ms", int(every * 1000)), ("grpc.keepalive_timeout_ms", int(within * 1000)),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if root_certificates is not None:
             roots = None if root_certificates is True else root_certificates
-            self._channel = grpc.secure_channel(self.server, grpc.ssl_channel_credentials(roots))
+            self._channel = grpc.secure_channel(self.server, grpc.ssl_channel_credentials(roots), options=options)
         else:
             host = self.server.rsplit(":", 1)[0].strip("[]")
             if token and not allow_insecure and host not in ("127.0.0.1", "::1", "localhost"):
                 raise errors.FencerError("refusing to send the bearer token in plaintext to %s: pass root_certificates or allow_insecure=True" % self.server)
-            self._channel = grpc.insecure_channel(self.server)
+            self._channel = grpc.insecure_channel(self.server, options=options)
         self._stub = fencer_pb2_grpc.FencerServiceStub(self._channel)
         self._md = (("authorization", "Bearer " + token),) if token else ()
         if int(ttl) != ttl or not 1 <= ttl <= 3600:
@@ -128,9 +141,9 @@ class Client:
 
     # -- calls ---------------------------------------------------------
 
-    def _call(self, method, request, timeout=None):
+    def _call(self, method, request):
         try:
-            return method(request, metadata=self._md, timeout=timeout or self.timeout)
+            return method(request, metadata=self._md, timeout=self.timeout)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
@@ -179,9 +192,25 @@ class Client:
 
     def acquire(self, name, wait=True, timeout=None):
         """Acquires lease name through the session and returns its Lease (a
-        context manager that releases it). With wait, it waits while another
-        holder has it, up to timeout seconds (None: for ever); without,
-        raises HeldError at once."""
+        context manager that releases it). While another holder has it,
+        acquire waits as python-etcd3's Lock.acquire does: with
+        timeout=None until the lease is free, else up to timeout seconds
+        (0 or more), then raises WaitTimeoutError, a HeldError. With
+        wait=False it raises HeldError at once. Waiters are not queued.
+
+        The first attempt does not wait and is bounded by the client's
+        per-call timeout, so an unreachable server raises UnavailableError
+        whatever the wait; only once the server has answered that the lease
+        is held does one waiting call follow, bounded by timeout alone (as
+        the Go client and `fencer acquire --wait-timeout` do). One call, not
+        a loop of short ones: a call that ends at its deadline can miss an
+        acquisition the server made at that moment, so the wait has one
+        deadline, not one per call. A waiting call that fails for another
+        reason raises that error: UnavailableError when the server stops,
+        or when the connection passes nothing for a keepalive period
+        (10 s, then 5 s for the ping's answer)."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be None (wait for ever) or 0 or more seconds")
         if self._closed.is_set():
             raise errors.SessionNotFoundError("the client is closed")
         if self._session_end is not None:
@@ -192,18 +221,42 @@ class Client:
             return self._acquire(name, wait, timeout, self._session_id)
 
     def _acquire(self, name, wait, timeout, sid):
-        req = fencer_pb2.AcquireRequest(name=name, session_id=sid, wait=wait)
+        start = sent = time.monotonic()
+        req = fencer_pb2.AcquireRequest(name=name, session_id=sid)
         if sid == 0:
             req.ttl_seconds = self.ttl
-        sent = time.monotonic()
-        resp = self._call(self._stub.Acquire, req, timeout=timeout if wait else self.timeout)
+        try:
+            resp = self._call(self._stub.Acquire, req)
+        except errors.HeldError as held:
+            if not wait:
+                raise
+            req.wait = True
+            sent = time.monotonic()
+            left = None if timeout is None else start + timeout - sent
+            resp = self._wait_acquire(req, left, held, timeout)
         lease = Lease(self, name, resp.token)
         with self._mu:
             self._held[name] = lease
         if sid == 0:
+            # The server renewed the new session every TTL/3 while the call
+            # waited, so it expires no sooner than either bound (as in the
+            # Go client).
+            deadline = max(sent + resp.ttl_seconds, time.monotonic() + resp.ttl_seconds / 2.0)
             self._session_id = resp.session_id
-            self._start(resp.session_id, sent + resp.ttl_seconds, _revision(resp.token))
+            self._start(resp.session_id, deadline, _revision(resp.token))
         return lease
+
+    def _wait_acquire(self, req, left, held, timeout):
+        """Makes the waiting Acquire call, whose only deadline is left
+        seconds (None: none), and raises WaitTimeoutError when it passes."""
+        if left is not None and left <= 0:
+            raise errors.WaitTimeoutError.after(held, timeout)
+        try:
+            return self._stub.Acquire(req, metadata=self._md, timeout=left)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.WaitTimeoutError.after(held, timeout) from None
+            raise errors.from_rpc_error(e) from None
 
     def _forget(self, lease):
         with self._mu:

@@ -7,6 +7,8 @@ google.rpc protos, so the two messages are declared here from their
 published definitions (wire-compatible, fields by number).
 """
 
+import json
+
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
 
 DOMAIN = "fencer.dev"
@@ -106,7 +108,8 @@ class StaleError(FencerError):
 
 
 class HeldError(FencerError):
-    """Another holder holds the lease (an acquire with wait=False)."""
+    """Another holder holds the lease (an acquire with wait=False, or
+    WaitTimeoutError after a bounded wait)."""
 
     @property
     def lease(self):
@@ -117,9 +120,24 @@ class HeldError(FencerError):
         return self.metadata.get("holder", "")
 
 
+class WaitTimeoutError(HeldError):
+    """Client.acquire waited its timeout for a lease another holder held,
+    and gave up. lease and holder are as the server first reported them."""
+
+    @classmethod
+    def after(cls, held, timeout):
+        """Returns the WaitTimeoutError of a wait of timeout seconds that
+        began with HeldError held."""
+        msg = "gave up waiting for lease %s after %gs" % (json.dumps(held.lease, ensure_ascii=False), timeout)
+        if held.holder:
+            msg += ", held by " + held.holder
+        return cls(msg, reason=held.reason, code="DEADLINE_EXCEEDED", metadata=held.metadata)
+
+
 class ForeignLeaseError(FencerError):
-    """The key or resource belongs to another lease (want: the lease that
-    owns it; got: the token's lease); pass take_over=True to take it."""
+    """The key or resource belongs to another lease (metadata want: the
+    token's lease; got: the lease that owns it); pass take_over=True to
+    take it."""
 
 
 class NotHeldError(FencerError):

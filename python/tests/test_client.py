@@ -8,12 +8,14 @@ import threading
 import time
 import unittest
 import uuid
+from unittest import mock
 
 import grpc
 
 import fencer
+import fencer.client
 from fencer import txn
-from fencer.v1 import fencer_pb2_grpc
+from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
 
 def name(prefix):
@@ -84,6 +86,12 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.reason, "STALE_TOKEN")
         self.assertEqual(cm.exception.token, old.token)
         self.assertEqual(cm.exception.newer_token, new.token)
+        # The message is for the user: both tokens, none of the server's
+        # internals (no Go package prefix such as "etcdstore: put").
+        self.assertEqual(str(cm.exception), "stale token: %s is superseded by %s; nothing was written" % (old.token, new.token))
+        with self.assertRaises(fencer.StaleError) as cm:
+            old.check()
+        self.assertEqual(str(cm.exception), "stale token: %s is superseded by %s; nothing was written" % (old.token, new.token))
         with self.assertRaises(fencer.StaleError):
             old.delete(key)
         with self.assertRaises(fencer.StaleError):
@@ -98,8 +106,81 @@ class ClientTest(unittest.TestCase):
                 self.b.acquire(lease_name, wait=False)
             self.assertEqual(cm.exception.lease, lease_name)
             self.assertTrue(cm.exception.holder)
+            self.assertEqual(str(cm.exception), 'lease "%s" is held by %s' % (lease_name, cm.exception.holder))
+
+    def test_acquire_gives_up_after_timeout_as_held(self):
+        lease_name = name("wait-timeout")
+        with self.a.acquire(lease_name) as held:
+            start = time.monotonic()
+            with self.assertRaises(fencer.WaitTimeoutError) as cm:
+                self.b.acquire(lease_name, timeout=1)
+            waited = time.monotonic() - start
+            self.assertIsInstance(cm.exception, fencer.HeldError)
+            self.assertNotIsInstance(cm.exception, fencer.UnavailableError)
+            self.assertEqual(cm.exception.lease, lease_name)
+            self.assertTrue(cm.exception.holder)
+            self.assertEqual(str(cm.exception), 'gave up waiting for lease "%s" after 1s, held by %s' % (lease_name, cm.exception.holder))
+            self.assertNotIn("cannot reach", str(cm.exception))
+            self.assertGreaterEqual(waited, 0.9)  # it waited, rather than failing at once
+            self.assertFalse(held.lost.is_set(), held.lost_reason)
+            # Without waiting, and with no time left to wait, it fails at once.
+            with self.assertRaises(fencer.HeldError):
+                self.b.acquire(lease_name, wait=False)
+            with self.assertRaises(fencer.WaitTimeoutError):
+                self.b.acquire(lease_name, timeout=0)
+        with self.assertRaises(ValueError):
+            self.b.acquire(lease_name, timeout=-1)
+
+    def test_acquire_waits_past_the_call_timeout(self):
+        # The per-call timeout (1 s) bounds reaching the server, not the wait
+        # for a held lease: acquire() with no timeout waits until the holder
+        # releases, 3 s later, longer than the waiter's TTL (2 s) too, which
+        # the session must survive.
+        lease_name = name("wait-forever")
+        held = self.a.acquire(lease_name)
+        waiter = fencer.Client(self.server, ttl=2, timeout=1)
+        self.addCleanup(waiter.close)
+        got = {}
+
+        def acquire():
+            try:
+                got["lease"] = waiter.acquire(lease_name)
+            except Exception as e:  # reported below
+                got["error"] = e
+
+        t = threading.Thread(target=acquire, daemon=True)
+        start = time.monotonic()
+        t.start()
+        time.sleep(3)
+        self.assertTrue(t.is_alive(), got)  # still waiting, past the call timeout
+        held.release()
+        t.join(20)
+        self.assertFalse(t.is_alive(), "acquire did not return after the release")
+        self.assertNotIn("error", got)
+        lease = got["lease"]
+        self.assertGreaterEqual(time.monotonic() - start, 3)
+        self.assertTrue(lease.token.startswith("v1:2:"), lease.token)
+        time.sleep(2 * waiter.ttl)  # the new session is renewed past its TTL
+        self.assertFalse(lease.lost.is_set(), lease.lost_reason)
+        lease.put(lease_name + "/k", b"mine")
+        lease.release()
+
+    def test_waiting_acquire_learns_of_a_dead_connection(self):
+        # The connection stops passing anything, as in a partition, while
+        # acquire waits for a held lease: keepalive pings find it dead, and
+        # acquire raises UnavailableError long before its wait would end.
+        lease_name = name("partition")
+        proxy = _FreezingProxy(self.server)
+        self.addCleanup(proxy.close)
+        with mock.patch.object(fencer.client, "_KEEPALIVE", (6, 2)):
+            c = fencer.Client(proxy.address)
+        self.addCleanup(c.close)
+        with self.a.acquire(lease_name):
+            threading.Timer(1, proxy.frozen.set).start()  # once the waiting call is made
+            start = time.monotonic()
             with self.assertRaises(fencer.UnavailableError):
-                self.b.acquire(lease_name, timeout=0.5)  # the wait times out
+                c.acquire(lease_name, timeout=30)
+            self.assertLess(time.monotonic() - start, 25)
 
     def test_txn(self):
         with self.a.acquire(name("txn")) as lease:
@@ -119,21 +200,32 @@ class ClientTest(unittest.TestCase):
         with self.a.acquire(name("one")) as one, self.a.acquire(name("two")) as two:
             key = one.name + "/k"
             one.put(key, b"1")
-            with self.assertRaises(fencer.ForeignLeaseError):
+            with self.assertRaises(fencer.ForeignLeaseError) as cm:
                 two.put(key, b"2")
+            self.assertEqual(str(cm.exception), "foreign lease: the key or resource belongs to lease \"%s\", not to the token's lease \"%s\"; nothing was written (set take_over to take it over)" % (one.name, two.name))
             two.put(key, b"2", take_over=True)
             self.assertEqual(self.a.get(key), b"2")
 
     def test_invalid_token(self):
-        with self.assertRaises(fencer.InvalidTokenError):
+        with self.assertRaises(fencer.InvalidTokenError) as cm:
             self.a.put("v9:nope", "k", b"v")
+        self.assertEqual(str(cm.exception), 'malformed token: version "v9": want "v1" (a token looks like v1:EPOCH:REVISION:LEASE)')
+        with self.a.acquire(name("invalid")) as lease:
+            with self.assertRaises(fencer.InvalidArgumentError) as cm:
+                lease.put("", b"v")
+            self.assertEqual(str(cm.exception), 'invalid key "": empty')
+            self.assertEqual(cm.exception.metadata["field"], "key")
 
     def test_session_end_marks_leases_lost(self):
         lease = self.a.acquire(name("end"))
         self.a.close()
         self.assertTrue(lease.lost.is_set())
-        with self.assertRaises(fencer.StaleError):
+        with self.assertRaises(fencer.StaleError) as cm:
             self.b.check(lease.token)
+        self.assertEqual(str(cm.exception), "stale token: %s is no longer current; nothing was written" % lease.token)
+        with self.assertRaises(fencer.SessionNotFoundError) as cm:
+            self.b._call(self.b._stub.Acquire, fencer_pb2.AcquireRequest(name=name("end"), session_id=self.a._session_id))
+        self.assertEqual(str(cm.exception), "session not found: it has expired or was released")
 
     def test_unavailable(self):
         with socket.socket() as s:
@@ -143,6 +235,57 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(fencer.UnavailableError) as cm:
                 c.acquire("x", wait=False)
             self.assertIn("fencer serve", str(cm.exception))
+            # Waiting, for ever or bounded, does not turn it into a wait.
+            for timeout in (None, 30):
+                with self.assertRaises(fencer.UnavailableError) as cm:
+                    c.acquire("x", timeout=timeout)
+                self.assertIn("fencer serve", str(cm.exception))
+
+
+class _FreezingProxy:
+    """A TCP proxy to address that, once frozen is set, passes nothing more
+    either way and keeps its connections open, as a partition does."""
+
+    def __init__(self, address):
+        host, port = address.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self.frozen = threading.Event()
+        self._closed = threading.Event()
+        self._socks = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                down, _ = self._listener.accept()
+                up = socket.create_connection(self._target)
+            except OSError:
+                return
+            self._socks += [down, up]
+            for src, dst in ((down, up), (up, down)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if self.frozen.is_set():
+                    self._closed.wait()
+                    return
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        src.close()
+        dst.close()
+
+    def close(self):
+        self._closed.set()
+        for s in self._socks:
+            s.close()
 
 
 class _CountingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryClientInterceptor,
