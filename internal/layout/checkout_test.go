@@ -1,9 +1,7 @@
 package layout_test
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,16 +104,12 @@ func TestCheckoutConsumer(t *testing.T) {
 		dir := writeConsumer(t, strings.Join(lines, "\n"))
 		// GOPROXY=off: no proxy serves the placeholder versions, and
 		// asking none keeps the failure quick.
-		cmd := exec.Command(goTool(), "mod", "tidy")
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Run(); err == nil {
+		_, stderr, err := tryCommand(t, dir, append(env, "GOPROXY=off"), goTool(), "mod", "tidy")
+		if err == nil {
 			t.Fatalf("go mod tidy passed with only the root's replace line:\n%s", strings.Join(lines, "\n"))
 		}
-		if !strings.Contains(stderr.String(), "v0.0.0-00010101000000-000000000000") {
-			t.Errorf("go mod tidy failed, but not on the placeholder versions:\n%s", stderr.String())
+		if !strings.Contains(string(stderr), "v0.0.0-00010101000000-000000000000") {
+			t.Errorf("go mod tidy failed, but not on the placeholder versions:\n%s", stderr)
 		}
 	})
 }

@@ -2,10 +2,8 @@ package layout_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -16,27 +14,6 @@ import (
 	"golang.org/x/mod/module"
 	"golang.org/x/mod/zip"
 )
-
-// releaseTimeout bounds each command of TestRelease.
-const releaseTimeout = 10 * time.Minute
-
-// command runs name with args in dir, with extra environment, and returns
-// its standard output, failing t with its standard error.
-func command(t *testing.T, dir string, env []string, name string, args ...string) []byte {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), releaseTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), "GOWORK=off"), env...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %s in %s: %v\n%s%s", name, strings.Join(args, " "), dir, err, out, stderr.String())
-	}
-	return out
-}
 
 // modulePath returns the path of the module in dir of the repository
 // ("" for the root).
