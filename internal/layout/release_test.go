@@ -24,9 +24,10 @@ func modulePath(dir string) string {
 	return root + "/" + dir
 }
 
-// TestRelease cuts release v0.1.0 with make release (scripts/release.sh),
-// as docs/releasing.md says, in a clone of this checkout's HEAD and
-// checks it: the four tags name one commit, whose go.mod files require
+// TestRelease checks that scripts/release.sh refuses a bad version or a
+// tree with changes and tags nothing; then it cuts release v0.1.0 with
+// make release, as docs/releasing.md says, in a clone of this checkout's
+// HEAD and checks it: the four tags name one commit, whose go.mod files require
 // the light modules at v0.1.0; the binary it built prints the version and
 // that commit. Then it serves the tags as a GOPROXY directory and builds,
 // in a fresh module with no replace directive, a program that requires
@@ -42,6 +43,30 @@ func TestRelease(t *testing.T) {
 	command(t, work, nil, "git", "clone", "-q", repo, clone)
 	command(t, clone, nil, "git", "config", "user.name", "fencer release test")
 	command(t, clone, nil, "git", "config", "user.email", "release-test@fencer.invalid")
+
+	for _, bad := range []struct {
+		why, version, dirt string
+	}{
+		{why: "not a semantic version", version: "0.1"},
+		{why: "build metadata", version: "v0.1.0+build.1"},
+		{why: "a major version above 1", version: "v2.0.0"},
+		{why: "a working tree with changes", version: version, dirt: "README.md"},
+	} {
+		if bad.dirt != "" {
+			if err := os.WriteFile(filepath.Join(clone, bad.dirt), []byte("changed\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, _, err := tryCommand(t, clone, nil, "scripts/release.sh", bad.version); err == nil {
+			t.Errorf("release.sh %s passed with %s", bad.version, bad.why)
+		}
+		if bad.dirt != "" {
+			command(t, clone, nil, "git", "checkout", "--", bad.dirt)
+		}
+		if tags := command(t, clone, nil, "git", "tag"); len(tags) > 0 {
+			t.Fatalf("release.sh %s (%s) tagged:\n%s", bad.version, bad.why, tags)
+		}
+	}
 
 	platform := runtime.GOOS + "/" + runtime.GOARCH
 	out := command(t, clone, []string{"PLATFORMS=" + platform}, "make", "release", "VERSION="+version)
