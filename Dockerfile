@@ -1,6 +1,9 @@
 # fencer's container image: a static fencer binary on a distroless base,
-# run as a non-root user. Build from the repository root:
-#   docker build -t fencer .
+# run as a non-root user. Build from the repository root, stamping the
+# version and commit that fencer version prints (.git is not copied in):
+#   docker build -t REGISTRY/fencer:v0.1.0 \
+#     --build-arg VERSION=v0.1.0 --build-arg COMMIT=$(git rev-parse HEAD) .
+# scripts/release.sh prints this command for the release it cuts.
 # The entry point is the fencer command; the default is "serve" (see
 # deploy/service for its flags in a Deployment).
 
@@ -12,7 +15,9 @@ COPY proto/go.mod proto/go.sum ./proto/
 COPY client/go.mod client/go.sum ./client/
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/fencer ./cmd/fencer
+ARG VERSION
+ARG COMMIT
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o /out/fencer ./cmd/fencer
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/fencer /fencer

@@ -8,7 +8,7 @@ LIGHT_MODULES := token proto client
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build test bench chaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build release test bench chaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 
@@ -29,6 +29,10 @@ demo: build
 ## build: build the fencer binary into bin/
 build:
 	@$(GO) build -ldflags "-X main.commit=$$(git rev-parse HEAD 2>/dev/null)" -o bin/fencer ./cmd/fencer
+
+## release: cut release VERSION (make release VERSION=v0.1.0): tag every module on one commit and build the binaries into dist/ (docs/releasing.md)
+release:
+	./scripts/release.sh "$(VERSION)"
 
 ## kube-apiserver: build the test kube-apiserver into .cache/bin (cached)
 kube-apiserver:
@@ -78,4 +82,4 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
 clean:
-	rm -rf bin .cache
+	rm -rf bin dist .cache

@@ -6,13 +6,17 @@
 //
 //   - service/: kustomize manifests for fencer serve against an external
 //     etcd cluster; rendered with kustomize and applied with server-side
-//     apply to a real kube-apiserver in the tests.
+//     apply to a real kube-apiserver in the tests; the commands that
+//     docs/operations.md gives before applying them (the Secrets the
+//     Deployment mounts, the image build and kustomize edit set image) are
+//     checked against the manifests.
 //   - admission/ and rbac/: the admission policies and the Role of fencer's
 //     Kubernetes library, embedded in FS (see Policy, LiveLease and Role).
 //   - monitoring/: Prometheus alert rules and a Grafana dashboard, checked
 //     by the PromQL test in tools/promcheck.
 //   - ../Dockerfile: the container image; the tests run its build stage's
-//     go build and check that the binary is static.
+//     go build with the VERSION and COMMIT build arguments and check that
+//     the binary is static and prints them.
 //
 // FS holds, at the paths the constants name:
 //   - admission/policy.yaml: the ValidatingAdmissionPolicy and binding that

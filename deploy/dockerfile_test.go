@@ -96,10 +96,22 @@ func TestDockerfile(t *testing.T) {
 	require.NotRegexp(t, `^(0|root)(:|$)`, user, "the image runs as root")
 	require.Contains(t, entry, `"`+copied+`"`)
 
-	// Run the build stage's command as written, into a directory of ours.
+	// Run the build stage's command as written, into a directory of ours,
+	// with the build arguments a release passes (docs/releasing.md).
+	args := map[string]string{}
+	for _, l := range build.lines {
+		if f := strings.Fields(l); strings.EqualFold(f[0], "ARG") {
+			args[strings.SplitN(f[1], "=", 2)[0]] = ""
+		}
+	}
+	for _, a := range []string{"VERSION", "COMMIT"} {
+		_, ok := args[a]
+		require.True(t, ok, "the build stage declares no ARG %s", a)
+	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "fencer")
 	cmd := exec.Command("sh", "-c", strings.Replace(goBuild, out[0], "-o "+bin, 1))
+	cmd.Env = append(os.Environ(), "VERSION=v0.0.0-docker", "COMMIT=0123abcd")
 	cmd.Dir = ".."
 	b, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s: %s", goBuild, b)
@@ -114,4 +126,7 @@ func TestDockerfile(t *testing.T) {
 	require.Empty(t, libs, "the binary links shared libraries")
 	help, _ := exec.Command(bin, "help").CombinedOutput()
 	require.Contains(t, string(help), "serve")
+	version, err := exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(version), "fencer v0.0.0-docker, commit 0123abcd,")
 }

@@ -119,11 +119,11 @@ func TestVersionAndCompletion(t *testing.T) {
 		require.Contains(t, string(out), want, shell)
 	}
 	stamped := filepath.Join(t.TempDir(), "fencer")
-	build, err := exec.Command("go", "build", "-ldflags", "-X main.commit=0123abcd", "-o", stamped, ".").CombinedOutput()
+	build, err := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7 -X main.commit=0123abcd", "-o", stamped, ".").CombinedOutput()
 	require.NoError(t, err, "%s", build)
 	out, err = execOutput(stamped, "version")
 	require.NoError(t, err)
-	require.Contains(t, string(out), "commit 0123abcd")
+	require.Contains(t, string(out), "fencer v9.8.7, commit 0123abcd")
 	out, err = execOutput(bin, "acquire", "--help")
 	require.NoError(t, err)
 	require.Contains(t, string(out), "Exit codes:")

@@ -112,29 +112,36 @@ type versionView struct {
 	GoVersion string `json:"go_version"`
 }
 
-// buildVersion reads the module version and the VCS stamp that go build
-// put in the binary.
-// commit is the commit fencer was built from, when the build stamps it
-// with -ldflags "-X main.commit=..." (make build does). Builds with VCS
-// stamping on report it through the build info instead.
-var commit string
+// version and commit are the release version and the commit fencer was
+// built from, when the build stamps them with -ldflags "-X main.version=...
+// -X main.commit=..." (make build stamps the commit; scripts/release.sh and
+// the Dockerfile stamp both). A build without them reports the module
+// version and, with VCS stamping on, the commit from the build info.
+var version, commit string
 
+// buildVersion reads the module version and the VCS stamp that go build
+// put in the binary; a version or commit stamped by -ldflags takes their
+// place.
 func buildVersion() versionView {
-	v := versionView{Version: "unknown", Commit: commit}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return v
-	}
-	v.Version, v.GoVersion = info.Main.Version, info.GoVersion
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			v.Commit = s.Value
-		case "vcs.time":
-			v.CommitAt = s.Value
-		case "vcs.modified":
-			v.Modified = s.Value == "true"
+	v := versionView{Version: "unknown"}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		v.Version, v.GoVersion = info.Main.Version, info.GoVersion
+		for _, s := range info.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				v.Commit = s.Value
+			case "vcs.time":
+				v.CommitAt = s.Value
+			case "vcs.modified":
+				v.Modified = s.Value == "true"
+			}
 		}
+	}
+	if version != "" {
+		v.Version = version
+	}
+	if commit != "" {
+		v.Commit = commit
 	}
 	return v
 }

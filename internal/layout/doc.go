@@ -18,5 +18,9 @@
 // TestImportRules enforces each package's rule, as its doc.go states it;
 // TestLightModuleGraph builds a consumer of the client module alone and
 // checks its module graph; TestModulesTidy checks that go mod tidy would
-// change nothing in any of the four modules.
+// change nothing in any of the four modules. TestCheckoutConsumer builds
+// a consumer with the go.mod lines that the README gives for requiring
+// the modules from a checkout; TestRelease cuts a release with make
+// release in a clone and builds a consumer of its tags, with no replace
+// directive, from a GOPROXY directory.
 package layout

@@ -3,12 +3,14 @@ package layout_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 const root = "github.com/fencer-dev/fencer"
@@ -105,20 +107,40 @@ func repoRoot(t *testing.T) string {
 	return dir
 }
 
+// commandTimeout bounds each command a test runs.
+const commandTimeout = 10 * time.Minute
+
+// tryCommand runs name with args in dir, with extra environment and
+// without a go.work, for at most commandTimeout, and returns its standard
+// output and standard error.
+func tryCommand(t *testing.T, dir string, env []string, name string, args ...string) (stdout, stderr []byte, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "GOWORK=off"), env...)
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	stdout, err = cmd.Output()
+	return stdout, errOut.Bytes(), err
+}
+
+// command is tryCommand that fails t with the command's standard error.
+func command(t *testing.T, dir string, env []string, name string, args ...string) []byte {
+	t.Helper()
+	out, stderr, err := tryCommand(t, dir, env, name, args...)
+	if err != nil {
+		t.Fatalf("%s %s in %s: %v\n%s%s", name, strings.Join(args, " "), dir, err, out, stderr)
+	}
+	return out
+}
+
 // run runs the go command in dir with extra environment and returns its
 // standard output, failing t with its standard error.
 func run(t *testing.T, dir string, env []string, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(goTool(), args...)
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), "GOWORK=off"), env...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go %s in %s: %v\n%s", strings.Join(args, " "), dir, err, stderr.String())
-	}
-	return out
+	return command(t, dir, env, goTool(), args...)
 }
 
 // TestImportRules checks every package of the four modules against its
