@@ -274,6 +274,9 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 		case wctx.Err() == nil:
 			return nil, err
 		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // interrupted while it waited to retry
+		}
 		if err := gaveUp(octx); err != nil {
 			return nil, err
 		}

@@ -76,8 +76,9 @@ func TestReconnectTimeoutBoundsAcquireAndWatch(t *testing.T) {
 }
 
 // TestAcquireInterruptedWhileWaiting: an acquire waiting for a held lease
-// that gets SIGINT, SIGTERM or SIGHUP exits 128+N, as a shell reports a
-// command ended by signal N, and says so.
+// (or for a server it cannot reach) that gets SIGINT, SIGTERM or SIGHUP
+// exits 128+N, as a shell reports a command ended by signal N, and says
+// so.
 func TestAcquireInterruptedWhileWaiting(t *testing.T) {
 	s := startServeProc(t)
 	rtHold(t, s, "busy")
@@ -93,6 +94,12 @@ func TestAcquireInterruptedWhileWaiting(t *testing.T) {
 			require.Contains(t, w.stderr.String(), "fencer acquire: interrupted by "+tc.name+"\n")
 		})
 	}
+	t.Run("while the server cannot be reached", func(t *testing.T) {
+		w := downServer(t).startFencer(nil, "acquire", "busy", "--", "true")
+		require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "; retrying") }, printBound, 10*time.Millisecond, w.stderr.String())
+		require.NoError(t, w.cmd.Process.Signal(syscall.SIGINT))
+		require.Equal(t, 128+int(syscall.SIGINT), w.wait(t, 10*time.Second), w.stderr.String())
+	})
 }
 
 // TestAcquireSaysWhenItKillsItsCommand: a command that ignores the
