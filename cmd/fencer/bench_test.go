@@ -88,6 +88,7 @@ func TestStatusFilters(t *testing.T) {
 		{[]string{"status", "orders", "nosuch"}, exitNotFound, []string{"orders"}, `fencer status: no lease named "nosuch" has ever been acquired`},
 		{[]string{"status", "--prefix", "bench-"}, exitNotFound, nil, `fencer status: no lease whose name starts with "bench-" has ever been acquired`},
 		{[]string{"status", "--prefix"}, exitUsage, nil, "fencer status: --prefix needs a NAME prefix"},
+		{[]string{"status", "orders/eu"}, exitUsage, nil, `fencer status: invalid NAME "orders/eu": contains the key separator "/"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			code, stdout, stderr := s.fencer(nil, append(tc.args, "-o", "json")...)

@@ -346,11 +346,10 @@ start with a NAME (exit code 3 if a NAME matches none).`,
 		if *prefix && len(names) == 0 {
 			return nil, usagef("--prefix needs a NAME prefix: fencer status --prefix PREFIX")
 		}
-		list, err := c.List(ctx)
+		list, unmatched, err := listLeases(ctx, c, names, *prefix)
 		if err != nil {
 			return nil, err
 		}
-		list, unmatched := filterLeases(list, names, *prefix)
 		rows := make([]statusRow, len(list))
 		table := make([][]string, len(list))
 		for i, st := range list {
@@ -360,7 +359,7 @@ start with a NAME (exit code 3 if a NAME matches none).`,
 			}
 			table[i] = []string{st.Name, strconv.FormatUint(st.Epoch, 10), dash(rows[i].Holder), dash(rows[i].Token)}
 		}
-		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, unmatched
+		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, unmatchedError(unmatched, *prefix)
 	})
 }
 

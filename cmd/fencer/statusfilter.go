@@ -1,58 +1,74 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/token"
 )
 
-// validNames accepts any number of arguments that are valid UTF-8.
+// validNames accepts any number of arguments that are lease names, or
+// (with --prefix) the start of one: the check is the same.
 func validNames(_ *cobra.Command, args []string) error {
 	for _, arg := range args {
-		if err := validUTF8("NAME", arg); err != nil {
+		if err := token.ValidateName("NAME", arg); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// filterLeases keeps the leases of list named in names (or, with prefix,
-// whose names start with one of them); no names keeps them all. It also
-// returns an error with exit code 3 naming the names that matched no
-// lease, or nil. fencer status filters here, on the pages the server
-// sent: the service's ListLeases has no filter.
-func filterLeases(list []token.Status, names []string, prefix bool) ([]token.Status, error) {
+// listLeases lists the leases named in names (or, with prefix, whose
+// names start with one of them), ordered by name, and the names that
+// matched none; no names lists them all. The server reads only the range
+// of each name.
+func listLeases(ctx context.Context, c *client.Client, names []string, prefix bool) (list []token.Status, unmatched []string, err error) {
 	if len(names) == 0 {
-		return list, nil
+		list, err = c.List(ctx)
+		return list, nil, err
 	}
-	matched := make([]bool, len(names))
-	var out []token.Status
-	for _, st := range list {
-		keep := false
-		for i, n := range names {
-			if st.Name == n || prefix && strings.HasPrefix(st.Name, n) {
-				keep, matched[i] = true, true
+	byName := map[string]token.Status{}
+	for _, n := range names {
+		page, err := c.List(ctx, client.WithNamePrefix(n))
+		if err != nil {
+			return nil, nil, err
+		}
+		found := false
+		for _, st := range page {
+			if prefix || st.Name == n {
+				byName[st.Name], found = st, true
 			}
 		}
-		if keep {
-			out = append(out, st)
+		if !found {
+			unmatched = append(unmatched, n)
 		}
 	}
-	var none []string
+	for _, st := range byName {
+		list = append(list, st)
+	}
+	slices.SortFunc(list, func(a, b token.Status) int { return strings.Compare(a.Name, b.Name) })
+	return list, unmatched, nil
+}
+
+// unmatchedError is the error, with exit code 3, of fencer status when
+// names (prefixes, with prefix) matched no lease; nil when none.
+func unmatchedError(names []string, prefix bool) error {
+	if len(names) == 0 {
+		return nil
+	}
+	quoted := make([]string, len(names))
 	for i, n := range names {
-		if !matched[i] {
-			none = append(none, fmt.Sprintf("%q", n))
-		}
-	}
-	if len(none) == 0 {
-		return out, nil
+		quoted[i] = strconv.Quote(n)
 	}
 	what := "no lease named"
 	if prefix {
 		what = "no lease whose name starts with"
 	}
-	return out, &exitStatus{code: exitNotFound, msg: fmt.Sprintf("%s %s has ever been acquired", what, strings.Join(none, " or "))}
+	return &exitStatus{code: exitNotFound, msg: fmt.Sprintf("%s %s has ever been acquired", what, strings.Join(quoted, " or "))}
 }
