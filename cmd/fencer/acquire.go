@@ -233,15 +233,16 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 	defer down.stop()
 	retry := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 2 * time.Second}
 	var holder string
-	var last error // the last call's error, while the server cannot be reached
+	reached := false // the server answered once
+	var last error   // the last call's error, while the server cannot be reached
 	for {
 		tctx, tcancel := context.WithTimeout(octx, a.conn.timeout)
 		lease, err := sess.TryAcquire(tctx, name)
 		tcancel()
 		var held *token.HeldError
-		waited := false // the waiting Acquire's only deadline is wctx's
+		waited := false // the waiting Acquire's only deadline is wctx's: the server answered, so octx's bound is off
 		if errors.As(err, &held) && f.wait {
-			waited = true
+			waited, reached = true, true
 			down.answered()
 			last = nil
 			retry.Reset()
@@ -270,7 +271,11 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 			}
 		case waited && (wctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded):
 			// The server may see the deadline pass a moment before wctx does.
-			return nil, &exitStatus{code: exitHeld, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s, held by %s", name, f.waitTimeout, holder)}
+			msg := fmt.Sprintf("gave up waiting for %s after --wait-timeout %s", name, f.waitTimeout)
+			if holder != "" {
+				msg += ", held by " + holder
+			}
+			return nil, &exitStatus{code: exitHeld, msg: msg}
 		case wctx.Err() == nil:
 			return nil, err
 		}
@@ -280,7 +285,7 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 		if err := gaveUp(octx); err != nil {
 			return nil, err
 		}
-		return nil, a.waitEndedUnreachable(name, f.waitTimeout, holder, time.Since(down.began()), last)
+		return nil, a.waitEndedUnreachable(name, f.waitTimeout, reached, holder, time.Since(down.began()), last)
 	}
 }
 
@@ -288,14 +293,18 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 // --wait-timeout ended while the server could not be reached (for the
 // last unreachable of the wait, with last the last call's error), or did
 // not answer its last call (last nil): whether the lease is held is not
-// known. holder is the holder the server last named, if it ever answered.
-func (a *app) waitEndedUnreachable(name string, timeout time.Duration, holder string, unreachable time.Duration, last error) error {
+// known. reached says whether the server ever answered, holder whom it
+// last named.
+func (a *app) waitEndedUnreachable(name string, timeout time.Duration, reached bool, holder string, unreachable time.Duration, last error) error {
 	if last == nil {
 		return &exitStatus{code: exitUnavailable, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s: fencer at %s did not answer in time, so whether the lease is held is not known", name, timeout, a.conn.server)}
 	}
 	part := "the whole wait"
-	if holder != "" {
-		part = fmt.Sprintf("the last %s of it (held by %s before)", unreachable.Round(100*time.Millisecond), holder)
+	if reached {
+		part = fmt.Sprintf("the last %s of it", unreachable.Round(100*time.Millisecond))
+		if holder != "" {
+			part += fmt.Sprintf(" (held by %s before)", holder)
+		}
 	}
 	return &exitStatus{code: exitUnavailable, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s, having failed to reach the server for %s: %s", name, timeout, part, describe(last, a.conn.server, a.conn.secure()).msg)}
 }
