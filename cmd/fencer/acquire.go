@@ -98,6 +98,9 @@ func (a *app) acquireCmd() *cobra.Command {
 			if err := out.validate(); err != nil {
 				return err
 			}
+			if err := checkReconnect(f.reconnectTimeout); err != nil {
+				return err
+			}
 			if !cmd.Flags().Changed("grace") {
 				f.grace = f.ttl / 4
 			}
@@ -176,7 +179,8 @@ func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, nam
 		return a.hold(ctx, lease, sess.ID(), out)
 	}
 	env := append(os.Environ(), a.conn.childEnv()...)
-	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
+	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10),
+		"FENCER_RECONNECT_TIMEOUT="+f.reconnectTimeout.String())
 	return a.runHeld(ctx, lease, end, argv, env, f.grace)
 }
 

@@ -25,6 +25,14 @@ func reconnectFlag(fs *pflag.FlagSet, d *time.Duration) {
 	envFlag(fs, "reconnect-timeout", "FENCER_RECONNECT_TIMEOUT")
 }
 
+// checkReconnect refuses a negative --reconnect-timeout.
+func checkReconnect(d time.Duration) error {
+	if d < 0 {
+		return usagef("--reconnect-timeout %s is negative: give how long to retry an unreachable server, or 0 to retry for ever", d)
+	}
+	return nil
+}
+
 // outage follows the server's reachability for a command that retries it
 // (acquire's wait, watch). The first failure of an outage is said once on
 // standard error; when an outage has lasted bound (if not 0), the context

@@ -129,6 +129,8 @@ func TestFlagValuesThatDoNotParse(t *testing.T) {
 		{nil, []string{"watch", "--session", "-3"}, `invalid --session -3: want a session id, a whole number above 0`},
 		{[]string{"FENCER_SESSION=nope"}, []string{"watch"}, `$FENCER_SESSION="nope": want a whole number, e.g. FENCER_SESSION=5 (the variable of --session)`},
 		{nil, []string{"watch", "--session", "5", "--reconnect-timeout", "1"}, `invalid --reconnect-timeout "1": want a duration with its unit`},
+		{nil, []string{"watch", "--session", "5", "--reconnect-timeout", "-1s"}, `--reconnect-timeout -1s is negative`},
+		{nil, []string{"acquire", "--reconnect-timeout", "-1s", "x"}, `--reconnect-timeout -1s is negative`},
 		{nil, []string{"acquire", "--ttl", "5", "x"}, `invalid --ttl "5": want a duration with its unit (ns, us, ms, s, m, h), e.g. --ttl 10s`},
 		{nil, []string{"acquire", "--wait-timeout", "soon", "x"}, `invalid --wait-timeout "soon"`},
 		{nil, []string{"acquire", "--grace", "x", "x"}, `invalid --grace "x"`},
@@ -150,4 +152,14 @@ func TestFlagValuesThatDoNotParse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAcquirePassesReconnectTimeoutOn: CMD gets acquire's
+// --reconnect-timeout in $FENCER_RECONNECT_TIMEOUT, so that a fencer watch
+// it runs gives up on the server when acquire would.
+func TestAcquirePassesReconnectTimeoutOn(t *testing.T) {
+	s := startServeProc(t)
+	code, stdout, stderr := s.fencer(nil, "acquire", "--reconnect-timeout", "7s", "env", "--", "sh", "-c", `echo "$FENCER_RECONNECT_TIMEOUT"`)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "7s\n", stdout)
 }

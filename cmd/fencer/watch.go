@@ -53,6 +53,9 @@ its lease is gone.`,
 			if session < 0 {
 				return usagef("invalid --session %d: want a session id, a whole number above 0, as fencer acquire prints it", session)
 			}
+			if err := checkReconnect(reconnect); err != nil {
+				return err
+			}
 			return a.withClient(cmd.Context(), func(ctx context.Context, cc *grpc.ClientConn) error {
 				down, octx := newOutage(ctx, a, "fencer watch", reconnect)
 				defer down.stop()
