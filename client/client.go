@@ -147,14 +147,26 @@ func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.
 	return resp, fromStatus(err)
 }
 
+// ListOption narrows List.
+type ListOption func(*fencerv1.ListLeasesRequest)
+
+// WithNamePrefix lists only the leases whose names start with prefix; the
+// server reads only those. "" lists every lease.
+func WithNamePrefix(prefix string) ListOption {
+	return func(r *fencerv1.ListLeasesRequest) { r.NamePrefix = prefix }
+}
+
 // List returns every lease that has ever been acquired, ordered by name,
 // reading them from the server a page at a time. Each page is one etcd
 // revision's view, but the whole list is not: a lease acquired or released
 // while List reads shows as it was when its page was read. It may be out
 // of date when it returns.
-func (c *Client) List(ctx context.Context) ([]token.Status, error) {
+func (c *Client) List(ctx context.Context, opts ...ListOption) ([]token.Status, error) {
 	var out []token.Status
 	req := &fencerv1.ListLeasesRequest{}
+	for _, o := range opts {
+		o(req)
+	}
 	for {
 		resp, err := c.rpc.ListLeases(ctx, req)
 		if err != nil {

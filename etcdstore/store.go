@@ -149,6 +149,19 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 	return st, nil
 }
 
+// ListOption narrows a listing of leases (ListPage).
+type ListOption func(*listOptions)
+
+type listOptions struct {
+	namePrefix string
+}
+
+// WithNamePrefix lists only the leases whose names start with prefix,
+// reading only their range of keys. "" lists every lease.
+func WithNamePrefix(prefix string) ListOption {
+	return func(o *listOptions) { o.namePrefix = prefix }
+}
+
 // ListPage returns the status of at most limit leases that have ever been
 // acquired under the store's prefix, those whose names sort after after
 // ("" starts at the first), ordered by name; more reports whether further
@@ -157,17 +170,22 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 // is read at one etcd revision, but a listing made of several pages is
 // not: a lease acquired or released between two pages shows as it was when
 // its page was read. It returns an *ArgumentError for limit < 1.
-func (s *Store) ListPage(ctx context.Context, after string, limit int) (page []Status, more bool, err error) {
+func (s *Store) ListPage(ctx context.Context, after string, limit int, opts ...ListOption) (page []Status, more bool, err error) {
 	if limit < 1 {
 		return nil, false, invalid("limit", strconv.Itoa(limit), "less than 1")
 	}
-	epochs := s.prefix + "epochs/"
-	from := epochs
-	if after != "" {
-		from = s.epochKey(after) + "\x00"
+	var o listOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
+	epochs := s.prefix + "epochs/"
+	from := epochs + o.namePrefix
+	if k := s.epochKey(after) + "\x00"; after != "" && k > from {
+		from = k
+	}
+	end := clientv3.GetPrefixRangeEnd(epochs + o.namePrefix)
 	for {
-		eresp, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(epochs)), clientv3.WithLimit(int64(limit)))
+		eresp, err := s.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(int64(limit)))
 		if err != nil {
 			return nil, false, fmt.Errorf("etcdstore: list: %w", err)
 		}

@@ -495,6 +495,47 @@ func TestListPageReadsEveryLeaseOnce(t *testing.T) {
 	require.Equal(t, "limit", ae.Arg)
 }
 
+// TestListPageWithNamePrefix: WithNamePrefix lists the leases whose names
+// start with the prefix, a page at a time, and a cursor before or after
+// the prefix's range works.
+func TestListPageWithNamePrefix(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	s := newSession(t, st)
+	for _, name := range []string{"a", "bench", "bench-0", "bench-0-1", "bench-1", "benches", "bencg", "c"} {
+		_, err := s.Acquire(ctx, name)
+		require.NoError(t, err)
+	}
+	var names []string
+	var mores []bool
+	after := ""
+	for {
+		page, more, err := st.ListPage(ctx, after, 2, etcdstore.WithNamePrefix("bench-"))
+		require.NoError(t, err)
+		for _, p := range page {
+			names = append(names, p.Name)
+		}
+		mores = append(mores, more)
+		if !more {
+			break
+		}
+		after = page[len(page)-1].Name
+	}
+	require.Equal(t, []string{"bench-0", "bench-0-1", "bench-1"}, names)
+	require.Equal(t, []bool{true, false}, mores)
+
+	page, _, err := st.ListPage(ctx, "a", 5, etcdstore.WithNamePrefix("bench-"))
+	require.NoError(t, err)
+	require.Len(t, page, 3, "a cursor before the range starts at the range")
+	page, more, err := st.ListPage(ctx, "c", 5, etcdstore.WithNamePrefix("bench-"))
+	require.NoError(t, err)
+	require.Empty(t, page, "a cursor past the range lists nothing")
+	require.False(t, more)
+	page, _, err = st.ListPage(ctx, "", 5, etcdstore.WithNamePrefix("nosuch"))
+	require.NoError(t, err)
+	require.Empty(t, page)
+}
+
 // TestListPageSurvivesForeignKeys checks that a key under epochs/ that
 // fencer did not write, with a name no lease may have, is listed and can
 // be paged past.

@@ -189,7 +189,7 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 	principal := principalOf(ctx)
 	out := &fencerv1.ListLeasesResponse{}
 	for len(out.Leases) < size {
-		page, more, err := s.store.ListPage(ctx, after, size-len(out.Leases))
+		page, more, err := s.store.ListPage(ctx, after, size-len(out.Leases), etcdstore.WithNamePrefix(req.GetNamePrefix()))
 		if err != nil {
 			return nil, err
 		}

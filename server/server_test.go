@@ -304,6 +304,10 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageToken: "not base64!"})
 			return err
 		}},
+		{"bad name prefix", "name_prefix", fencerv1.ReasonInvalidArgument, func() error {
+			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{NamePrefix: "a/b"})
+			return err
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,6 +381,25 @@ func TestListLeasesPages(t *testing.T) {
 	want, err := st.List(ctx)
 	require.NoError(t, err)
 	require.Equal(t, want, list)
+
+	// A name prefix, over pages of its own.
+	got = nil
+	req = &fencerv1.ListLeasesRequest{PageSize: 4, NamePrefix: "page-1"}
+	for {
+		resp, err := raw.ListLeases(ctx, req)
+		require.NoError(t, err)
+		for _, l := range resp.GetLeases() {
+			got = append(got, l.GetName())
+		}
+		if resp.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+	require.Equal(t, names[10:20], got)
+	list, err = c.List(ctx, client.WithNamePrefix("page-2"))
+	require.NoError(t, err)
+	require.Equal(t, want[20:], list)
 }
 
 func TestSessionFailsClosedWhenServerGone(t *testing.T) {

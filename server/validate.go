@@ -145,8 +145,14 @@ func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
 func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
 
 // validateListLeases checks a ListLeasesRequest and returns its page size,
-// with the default for 0, and the name its page token follows.
+// with the default for 0, and the name its page token follows. A name
+// prefix must be what the start of a valid name could be.
 func validateListLeases(r *fencerv1.ListLeasesRequest) (size int, after string, err error) {
+	if p := r.GetNamePrefix(); p != "" {
+		if err := validateName("name_prefix", p); err != nil {
+			return 0, "", err
+		}
+	}
 	size = int(r.GetPageSize())
 	switch {
 	case size < 0 || size > MaxListPageSize:

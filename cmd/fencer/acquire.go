@@ -16,6 +16,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -33,7 +34,9 @@ releases it.
 While another holder has the lease, acquire says on standard error whom it
 waits for, and waits (--wait-timeout bounds the wait; --wait=false fails at
 once with exit code 5). A server restart while waiting is ridden out: the
-wait goes on once the server answers again.
+wait goes on once the server answers again. A server that does not answer
+for --reconnect-timeout, or that cannot be reached when --wait-timeout
+ends, ends acquire with exit code 7, not 5.
 
 CMD is stopped when the lease ends (docs/cli.md states the timing and
 the gaps that remain):
@@ -44,7 +47,9 @@ the gaps that remain):
     --grace must be less than two thirds of --ttl, less 200ms (default: a
     quarter of --ttl);
   - SIGINT, SIGTERM and SIGHUP sent to fencer are passed on to CMD's
-    process group (SIGKILL after --grace), and the lease is released;
+    process group (SIGKILL after --grace, said on standard error), and the
+    lease is released; while acquire still waits for the lease, they end
+    it with exit code 128+N;
   - a watchdog process leads CMD's process group. If fencer dies (SIGKILL,
     the OOM killer) it kills the group when fencer's end of a pipe closes
     (on Linux the kernel's parent-death signal also reaches CMD). If fencer
@@ -61,6 +66,7 @@ Otherwise acquire exits with CMD's exit status (128+N if signal N ended it).`
 // acquireFlags are acquire's own flags.
 type acquireFlags struct {
 	ttl, waitTimeout, grace time.Duration
+	reconnectTimeout        time.Duration // how long an unreachable server is retried
 	wait                    bool
 }
 
@@ -92,6 +98,9 @@ func (a *app) acquireCmd() *cobra.Command {
 			if err := out.validate(); err != nil {
 				return err
 			}
+			if err := checkReconnect(f.reconnectTimeout); err != nil {
+				return err
+			}
 			if !cmd.Flags().Changed("grace") {
 				f.grace = f.ttl / 4
 			}
@@ -103,8 +112,9 @@ func (a *app) acquireCmd() *cobra.Command {
 	out.register(cmd)
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session TTL (whole seconds): the lease vanishes this long after fencer stops renewing it")
 	fs.BoolVar(&f.wait, "wait", true, "wait while another holder holds the lease (false: fail at once, exit code 5)")
-	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 (0: wait for ever)")
+	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 while the lease is held (0: wait for ever)")
 	fs.DurationVar(&f.grace, "grace", 0, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL; less than 2/3 of --ttl, less 200ms (default --ttl/4)")
+	reconnectFlag(fs, &f.reconnectTimeout)
 	envFlag(fs, "ttl", "FENCER_TTL")
 	envFlag(fs, "wait-timeout", "FENCER_WAIT_TIMEOUT")
 	envFlag(fs, "grace", "FENCER_GRACE")
@@ -169,7 +179,8 @@ func (a *app) acquire(ctx context.Context, f acquireFlags, out *outputFlags, nam
 		return a.hold(ctx, lease, sess.ID(), out)
 	}
 	env := append(os.Environ(), a.conn.childEnv()...)
-	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10))
+	env = append(env, "FENCER_TOKEN="+tok.String(), "FENCER_LEASE="+tok.Lease, "FENCER_SESSION="+strconv.FormatInt(sess.ID(), 10),
+		"FENCER_RECONNECT_TIMEOUT="+f.reconnectTimeout.String())
 	return a.runHeld(ctx, lease, end, argv, env, f.grace)
 }
 
@@ -211,53 +222,95 @@ func (e *sessionEnd) passed() bool {
 
 // acquireWaiting acquires name through sess, saying once on standard
 // error whom it waits for, and retrying with backoff while the server
-// cannot be reached, until f.waitTimeout (if set) or ctx ends.
+// cannot be reached (saying so once per outage), until f.waitTimeout (if
+// set) or ctx ends, or an outage outlasts f.reconnectTimeout (if set).
+// The wait ends with exit code 5 only when the server last said that the
+// lease is held; if the server could not be reached at the end, it ends
+// with exit code 7.
 func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquireFlags, name string) (*client.Lease, error) {
 	wctx, cancel := ctx, context.CancelFunc(func() {})
 	if f.waitTimeout > 0 {
 		wctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 	}
 	defer cancel()
+	down, octx := newOutage(wctx, a, "fencer acquire", f.reconnectTimeout)
+	defer down.stop()
 	retry := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 2 * time.Second}
 	var holder string
-	outage := false
+	reached := false // the server answered once
+	var last error   // the last call's error, while the server cannot be reached
 	for {
-		tctx, tcancel := context.WithTimeout(wctx, a.conn.timeout)
+		tctx, tcancel := context.WithTimeout(octx, a.conn.timeout)
 		lease, err := sess.TryAcquire(tctx, name)
 		tcancel()
 		var held *token.HeldError
-		waited := false // the waiting Acquire's only deadline is wctx's
+		waited := false // the waiting Acquire's only deadline is wctx's: the server answered, so octx's bound is off
 		if errors.As(err, &held) && f.wait {
-			waited = true
+			waited, reached = true, true
+			down.answered()
+			last = nil
+			retry.Reset()
 			if held.Holder != holder {
 				holder = held.Holder
 				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s, held by %s\n", name, holder)
 			}
-			lease, err = sess.Acquire(wctx, name)
+			lease, err = sess.Acquire(octx, name)
 		}
 		switch {
 		case err == nil:
 			return lease, nil
-		case ctx.Err() == nil && (wctx.Err() != nil || waited && status.Code(err) == codes.DeadlineExceeded):
+		case ctx.Err() != nil:
+			return nil, err // interrupted
+		case gaveUp(octx) != nil:
+			return nil, gaveUp(octx)
+		case f.wait && unavailable(err):
+			last = err
+			down.failed(err)
+			select {
+			case <-octx.Done():
+			case <-time.After(retry.NextBackOff()):
+			}
+			if octx.Err() == nil {
+				continue
+			}
+		case waited && (wctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded):
 			// The server may see the deadline pass a moment before wctx does.
 			msg := fmt.Sprintf("gave up waiting for %s after --wait-timeout %s", name, f.waitTimeout)
 			if holder != "" {
 				msg += ", held by " + holder
 			}
 			return nil, &exitStatus{code: exitHeld, msg: msg}
-		case f.wait && ctx.Err() == nil && status.Code(err) == codes.Unavailable:
-			if !outage {
-				outage = true
-				fmt.Fprintf(a.stderr, "fencer acquire: %s; retrying\n", describe(err, a.conn.server, a.conn.secure()).msg)
-			}
-			select {
-			case <-wctx.Done():
-			case <-time.After(retry.NextBackOff()):
-			}
-			continue
+		case wctx.Err() == nil:
+			return nil, err
 		}
-		return nil, err
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // interrupted while it waited to retry
+		}
+		if err := gaveUp(octx); err != nil {
+			return nil, err
+		}
+		return nil, a.waitEndedUnreachable(name, f.waitTimeout, reached, holder, time.Since(down.began()), last)
 	}
+}
+
+// waitEndedUnreachable is the exit-7 error of an acquire whose
+// --wait-timeout ended while the server could not be reached (for the
+// last unreachable of the wait, with last the last call's error), or did
+// not answer its last call (last nil): whether the lease is held is not
+// known. reached says whether the server ever answered, holder whom it
+// last named.
+func (a *app) waitEndedUnreachable(name string, timeout time.Duration, reached bool, holder string, unreachable time.Duration, last error) error {
+	if last == nil {
+		return &exitStatus{code: exitUnavailable, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s: fencer at %s did not answer in time, so whether the lease is held is not known", name, timeout, a.conn.server)}
+	}
+	part := "the whole wait"
+	if reached {
+		part = fmt.Sprintf("the last %s of it", unreachable.Round(100*time.Millisecond))
+		if holder != "" {
+			part += fmt.Sprintf(" (held by %s before)", holder)
+		}
+	}
+	return &exitStatus{code: exitUnavailable, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s, having failed to reach the server for %s: %s", name, timeout, part, describe(last, a.conn.server, a.conn.secure()).msg)}
 }
 
 // holdView is what acquire without CMD prints: the lease it holds.
@@ -365,7 +418,7 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, end *sessionEnd,
 		lost = true
 		fmt.Fprintf(a.stderr, "fencer acquire: lease lost (%s); stopping %s\n", lossReason(lease), argv[0])
 		wd.stopping()
-		waitErr = stop(group, exited, syscall.SIGTERM, grace)
+		waitErr = a.stop(argv[0], group, exited, syscall.SIGTERM, grace)
 	case <-dogGone:
 		_ = syscall.Kill(-group, syscall.SIGKILL)
 		waitErr = <-exited
@@ -384,7 +437,7 @@ func (a *app) runHeld(ctx context.Context, lease *client.Lease, end *sessionEnd,
 			sig = se.sig
 		}
 		wd.stopping()
-		waitErr = stop(group, exited, sig, grace)
+		waitErr = a.stop(argv[0], group, exited, sig, grace)
 	}
 	if lost {
 		return &exitStatus{code: exitLeaseLost, msg: fmt.Sprintf("%s was stopped: the lease was lost while it ran", argv[0])}
@@ -416,9 +469,9 @@ func start(cmd *exec.Cmd) (<-chan error, error) {
 	return exited, <-started
 }
 
-// stop sends sig to CMD's process group and SIGKILL after grace, and
-// returns cmd's wait error.
-func stop(group int, exited <-chan error, sig syscall.Signal, grace time.Duration) error {
+// stop sends sig to the process group of CMD (named name) and SIGKILL
+// after grace, saying so on standard error, and returns CMD's wait error.
+func (a *app) stop(name string, group int, exited <-chan error, sig syscall.Signal, grace time.Duration) error {
 	_ = syscall.Kill(-group, sig)
 	t := time.NewTimer(grace)
 	defer t.Stop()
@@ -427,6 +480,7 @@ func stop(group int, exited <-chan error, sig syscall.Signal, grace time.Duratio
 		return err
 	case <-t.C:
 		_ = syscall.Kill(-group, syscall.SIGKILL)
+		fmt.Fprintf(a.stderr, "fencer acquire: %s did not exit within --grace %s of %s; sent SIGKILL to its process group\n", name, grace, unix.SignalName(sig))
 		return <-exited
 	}
 }

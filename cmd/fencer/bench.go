@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/token"
 )
 
 // benchFlags are the flags of fencer bench.
@@ -94,10 +96,16 @@ throughput and latency percentiles:
 With put and direct-put both run, it prints their throughput ratio, over
 all their runs: name them alternately (--ops put,direct-put,put,direct-put)
 so that a busy machine weighs on both alike.
-Each client uses leases named bench-<start time>-<workload>-<client> and
-keys under bench/; the keys are deleted and the leases released
-afterwards. Like etcdctl check perf, it
-measures the whole path: this process, the network, the server and etcd.`,
+A run holds lease bench-<slot>, the lowest slot that no other bench
+holds, so that benches run side by side; its client i uses leases
+bench-<slot>-<i> and bench-<slot>-<i>-cycle and the key bench/<slot>/<i>.
+When it ends, interrupted or not, it deletes its keys with guarded
+deletes and releases its leases. The names are reused by later runs, so
+what a run leaves (the epoch counters of those leases, and the owner
+records of those keys, which fencing needs) does not grow with the number
+of runs: fencer status --prefix bench- lists them. Like etcdctl check
+perf, it measures the whole path: this process, the network, the server
+and etcd.`,
 		Example: `  fencer bench --clients 64 --duration 10s`,
 		Args:    nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -121,10 +129,15 @@ measures the whole path: this process, the network, the server and etcd.`,
 					direct = st
 				}
 			}
+			slot, release, err := a.benchSlot(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer release()
 			var results []benchResult
 			ops, secs := map[string]int{}, map[string]float64{} // by workload, over its runs
 			for _, op := range f.ops {
-				r, err := a.bench(cmd.Context(), f, op, direct)
+				r, err := a.bench(cmd.Context(), f, op, direct, slot)
 				if err != nil {
 					return err
 				}
@@ -183,9 +196,55 @@ func (f benchFlags) directStore() (*etcdstore.Store, func(), error) {
 	return st, func() { cli.Close() }, nil
 }
 
-// bench runs workload op with f.clients clients for f.duration.
-func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdstore.Store) (benchResult, error) {
-	run := fmt.Sprintf("bench-%d-%s", time.Now().UnixNano(), op)
+// maxBenchSlots bounds the slots a bench tries: the benches that can run
+// side by side against one server.
+const maxBenchSlots = 64
+
+// benchSlot holds lease bench-<slot> for the lowest slot that no other
+// bench holds, and returns the slot and a function that releases it. The
+// names of a bench's leases and keys derive from its slot, so that
+// benches run side by side and later runs reuse the names of earlier ones.
+func (a *app) benchSlot(ctx context.Context) (int, func(), error) {
+	cc, err := a.conn.dial()
+	if err != nil {
+		return 0, nil, err
+	}
+	sess, err := client.New(cc).NewSession()
+	if err != nil {
+		cc.Close()
+		return 0, nil, err
+	}
+	release := func() {
+		cctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
+		defer cancel()
+		_ = sess.Close(cctx)
+		cc.Close()
+	}
+	for slot := range maxBenchSlots {
+		cctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
+		_, err := sess.TryAcquire(cctx, "bench-"+strconv.Itoa(slot))
+		cancel()
+		var held *token.HeldError
+		switch {
+		case err == nil:
+			return slot, release, nil
+		case !errors.As(err, &held):
+			release()
+			return 0, nil, err
+		}
+	}
+	release()
+	return 0, nil, &exitStatus{code: exitHeld, msg: fmt.Sprintf("leases bench-0 to bench-%d are all held: %d benches run against this server already", maxBenchSlots-1, maxBenchSlots)}
+}
+
+// benchWrites is the workloads that write the workers' keys.
+var benchWrites = map[string]bool{"put": true, "direct-put": true}
+
+// bench runs workload op with f.clients clients for f.duration, with the
+// lease and key names of slot. When it returns, interrupted or not, the
+// keys it wrote are deleted (guarded by their lease's token) and its
+// sessions closed, which releases their leases.
+func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdstore.Store, slot int) (benchResult, error) {
 	workers := make([]*benchWorker, f.clients)
 	var conns []*grpc.ClientConn
 	defer func() {
@@ -194,7 +253,9 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 				continue
 			}
 			cctx, cancel := context.WithTimeout(context.Background(), a.conn.timeout)
-			_, _ = w.c.Delete(cctx, w.held.Token(), w.key)
+			if benchWrites[op] {
+				_, _ = w.c.Delete(cctx, w.held.Token(), w.key)
+			}
 			_ = w.sess.Close(cctx)
 			cancel()
 		}
@@ -208,7 +269,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 			return benchResult{}, err
 		}
 		conns = append(conns, cc)
-		w := &benchWorker{c: client.New(cc), direct: direct, lease: fmt.Sprintf("%s-%d", run, i), key: fmt.Sprintf("bench/%s/%d", run, i), value: make([]byte, f.size)}
+		w := &benchWorker{c: client.New(cc), direct: direct, lease: fmt.Sprintf("bench-%d-%d", slot, i), key: fmt.Sprintf("bench/%d/%d", slot, i), value: make([]byte, f.size)}
 		if w.sess, err = w.c.NewSession(); err != nil {
 			return benchResult{}, err
 		}

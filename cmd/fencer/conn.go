@@ -100,7 +100,7 @@ func applyEnv(fs *pflag.FlagSet) error {
 			return
 		}
 		if serr := fs.Set(f.Name, v); serr != nil {
-			err = usagef("$%s=%q: %v", envs[0], v, serr)
+			err = envValueError(envs[0], v, serr)
 		}
 	})
 	return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -40,13 +41,16 @@ const exitCodesHelp = `Exit codes:
   3    not found: no such key (get), the session is gone (watch, acquire)
   4    stale: the token is no longer current (check, put, delete, txn, advance)
   5    held: another holder holds the lease (acquire --wait=false, --wait-timeout)
+       as the server said when the wait ended
   6    permission denied: credentials refused, or not allowed to use the name
-  7    unavailable: the server (or its etcd) could not be reached in time;
-       a write may or may not have committed
+  7    unavailable: the server (or its etcd) could not be reached in time,
+       or for --reconnect-timeout (acquire, watch); a write may or may not
+       have committed
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
   9    lease lost while CMD ran (acquire): CMD was stopped
   10   the watchdog died while CMD ran (acquire): CMD was killed, the lease released
   126  CMD could not be run (acquire); 127 CMD was not found
+  128+N  interrupted by signal N (130 for SIGINT), e.g. while acquire waits
   Otherwise acquire exits with CMD's status (128+N if signal N ended it).`
 
 // usageError is a command line fencer cannot run: exit code 2.
@@ -75,6 +79,17 @@ var errLeaseLost = errors.New("fencer: lease lost")
 
 // errNotFound is a key or session that does not exist.
 var errNotFound = errors.New("fencer: not found")
+
+// interruptedBy reports the signal that ended ctx (see notifyContext),
+// when err is the cancellation it caused: the command was interrupted,
+// and fencer exits 128+N, like a shell, rather than 1.
+func interruptedBy(ctx context.Context, err error) (syscall.Signal, bool) {
+	var se *signalError
+	if !errors.As(context.Cause(ctx), &se) || !(errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled) {
+		return 0, false
+	}
+	return se.sig, true
+}
 
 // failure is what fencer says about err, and the exit code it ends with.
 type failure struct {

@@ -54,7 +54,7 @@ func TestExitCodes(t *testing.T) {
 		{"stale put", alice, []string{"put", "--token", old, "orders/total", "999"}, exitStale, `stale token: .* is superseded by ` + regexp.QuoteMeta(cur) + `; nothing was written`},
 		{"stale check", alice, []string{"check", "--token", old}, exitStale, `^$`},
 		{"held", alice, []string{"acquire", "--wait=false", "orders", "--", "true"}, exitHeld, `lease "orders" is held by alice/`},
-		{"held, wait timed out", alice, []string{"acquire", "--wait-timeout", "200ms", "orders"}, exitHeld, `gave up waiting for orders after --wait-timeout 200ms`},
+		{"held, wait timed out", alice, []string{"acquire", "--wait-timeout", "2s", "orders"}, exitHeld, `gave up waiting for orders after --wait-timeout 2s, held by alice/`},
 		{"permission denied", bob, []string{"acquire", "orders", "--", "true"}, exitDenied, `permission denied by fencer at`},
 		{"unauthenticated", []string{"FENCER_AUTH_TOKEN=wrong-token-0123456789"}, []string{"status"}, exitDenied, `refused the credentials: set --auth-token-file`},
 		{"unavailable", append([]string{"FENCER_SERVER=" + freeAddr(t)}, alice...), []string{"status"}, exitUnavailable, "cannot reach fencer at .*: is `fencer serve` running\\? set --server or FENCER_SERVER"},

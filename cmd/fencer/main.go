@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -33,6 +34,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	f := describe(err, a.conn.server, a.conn.secure())
+	if sig, ok := interruptedBy(ctx, err); ok {
+		f = failure{128 + int(sig), "interrupted by " + unix.SignalName(sig)}
+	}
 	if f.msg != "" {
 		fmt.Fprintf(stderr, "%s: %s\n", cmd.CommandPath(), f.msg)
 		if f.code == exitUsage {
@@ -76,6 +80,9 @@ shown in the command's help. See docs/cli.md.
 	root.SetErr(a.stderr)
 	root.SetIn(a.stdin)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		if bad := flagValueError(err); bad != nil {
+			return bad
+		}
 		msg := err.Error()
 		if cmd.Name() == "acquire" && cmd.ArgsLenAtDash() == -1 {
 			msg += " (the command to run goes after --: fencer acquire NAME -- CMD [ARGS...])"

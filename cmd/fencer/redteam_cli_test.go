@@ -174,6 +174,7 @@ func rtStubbornLoss(t *testing.T, grace string) {
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, rtExitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
 	require.Eventually(t, func() bool { return !alive(pid) }, 3*time.Second, 10*time.Millisecond, "the command outlived its lost lease")
+	require.Contains(t, p.stderr.String(), "fencer acquire: sh did not exit within --grace "+grace+" of SIGTERM; sent SIGKILL to its process group\n")
 }
 
 // TestRedTeamCLIServerPausedPastTTL: fencer serve stopped with SIGSTOP (it

@@ -331,13 +331,22 @@ type statusRow struct {
 
 func (a *app) statusCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "status",
-		Short:   "list leases with their holders and tokens",
+		Use:   "status [NAME...]",
+		Short: "list leases with their holders and tokens",
+		Long: `Lists the leases that have ever been acquired, with their holders and
+tokens: all of them, those named NAME, or with --prefix those whose names
+start with a NAME (exit code 3 if a NAME matches none).`,
+		Example: `  fencer status orders
+  fencer status --prefix bench-`,
 		Aliases: []string{"list", "ls"},
-		Args:    nArgs(0),
+		Args:    validNames,
 	}
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
-		list, err := c.List(ctx)
+	prefix := cmd.Flags().Bool("prefix", false, "list the leases whose names start with a NAME, as etcdctl get --prefix")
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, names []string) (*view, error) {
+		if *prefix && len(names) == 0 {
+			return nil, usagef("--prefix needs a NAME prefix: fencer status --prefix PREFIX")
+		}
+		list, unmatched, err := listLeases(ctx, c, names, *prefix)
 		if err != nil {
 			return nil, err
 		}
@@ -350,7 +359,7 @@ func (a *app) statusCmd() *cobra.Command {
 			}
 			table[i] = []string{st.Name, strconv.FormatUint(st.Epoch, 10), dash(rows[i].Holder), dash(rows[i].Token)}
 		}
-		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, nil
+		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, unmatchedError(unmatched, *prefix)
 	})
 }
 

@@ -178,8 +178,9 @@ func TestBench(t *testing.T) {
 	}
 }
 
-// TestWatchRidesOutAServerRestart: fencer watch goes on watching while
-// fencer serve restarts, and prints a loss that comes after it.
+// TestWatchRidesOutAServerRestart: fencer watch says once that the
+// server is gone, goes on watching while fencer serve restarts, and
+// prints a loss that comes after it.
 func TestWatchRidesOutAServerRestart(t *testing.T) {
 	s := startServeProc(t)
 	holder := s.startFencer(nil, "acquire", "-o", "json", "--ttl", "20s", "reports")
@@ -192,6 +193,9 @@ func TestWatchRidesOutAServerRestart(t *testing.T) {
 	s.stop()
 	s.start()
 	require.Eventually(t, func() bool { return strings.Count(w.stderr.String(), "watching session") == 2 }, 20*time.Second, 10*time.Millisecond, w.stderr.String())
+	// It said once that it could not reach the server (or that the server
+	// shut down), and that it retries.
+	require.Equal(t, 1, strings.Count(w.stderr.String(), "; retrying\n"), w.stderr.String())
 	code, _, stderr := s.fencer([]string{"FENCER_TOKEN=" + held.Token}, "release")
 	require.Equal(t, 0, code, stderr)
 	require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, printBound, 10*time.Millisecond, w.stderr.String())

@@ -7,6 +7,7 @@ import (
 	"io"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -27,15 +28,17 @@ type lossView struct {
 func (a *app) watchCmd() *cobra.Command {
 	var out outputFlags
 	var session int64
+	var reconnect time.Duration
 	cmd := &cobra.Command{
 		Use:   "watch",
 		Short: "print each lease of a session that is lost, as it happens",
 		Long: `Follows the leases of a session (--session, or $FENCER_SESSION, which
 fencer acquire sets for its command) and prints one line per lease lost:
-deleted or replaced. When the server or its etcd is unavailable it
-watches again, with backoff, from the last revision it saw, so a loss
-meanwhile is still printed. It runs until interrupted (exit code 0) or
-until the session ends (exit code 3). The session must be one of the caller's
+deleted or replaced. When the server or its etcd is unavailable it says
+so once and watches again, with backoff, from the last revision it saw,
+so a loss meanwhile is still printed; after --reconnect-timeout without
+an answer it gives up (exit code 7). It runs until interrupted (exit code
+0) or until the session ends (exit code 3). The session must be one of the caller's
 principal. A script can run it in the background to learn at once that
 its lease is gone.`,
 		Example: `  fencer acquire orders -- sh -c 'fencer watch & exec ./worker'`,
@@ -47,11 +50,19 @@ its lease is gone.`,
 			if session == 0 {
 				return usagef("no session: pass --session or run under fencer acquire (which sets $FENCER_SESSION)")
 			}
+			if session < 0 {
+				return usagef("invalid --session %d: want a session id, a whole number above 0, as fencer acquire prints it", session)
+			}
+			if err := checkReconnect(reconnect); err != nil {
+				return err
+			}
 			return a.withClient(cmd.Context(), func(ctx context.Context, cc *grpc.ClientConn) error {
+				down, octx := newOutage(ctx, a, "fencer watch", reconnect)
+				defer down.stop()
 				synced := func(rev int64) {
 					fmt.Fprintf(a.stderr, "fencer watch: watching session %d from revision %d\n", session, rev)
 				}
-				err := client.New(cc).WatchSession(ctx, session, synced, func(ev client.LossEvent) error {
+				err := client.New(outageConn{ClientConnInterface: cc, o: down}).WatchSession(octx, session, synced, func(ev client.LossEvent) error {
 					v := lossView{Lease: ev.Token.Lease, Token: ev.Token.String(), Revision: ev.Revision, Reason: ev.Reason}
 					err := out.print(a.stdout, view{data: v, headers: []string{"LEASE", "TOKEN", "REVISION", "REASON"},
 						rows: [][]string{{v.Lease, v.Token, strconv.FormatInt(v.Revision, 10), v.Reason}},
@@ -59,6 +70,9 @@ its lease is gone.`,
 					out.noHeaders = true // one header for the whole stream
 					return err
 				})
+				if gave := gaveUp(octx); gave != nil {
+					return gave
+				}
 				if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 					return nil
 				}
@@ -70,6 +84,7 @@ its lease is gone.`,
 	out.register(cmd)
 	cmd.Flags().Int64Var(&session, "session", 0, "session id to watch, as fencer acquire prints it")
 	envFlag(cmd.Flags(), "session", "FENCER_SESSION")
+	reconnectFlag(cmd.Flags(), &reconnect)
 	return cmd
 }
 

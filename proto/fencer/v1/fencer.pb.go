@@ -1871,8 +1871,11 @@ type ListLeasesRequest struct {
 	// page_size is the most leases to return, 0 to 5000; 0 means 500.
 	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// page_token is the next_page_token of the previous page, unchanged; empty
-	// for the first page.
-	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// for the first page. It goes with the name_prefix of that page's request.
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// name_prefix, if not empty, keeps only the leases whose names start with
+	// it: up to 253 bytes of UTF-8, without "/", spaces or control characters.
+	NamePrefix    string `protobuf:"bytes,3,opt,name=name_prefix,json=namePrefix,proto3" json:"name_prefix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1917,6 +1920,13 @@ func (x *ListLeasesRequest) GetPageSize() int32 {
 func (x *ListLeasesRequest) GetPageToken() string {
 	if x != nil {
 		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListLeasesRequest) GetNamePrefix() string {
+	if x != nil {
+		return x.NamePrefix
 	}
 	return ""
 }
@@ -2182,11 +2192,13 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x01\x12\r\n" +
 	"\tTYPE_LOST\x10\x02\x12\x11\n" +
-	"\rTYPE_PROGRESS\x10\x03\"O\n" +
+	"\rTYPE_PROGRESS\x10\x03\"p\n" +
 	"\x11ListLeasesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"l\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12\x1f\n" +
+	"\vname_prefix\x18\x03 \x01(\tR\n" +
+	"namePrefix\"l\n" +
 	"\x12ListLeasesResponse\x12.\n" +
 	"\x06leases\x18\x01 \x03(\v2\x16.fencer.v1.LeaseStatusR\x06leases\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"y\n" +

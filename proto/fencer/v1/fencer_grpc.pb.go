@@ -117,8 +117,9 @@ type FencerServiceClient interface {
 	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
 	// session is then lost.
 	WatchLease(ctx context.Context, in *WatchLeaseRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeaseResponse], error)
-	// ListLeases returns the leases that have ever been acquired, with their
-	// current holders and tokens if held, a page at a time, ordered by name.
+	// ListLeases returns the leases that have ever been acquired (or those
+	// whose names start with name_prefix), with their current holders and
+	// tokens if held, a page at a time, ordered by name.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
 }
 
@@ -320,8 +321,9 @@ type FencerServiceServer interface {
 	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
 	// session is then lost.
 	WatchLease(*WatchLeaseRequest, grpc.ServerStreamingServer[WatchLeaseResponse]) error
-	// ListLeases returns the leases that have ever been acquired, with their
-	// current holders and tokens if held, a page at a time, ordered by name.
+	// ListLeases returns the leases that have ever been acquired (or those
+	// whose names start with name_prefix), with their current holders and
+	// tokens if held, a page at a time, ordered by name.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
 	mustEmbedUnimplementedFencerServiceServer()
 }

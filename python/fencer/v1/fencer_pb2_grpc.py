@@ -190,8 +190,9 @@ class FencerServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListLeases(self, request, context):
-        """ListLeases returns the leases that have ever been acquired, with their
-        current holders and tokens if held, a page at a time, ordered by name.
+        """ListLeases returns the leases that have ever been acquired (or those
+        whose names start with name_prefix), with their current holders and
+        tokens if held, a page at a time, ordered by name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
