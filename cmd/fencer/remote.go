@@ -241,11 +241,13 @@ newer holder's lease. Releasing a token that has already ended succeeds.`,
 	})
 }
 
-// getView is what get prints.
+// getView is what get prints. Value is bytes, which json and yaml print
+// as base64, as etcdctl and a Kubernetes Secret's data do: a value may be
+// any bytes, and JSON strings carry only UTF-8.
 type getView struct {
 	Key            string `json:"key"`
 	Found          bool   `json:"found"`
-	Value          string `json:"value"`
+	Value          []byte `json:"value"`
 	CreateRevision int64  `json:"create_revision"`
 	ModRevision    int64  `json:"mod_revision"`
 }
@@ -254,7 +256,7 @@ func (a *app) getCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get KEY",
 		Short: "read a data key (exit code 3 if it does not exist)",
-		Long:  `Prints KEY's value (text), or the key with its revisions (table, json, yaml). Reads are not guarded.`,
+		Long:  `Prints KEY's value (text), or the key with its revisions (table, json, yaml; json and yaml print the value in base64). Reads are not guarded.`,
 		Args:  nArgs(1, "KEY"),
 	}
 	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
@@ -262,13 +264,13 @@ func (a *app) getCmd() *cobra.Command {
 		if err != nil {
 			return nil, err
 		}
-		g := getView{Key: args[0], Found: found, Value: string(v.Data), CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}
+		g := getView{Key: args[0], Found: found, Value: nonNil(v.Data), CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}
 		var notFound error
 		if !found {
 			notFound = &exitStatus{code: exitNotFound, msg: fmt.Sprintf("key %q not found", args[0])}
 		}
 		return &view{data: g, headers: []string{"KEY", "VALUE", "CREATE_REVISION", "MOD_REVISION"},
-			rows: [][]string{{g.Key, strconv.Quote(g.Value), strconv.FormatInt(g.CreateRevision, 10), strconv.FormatInt(g.ModRevision, 10)}},
+			rows: [][]string{{g.Key, strconv.Quote(string(g.Value)), strconv.FormatInt(g.CreateRevision, 10), strconv.FormatInt(g.ModRevision, 10)}},
 			text: func(w io.Writer) {
 				if !found {
 					return
@@ -352,6 +354,15 @@ func (a *app) statusCmd() *cobra.Command {
 		}
 		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, nil
 	})
+}
+
+// nonNil is b, or an empty slice for nil, so that json and yaml print an
+// empty value as "" rather than null.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
 
 // dash is s, or "-" for a table cell with no value.

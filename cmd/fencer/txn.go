@@ -279,14 +279,16 @@ type txnView struct {
 	Results   []txnOpResult `json:"results"`
 }
 
-// txnOpResult is the result of one operation of the branch that ran.
+// txnOpResult is the result of one operation of the branch that ran. A
+// get's Value is set (to an empty slice when the key is absent), and json
+// and yaml print it as base64, like get's.
 type txnOpResult struct {
-	Op       string `json:"op"`
-	Key      string `json:"key"`
-	Revision int64  `json:"revision,omitempty"`
-	Deleted  *bool  `json:"deleted,omitempty"`
-	Found    *bool  `json:"found,omitempty"`
-	Value    string `json:"value,omitempty"`
+	Op       string  `json:"op"`
+	Key      string  `json:"key"`
+	Revision int64   `json:"revision,omitempty"`
+	Deleted  *bool   `json:"deleted,omitempty"`
+	Found    *bool   `json:"found,omitempty"`
+	Value    *[]byte `json:"value,omitempty"`
 }
 
 func (a *app) txnCmd() *cobra.Command {
@@ -352,10 +354,11 @@ func txnResultView(resp *fencerv1.TxnResponse, branch []*fencerv1.Op) *view {
 			detail = fmt.Sprintf("deleted %t", deleted)
 		case r.GetGet() != nil:
 			found := r.GetGet().GetFound()
-			res = txnOpResult{Op: "get", Found: &found, Value: string(r.GetGet().GetValue())}
+			value := nonNil(r.GetGet().GetValue())
+			res = txnOpResult{Op: "get", Found: &found, Value: &value}
 			detail = "not found"
 			if found {
-				detail = strconv.Quote(res.Value)
+				detail = strconv.Quote(string(value))
 			}
 		}
 		if i < len(branch) {
