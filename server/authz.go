@@ -65,11 +65,11 @@ type AuthorizationFile struct {
 func LoadAuthorization(path string) (*Authorization, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("server: authorization file: %w", err)
+		return nil, fmt.Errorf("authorization file: %w", err)
 	}
 	a, err := ParseAuthorization(data)
 	if err != nil {
-		return nil, fmt.Errorf("server: authorization file %s: %w", path, err)
+		return nil, fmt.Errorf("authorization file %s: %w", path, err)
 	}
 	return a, nil
 }

@@ -48,7 +48,9 @@ type txnError struct {
 	msg  string
 }
 
-func (e *txnError) Error() string { return fmt.Sprintf("txn: line %d: %s", e.line, e.msg) }
+// Error is "line N: why": fencer prints it after "fencer txn: ", which
+// names the command.
+func (e *txnError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
 
 // errTxnSyntax is wrapped by every *txnError.
 var errTxnSyntax = errors.New("txn: syntax")
