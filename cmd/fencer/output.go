@@ -22,6 +22,7 @@ func (o *outputFlags) register(cmd *cobra.Command) {
 	fs.StringVarP(&o.format, "output", "o", "text", "output format: text, table, json or yaml")
 	fs.BoolVar(&o.noHeaders, "no-headers", false, "print tables without their header line")
 	envFlag(fs, "output", "FENCER_OUTPUT")
+	aliasFlag(fs, "write-out", "w", "output")
 	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"text", "table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 }
 
