@@ -22,8 +22,9 @@ type Grants struct {
 	// Leases are the lease names the principal may acquire, release,
 	// check and list.
 	Leases []string `json:"leases,omitempty"`
-	// Read are the data keys the principal may read: Get, and the
-	// compares and reads of a Txn.
+	// Read are the data keys the principal may read: Get, the compares
+	// and reads of a Txn, and the keys ListKeys returns (it skips the
+	// others).
 	Read []string `json:"read,omitempty"`
 	// Write are the data keys the principal may write (Put, Delete, and a
 	// Txn's puts and deletes). Write implies Read.

@@ -2,7 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
@@ -79,4 +83,47 @@ func TestEtcdctlHabits(t *testing.T) {
 			require.Contains(t, stderr, "host:port", server)
 		}
 	})
+}
+
+// TestGetPrefix runs get --prefix through the built binary against fencer
+// serve with an authorization file: each principal gets every key under
+// the prefix that it may read, in key order, with its bytes, and none of
+// the others.
+func TestGetPrefix(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	require.NoError(t, os.WriteFile(tokens, []byte("alice-token-0123456789 alice\nbob-token-0123456789ab bob\n"), 0o600))
+	authz := filepath.Join(dir, "authz.yaml")
+	require.NoError(t, os.WriteFile(authz, []byte("principals:\n  alice:\n    leases: [orders]\n    write: [\"orders/*\", \"secret/*\"]\n  bob:\n    read: [\"orders/*\"]\n"), 0o600))
+	s := startServeProc(t, "--token-file", tokens, "--authz-file", authz)
+	alice := []string{"FENCER_AUTH_TOKEN=alice-token-0123456789"}
+	bob := []string{"FENCER_AUTH_TOKEN=bob-token-0123456789ab"}
+
+	holder := s.startFencer(alice, "acquire", "orders")
+	require.Eventually(t, func() bool { return strings.HasSuffix(holder.stdout.String(), "\n") }, printBound, 10*time.Millisecond, holder.stderr.String())
+	writer := append([]string{"FENCER_TOKEN=" + strings.TrimSpace(holder.stdout.String())}, alice...)
+	for _, kv := range [][2]string{{"orders/a", "1"}, {"orders/b", "\xff\xfe"}, {"orders/c", ""}, {"secret/x", "hidden"}} {
+		p := s.startFencerIn(strings.NewReader(kv[1]), writer, "put", kv[0], "-")
+		require.Equal(t, 0, p.wait(t, printBound), p.stderr.String())
+	}
+
+	get := func(env []string, args ...string) string {
+		t.Helper()
+		code, stdout, stderr := s.fencer(env, append([]string{"get", "--prefix"}, args...)...)
+		require.Equal(t, 0, code, "get --prefix %q: %s", args, stderr)
+		return stdout
+	}
+	orders := "orders/a\n1\norders/b\n\xff\xfe\norders/c\n\n"
+	require.Equal(t, orders, get(alice, "orders/"))
+	require.Equal(t, orders+"secret/x\nhidden\n", get(alice, ""))
+	require.Equal(t, orders, get(bob, ""), "bob may read only orders/*")
+	require.Empty(t, get(bob, "secret/"))
+	require.Empty(t, get(alice, "nothing/"))
+
+	var kvs []getView
+	require.NoError(t, json.Unmarshal([]byte(get(bob, "orders/", "-w", "json")), &kvs))
+	require.Len(t, kvs, 3)
+	require.Equal(t, getView{Key: "orders/b", Found: true, Value: []byte("\xff\xfe"), CreateRevision: kvs[1].CreateRevision, ModRevision: kvs[1].ModRevision}, kvs[1])
+	require.Equal(t, "[]\n", get(bob, "secret/", "-o", "json"))
+	require.Regexp(t, `^KEY\s+VALUE\s+CREATE_REVISION\s+MOD_REVISION\norders/a\s+"1"\s+\d+\s+\d+\n`, get(alice, "orders/", "-o", "table"))
 }
