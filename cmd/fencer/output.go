@@ -23,7 +23,9 @@ func (o *outputFlags) register(cmd *cobra.Command) {
 	fs.BoolVar(&o.noHeaders, "no-headers", false, "print tables without their header line")
 	envFlag(fs, "output", "FENCER_OUTPUT")
 	aliasFlag(fs, "write-out", "w", "output")
-	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"text", "table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, name := range []string{"output", "write-out"} {
+		_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions([]string{"text", "table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	}
 }
 
 // validate refuses an unknown --output before any call is made.
