@@ -24,9 +24,11 @@ func TestEtcdctlHabits(t *testing.T) {
 	down := "FENCER_SERVER=" + freeAddr(t)
 
 	t.Run("--endpoints is --server and wins over FENCER_SERVER", func(t *testing.T) {
-		code, stdout, stderr := s.fencer([]string{down}, "get", "orders/a", "--endpoints", s.addr)
-		require.Equal(t, 0, code, stderr)
-		require.Equal(t, "1\n", stdout)
+		for _, args := range [][]string{{"get", "orders/a", "--endpoints", s.addr}, {"--endpoints=" + s.addr, "get", "orders/a"}} {
+			code, stdout, stderr := s.fencer([]string{down}, args...)
+			require.Equal(t, 0, code, "%q: %s", args, stderr)
+			require.Equal(t, "1\n", stdout)
+		}
 	})
 
 	t.Run("-w and --write-out are -o and win over FENCER_OUTPUT", func(t *testing.T) {
