@@ -222,22 +222,14 @@ func (c *connFlags) secure() bool {
 // tlsFlags reports whether a TLS flag is set.
 func (c *connFlags) tlsFlags() bool { return c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != "" }
 
-// servers parses --server: comma-separated host:port addresses, or, as
-// etcdctl's --endpoints takes them, http://host:port (plaintext) and
-// https://host:port (TLS) URLs, all of one scheme, which it returns ("" for
-// host:port). Anything else is a usage error naming the forms.
+// servers parses --server: comma-separated servers, all in one of the
+// forms parseServer takes, and returns their host:port addresses and the
+// form's scheme.
 func (c *connFlags) servers() (addrs []string, scheme string, err error) {
 	for i, s := range splitList(c.server) {
-		addr := s
-		sch, _, ok := strings.Cut(s, "://")
-		if !ok {
-			sch = ""
-		} else {
-			u, perr := url.Parse(s)
-			if perr != nil || (sch != "http" && sch != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-				return nil, "", usagef("--server %q: want host:port, or http://host:port or https://host:port", s)
-			}
-			addr = u.Host
+		addr, sch, err := parseServer(s)
+		if err != nil {
+			return nil, "", err
 		}
 		if i > 0 && sch != scheme {
 			return nil, "", usagef("--server %q: give every server in the same form (host:port, http:// or https://)", c.server)
@@ -248,4 +240,19 @@ func (c *connFlags) servers() (addrs []string, scheme string, err error) {
 		return nil, "", usagef("--server is empty")
 	}
 	return addrs, scheme, nil
+}
+
+// parseServer parses one server: host:port, or, as etcdctl's --endpoints
+// takes them, http://host:port (plaintext) or https://host:port (TLS). It
+// returns host:port and the URL's scheme ("" for host:port); any other URL
+// is a usage error naming the forms.
+func parseServer(s string) (addr, scheme string, err error) {
+	if !strings.Contains(s, "://") {
+		return s, "", nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return "", "", usagef("--server %q: want host:port, or http://host:port or https://host:port", s)
+	}
+	return u.Host, u.Scheme, nil
 }
