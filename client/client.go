@@ -123,6 +123,36 @@ func (c *Client) Get(ctx context.Context, key string) (v token.Value, found bool
 	return token.Value{Data: resp.GetValue(), CreateRevision: resp.GetCreateRevision(), ModRevision: resp.GetModRevision()}, true, nil
 }
 
+// KeyValue is a data key with its value, as ListKeys returns it.
+type KeyValue struct {
+	Key string
+	token.Value
+}
+
+// ListKeys reads every data key that starts with prefix ("" for every
+// key), with its value, ordered by key, a page of ListKeys at a time (etcdctl
+// get --prefix). Reads are not guarded. A listing of several pages is not
+// one snapshot: a key written between two pages shows as it was when its
+// page was read. On a server with an authorization file it returns only
+// the keys the caller may read.
+func (c *Client) ListKeys(ctx context.Context, prefix string) ([]KeyValue, error) {
+	var out []KeyValue
+	req := &fencerv1.ListKeysRequest{Prefix: prefix}
+	for {
+		resp, err := c.rpc.ListKeys(ctx, req)
+		if err != nil {
+			return nil, fromStatus(err)
+		}
+		for _, kv := range resp.GetKeys() {
+			out = append(out, KeyValue{Key: kv.GetKey(), Value: token.Value{Data: kv.GetValue(), CreateRevision: kv.GetCreateRevision(), ModRevision: kv.GetModRevision()}})
+		}
+		if resp.GetNextPageToken() == "" {
+			return out, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
+}
+
 // Delete deletes key if and only if tok is current and key belongs to
 // tok's lease or to none (or TakeOver is given), and reports whether it
 // existed. The errors are Put's.

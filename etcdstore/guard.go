@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -160,6 +161,45 @@ func (s *Store) Get(ctx context.Context, key string) (Value, bool, error) {
 	}
 	kv := resp.Kvs[0]
 	return Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}, true, nil
+}
+
+// KeyValue is a data key with its value.
+type KeyValue struct {
+	Key string
+	Value
+}
+
+// GetPage reads at most limit data keys that start with prefix ("" for
+// every key) and sort after after ("" starts at the first), with their
+// values, ordered by key; more reports whether further keys follow the
+// last one returned. after is a cursor, usually the last key of the
+// previous page, and need not be a valid key. Each page is read at one
+// etcd revision; a listing of several pages is not one snapshot. It is not
+// guarded: any reader may read. It returns an *ArgumentError for limit < 1
+// or a prefix that is neither "" nor a valid key.
+func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (page []KeyValue, more bool, err error) {
+	if limit < 1 {
+		return nil, false, invalid("limit", strconv.Itoa(limit), "less than 1")
+	}
+	if prefix != "" {
+		if err := ValidateKey(prefix); err != nil {
+			return nil, false, err
+		}
+	}
+	start := s.DataKey(prefix)
+	from := start
+	if next := s.DataKey(after) + "\x00"; after != "" && next > from {
+		from = next
+	}
+	resp, err := s.cli.Get(ctx, from, clientv3.WithRange(clientv3.GetPrefixRangeEnd(start)), clientv3.WithLimit(int64(limit)))
+	if err != nil {
+		return nil, false, fmt.Errorf("etcdstore: get prefix %q: %w", prefix, err)
+	}
+	page = make([]KeyValue, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		page[i] = KeyValue{Key: strings.TrimPrefix(string(kv.Key), s.DataKey("")), Value: Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}}
+	}
+	return page, resp.More, nil
 }
 
 // Txn runs the caller's transaction if and only if tok is current and

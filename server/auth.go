@@ -44,14 +44,14 @@ type revocable interface {
 func ValidatePrincipal(p string) error {
 	switch {
 	case p == "":
-		return fmt.Errorf("server: principal is empty")
+		return fmt.Errorf("principal is empty")
 	case len(p) > MaxPrincipalLen:
-		return fmt.Errorf("server: principal %.32q is longer than %d bytes", p, MaxPrincipalLen)
+		return fmt.Errorf("principal %.32q is longer than %d bytes", p, MaxPrincipalLen)
 	case !utf8.ValidString(p):
-		return fmt.Errorf("server: principal %.32q is not valid UTF-8", p)
+		return fmt.Errorf("principal %.32q is not valid UTF-8", p)
 	case strings.ContainsRune(p, '/'),
 		strings.IndexFunc(p, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0:
-		return fmt.Errorf("server: principal %.32q contains \"/\", a space or a non-printable character", p)
+		return fmt.Errorf("principal %.32q contains \"/\", a space or a non-printable character", p)
 	}
 	return nil
 }
@@ -78,7 +78,7 @@ type BearerTokens struct {
 func LoadTokenFile(path string) (*BearerTokens, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("server: token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
 	defer f.Close()
 	return parseTokenFile(path, f)
@@ -95,17 +95,17 @@ func parseTokenFile(path string, r io.Reader) (*BearerTokens, error) {
 		}
 		fields := strings.Fields(line)
 		if len(fields) != 2 {
-			return nil, fmt.Errorf("server: token file %s:%d: want \"<token> <principal>\"", path, n)
+			return nil, fmt.Errorf("token file %s:%d: want \"<token> <principal>\"", path, n)
 		}
 		if err := b.add(fields[0], fields[1]); err != nil {
-			return nil, fmt.Errorf("server: token file %s:%d: %w", path, n, err)
+			return nil, fmt.Errorf("token file %s:%d: %w", path, n, err)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("server: token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
 	if len(b.principals) == 0 {
-		return nil, fmt.Errorf("server: token file %s holds no tokens", path)
+		return nil, fmt.Errorf("token file %s holds no tokens", path)
 	}
 	return b, nil
 }

@@ -22,8 +22,9 @@ type Grants struct {
 	// Leases are the lease names the principal may acquire, release,
 	// check and list.
 	Leases []string `json:"leases,omitempty"`
-	// Read are the data keys the principal may read: Get, and the
-	// compares and reads of a Txn.
+	// Read are the data keys the principal may read: Get, the compares
+	// and reads of a Txn, and the keys ListKeys returns (it skips the
+	// others).
 	Read []string `json:"read,omitempty"`
 	// Write are the data keys the principal may write (Put, Delete, and a
 	// Txn's puts and deletes). Write implies Read.
@@ -65,11 +66,11 @@ type AuthorizationFile struct {
 func LoadAuthorization(path string) (*Authorization, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("server: authorization file: %w", err)
+		return nil, fmt.Errorf("authorization file: %w", err)
 	}
 	a, err := ParseAuthorization(data)
 	if err != nil {
-		return nil, fmt.Errorf("server: authorization file %s: %w", path, err)
+		return nil, fmt.Errorf("authorization file %s: %w", path, err)
 	}
 	return a, nil
 }

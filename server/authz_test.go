@@ -50,17 +50,24 @@ principals:
 	return addr
 }
 
+// authorizedClients serves as startAuthorized does and returns clients of
+// the service as alice, bob and carol.
+func authorizedClients(t *testing.T) (a, b, c fencerv1.FencerServiceClient) {
+	t.Helper()
+	addr := startAuthorized(t)
+	as := func(tok string) fencerv1.FencerServiceClient {
+		return fencerv1.NewFencerServiceClient(dial(t, tok, addr))
+	}
+	return as(alice), as(bob), as(carol)
+}
+
 // TestAuthorizationPerRPC calls every RPC that names a lease, key or
 // resource as a principal without the grant, and checks that each is
 // refused with PERMISSION_DENIED, names nothing of another principal's, and
 // changes nothing; and that the same calls within the grants succeed.
 func TestAuthorizationPerRPC(t *testing.T) {
 	ctx := etcdtest.Context(t)
-	addr := startAuthorized(t)
-	as := func(tok string) fencerv1.FencerServiceClient {
-		return fencerv1.NewFencerServiceClient(dial(t, tok, addr))
-	}
-	a, b, c := as(alice), as(bob), as(carol)
+	a, b, c := authorizedClients(t)
 
 	orders, err := a.Acquire(ctx, &fencerv1.AcquireRequest{Name: "orders"})
 	require.NoError(t, err)

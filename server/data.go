@@ -71,6 +71,38 @@ func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.G
 	return &fencerv1.GetResponse{Found: true, Value: v.Data, CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}, nil
 }
 
+// ListKeys implements FencerService.ListKeys: one page of etcdstore's
+// GetPage, without the keys the caller's principal may not read. The page
+// token encodes the page's last key.
+func (s *Server) ListKeys(ctx context.Context, req *fencerv1.ListKeysRequest) (*fencerv1.ListKeysResponse, error) {
+	size, after, err := validateListKeys(req)
+	if err != nil {
+		return nil, err
+	}
+	principal := principalOf(ctx)
+	out := &fencerv1.ListKeysResponse{}
+	for len(out.Keys) < size {
+		page, more, err := s.store.GetPage(ctx, req.GetPrefix(), after, size-len(out.Keys))
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range page {
+			after = kv.Key
+			if s.authz != nil && !s.authz.Allowed(principal, "read", kv.Key) {
+				continue
+			}
+			out.Keys = append(out.Keys, &fencerv1.KeyValue{Key: kv.Key, Value: kv.Data, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision})
+		}
+		if !more {
+			return out, nil
+		}
+	}
+	// As with ListLeases, the page token names the last key returned,
+	// never one the caller may not read.
+	out.NextPageToken = encodePageToken(out.Keys[len(out.Keys)-1].Key)
+	return out, nil
+}
+
 // Delete implements FencerService.Delete: etcdstore's guarded Delete, with
 // the same ownership rule as Put.
 func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fencerv1.DeleteResponse, error) {

@@ -60,7 +60,7 @@ func (f *followedFile) reload() (changed bool, attrs []any, repeated bool, err e
 	defer f.mu.Unlock()
 	raw, err := os.ReadFile(f.path)
 	if err != nil {
-		err = fmt.Errorf("server: %s: %w", f.what, err)
+		err = fmt.Errorf("%s: %w", f.what, err)
 		return false, nil, f.failed(err.Error(), err), err
 	}
 	h := sha256.Sum256(raw)
@@ -93,11 +93,11 @@ func (f *followedFile) failed(what string, err error) bool {
 func (f *followedFile) Start(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("server: %s: watch: %w", f.what, err)
+		return fmt.Errorf("%s: watch: %w", f.what, err)
 	}
 	defer w.Close()
 	if err := w.Add(filepath.Dir(f.path)); err != nil {
-		return fmt.Errorf("server: %s: watch: %w", f.what, err)
+		return fmt.Errorf("%s: watch: %w", f.what, err)
 	}
 	// A change between the first load and Add would otherwise be missed.
 	f.follow()

@@ -88,7 +88,7 @@ func FuzzValidateRequests(f *testing.F) {
 		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {
 			t.Fatalf("accepted watch %v", &w)
 		}
-		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}} {
+		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}, &fencerv1.ListKeysRequest{}} {
 			if proto.Unmarshal(b, m) != nil {
 				continue
 			}
@@ -122,6 +122,10 @@ func FuzzValidateRequests(f *testing.F) {
 					if (after == "") != (m.GetPageToken() == "") || encodePageToken(after) != m.GetPageToken() {
 						t.Fatalf("page token %q decoded to %q", m.GetPageToken(), after)
 					}
+				}
+			case *fencerv1.ListKeysRequest:
+				if _, _, err := validateListKeys(m); err == nil && m.GetPrefix() != "" {
+					keyOK(m.GetPrefix())
 				}
 			}
 		}

@@ -24,10 +24,10 @@ const (
 	// embedetcd.MaxTxnOps (258); on etcd's default of 128, etcd itself
 	// refuses smaller Txns with too_many_ops.
 	MaxTxnOps = 64
-	// MaxListPageSize is the largest page ListLeases returns.
+	// MaxListPageSize is the largest page ListLeases and ListKeys return.
 	MaxListPageSize = 5000
-	// DefaultListPageSize is the page size of a ListLeases request with
-	// page_size 0.
+	// DefaultListPageSize is the page size of a ListLeases or ListKeys
+	// request with page_size 0.
 	DefaultListPageSize = 500
 	// MaxRequestBytes is the largest request message the server accepts.
 	// etcd's own request limit (1.5 MiB by default) applies to what a
@@ -153,23 +153,40 @@ func validateListLeases(r *fencerv1.ListLeasesRequest) (size int, after string, 
 			return 0, "", err
 		}
 	}
-	size = int(r.GetPageSize())
+	return validatePage(r.GetPageSize(), r.GetPageToken())
+}
+
+// validateListKeys checks a ListKeysRequest and returns its page size,
+// with the default for 0, and the key its page token follows.
+func validateListKeys(r *fencerv1.ListKeysRequest) (size int, after string, err error) {
+	if p := r.GetPrefix(); p != "" {
+		if err := validateKey("prefix", p); err != nil {
+			return 0, "", err
+		}
+	}
+	return validatePage(r.GetPageSize(), r.GetPageToken())
+}
+
+// validatePage checks a listing's page size and token and returns the
+// size, with the default for 0, and the name the token follows.
+func validatePage(pageSize int32, pageToken string) (size int, after string, err error) {
+	size = int(pageSize)
 	switch {
 	case size < 0 || size > MaxListPageSize:
 		return 0, "", invalidArg("page_size", strconv.Itoa(size), "not between 0 and "+strconv.Itoa(MaxListPageSize))
 	case size == 0:
 		size = DefaultListPageSize
 	}
-	if after, err = decodePageToken(r.GetPageToken()); err != nil {
+	if after, err = decodePageToken(pageToken); err != nil {
 		return 0, "", err
 	}
 	return size, after, nil
 }
 
-// encodePageToken makes the page token that follows the lease named last.
-// It is opaque to clients: base64url of the name, which need not be a
-// valid lease name when something other than fencer wrote under the
-// prefix.
+// encodePageToken makes the page token that follows the lease or key
+// named last. It is opaque to clients: base64url of the name, which need
+// not be a valid lease name when something other than fencer wrote under
+// the prefix.
 func encodePageToken(last string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(last))
 }
@@ -178,7 +195,7 @@ func encodePageToken(last string) string {
 func decodePageToken(tok string) (string, error) {
 	after, err := base64.RawURLEncoding.Strict().DecodeString(tok)
 	if err != nil || (tok != "" && len(after) == 0) {
-		return "", invalidArg("page_token", tok, "not a page token of ListLeases")
+		return "", invalidArg("page_token", tok, "not a page token of a previous page")
 	}
 	return string(after), nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -37,7 +38,25 @@ func (c *connFlags) register(fs *pflag.FlagSet) {
 	for flag, env := range connEnv {
 		envFlag(fs, flag, env)
 	}
+	aliasFlag(fs, "endpoints", "", "server")
 }
+
+// aliasFlag adds flag name (with shorthand, if not empty) as another name
+// of flag of, the way etcdctl names it: setting it sets of, so that of
+// counts as given on the command line and wins over its variable.
+func aliasFlag(fs *pflag.FlagSet, name, shorthand, of string) {
+	fs.VarP(alias{fs: fs, of: of}, name, shorthand, "etcdctl's name for --"+of)
+}
+
+// alias is the value of a flag that sets another flag.
+type alias struct {
+	fs *pflag.FlagSet
+	of string
+}
+
+func (a alias) Set(s string) error { return a.fs.Set(a.of, s) }
+func (a alias) String() string     { return a.fs.Lookup(a.of).Value.String() }
+func (a alias) Type() string       { return a.fs.Lookup(a.of).Value.Type() }
 
 // connEnv names the environment variable of each connection flag; a flag
 // on the command line wins over its variable.
@@ -112,9 +131,12 @@ func applyEnv(fs *pflag.FlagSet) error {
 // certificate must name the host of its address. A bearer token is sent in
 // plaintext only to loopback addresses, or with --insecure.
 func (c *connFlags) dial() (*grpc.ClientConn, error) {
-	addrs := splitList(c.server)
-	if len(addrs) == 0 {
-		return nil, usagef("--server is empty")
+	addrs, scheme, err := c.servers()
+	if err != nil {
+		return nil, err
+	}
+	if scheme == "http" && c.tlsFlags() {
+		return nil, usagef("--server %s is plaintext (http://), but a TLS flag turns TLS on: give https:// or host:port", c.server)
 	}
 	var opts []grpc.DialOption
 	secure := c.secure()
@@ -190,5 +212,47 @@ func (c *connFlags) tlsConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// secure reports whether the flags turn TLS on.
-func (c *connFlags) secure() bool { return c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != "" }
+// secure reports whether the flags turn TLS on: a TLS flag, or --server
+// given as https:// URLs.
+func (c *connFlags) secure() bool {
+	_, scheme, _ := c.servers()
+	return c.tlsFlags() || scheme == "https"
+}
+
+// tlsFlags reports whether a TLS flag is set.
+func (c *connFlags) tlsFlags() bool { return c.tlsCA != "" || c.tlsCert != "" || c.tlsKey != "" }
+
+// servers parses --server: comma-separated servers, all in one of the
+// forms parseServer takes, and returns their host:port addresses and the
+// form's scheme.
+func (c *connFlags) servers() (addrs []string, scheme string, err error) {
+	for i, s := range splitList(c.server) {
+		addr, sch, err := parseServer(s)
+		if err != nil {
+			return nil, "", err
+		}
+		if i > 0 && sch != scheme {
+			return nil, "", usagef("--server %q: give every server in the same form (host:port, http:// or https://)", c.server)
+		}
+		addrs, scheme = append(addrs, addr), sch
+	}
+	if len(addrs) == 0 {
+		return nil, "", usagef("--server is empty")
+	}
+	return addrs, scheme, nil
+}
+
+// parseServer parses one server: host:port, or, as etcdctl's --endpoints
+// takes them, http://host:port (plaintext) or https://host:port (TLS). It
+// returns host:port and the URL's scheme ("" for host:port); any other URL
+// is a usage error naming the forms.
+func parseServer(s string) (addr, scheme string, err error) {
+	if !strings.Contains(s, "://") {
+		return s, "", nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return "", "", usagef("--server %q: want host:port, or http://host:port or https://host:port", s)
+	}
+	return u.Host, u.Scheme, nil
+}

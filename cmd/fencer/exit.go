@@ -111,6 +111,7 @@ func describe(err error, server string, tls bool) failure {
 		foreign   *token.ForeignLeaseError
 		malformed *token.MalformedError
 		arg       *etcdstore.ArgumentError
+		nested    *etcdstore.NestedPrefixError
 	)
 	switch {
 	case err == nil:
@@ -141,6 +142,8 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitUsage, fmt.Sprintf("malformed token: %s %q: %s (a token looks like v1:EPOCH:REVISION:LEASE)", malformed.Field, malformed.Input, malformed.Reason)}
 	case errors.As(err, &arg):
 		return failure{exitUsage, fmt.Sprintf("invalid %s %q: %s", arg.Arg, arg.Value, arg.Reason)}
+	case errors.As(err, &nested):
+		return failure{exitError, fmt.Sprintf("--prefix %q lies inside the key space of the deployment with prefix %q in the same etcd; prefixes of deployments sharing an etcd must not be nested", nested.Prefix, nested.Outer)}
 	case errors.Is(err, etcdstore.ErrSessionExpired):
 		return failure{exitNotFound, "the session has expired or was closed"}
 	case errors.Is(err, token.ErrNotHeld):

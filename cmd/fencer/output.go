@@ -22,7 +22,10 @@ func (o *outputFlags) register(cmd *cobra.Command) {
 	fs.StringVarP(&o.format, "output", "o", "text", "output format: text, table, json or yaml")
 	fs.BoolVar(&o.noHeaders, "no-headers", false, "print tables without their header line")
 	envFlag(fs, "output", "FENCER_OUTPUT")
-	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"text", "table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	aliasFlag(fs, "write-out", "w", "output")
+	for _, name := range []string{"output", "write-out"} {
+		_ = cmd.RegisterFlagCompletionFunc(name, cobra.FixedCompletions([]string{"text", "table", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	}
 }
 
 // validate refuses an unknown --output before any call is made.

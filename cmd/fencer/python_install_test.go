@@ -25,8 +25,8 @@ func TestPythonInstall(t *testing.T) {
 	requirePython(t, "grpc", "google.protobuf", "ensurepip", "wheel")
 	readme, err := os.ReadFile("../../python/README.md")
 	require.NoError(t, err)
-	install := docBlock(t, string(readme), "<!-- python-install:")
-	writer := docBlock(t, string(readme), "<!-- python-writer:")
+	install := markedCodeBlock(t, string(readme), "<!-- python-install:")
+	writer := markedCodeBlock(t, string(readme), "<!-- python-writer:")
 
 	root := t.TempDir()
 	require.NoError(t, os.CopyFS(filepath.Join(root, "python"), os.DirFS("../../python")))
@@ -53,9 +53,9 @@ func TestPythonInstall(t *testing.T) {
 	require.Equal(t, "b'100'\n", string(out))
 }
 
-// docBlock returns the body of the fenced code block that follows the line
+// markedCodeBlock returns the body of the fenced code block that follows the line
 // of doc beginning with marker.
-func docBlock(t *testing.T, doc, marker string) string {
+func markedCodeBlock(t *testing.T, doc, marker string) string {
 	t.Helper()
 	lines := strings.Split(doc, "\n")
 	for i, line := range lines {

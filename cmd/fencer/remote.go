@@ -241,11 +241,13 @@ newer holder's lease. Releasing a token that has already ended succeeds.`,
 	})
 }
 
-// getView is what get prints.
+// getView is what get prints. Value is bytes, which json and yaml print
+// as base64, as etcdctl and a Kubernetes Secret's data do: a value may be
+// any bytes, and JSON strings carry only UTF-8.
 type getView struct {
 	Key            string `json:"key"`
 	Found          bool   `json:"found"`
-	Value          string `json:"value"`
+	Value          []byte `json:"value"`
 	CreateRevision int64  `json:"create_revision"`
 	ModRevision    int64  `json:"mod_revision"`
 }
@@ -253,32 +255,80 @@ type getView struct {
 func (a *app) getCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get KEY",
-		Short: "read a data key (exit code 3 if it does not exist)",
-		Long:  `Prints KEY's value (text), or the key with its revisions (table, json, yaml). Reads are not guarded.`,
-		Args:  nArgs(1, "KEY"),
+		Short: "read a data key (exit code 3 if it does not exist), or every key under a prefix",
+		Long: `Prints KEY's value (text), or the key with its revisions (table, json, yaml;
+json and yaml print the value in base64). Reads are not guarded.
+
+With --prefix, as etcdctl get --prefix, reads every key that starts with
+KEY ("" for every key) that the caller may read, in key order: text
+prints each key on a line, then its value; none found is no error.`,
+		Args: nArgs(1, "KEY"),
 	}
+	prefix := cmd.Flags().Bool("prefix", false, "read every key that starts with KEY, with its value")
 	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
+		if *prefix {
+			kvs, err := c.ListKeys(ctx, args[0])
+			if err != nil {
+				return nil, err
+			}
+			return getPrefixView(kvs), nil
+		}
 		v, found, err := c.Get(ctx, args[0])
 		if err != nil {
 			return nil, err
 		}
-		g := getView{Key: args[0], Found: found, Value: string(v.Data), CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}
+		g := newGetView(args[0], found, v)
 		var notFound error
 		if !found {
 			notFound = &exitStatus{code: exitNotFound, msg: fmt.Sprintf("key %q not found", args[0])}
 		}
-		return &view{data: g, headers: []string{"KEY", "VALUE", "CREATE_REVISION", "MOD_REVISION"},
-			rows: [][]string{{g.Key, strconv.Quote(g.Value), strconv.FormatInt(g.CreateRevision, 10), strconv.FormatInt(g.ModRevision, 10)}},
+		return &view{data: g, headers: getHeaders, rows: [][]string{g.row()},
 			text: func(w io.Writer) {
-				if !found {
-					return
-				}
-				_, _ = w.Write(v.Data)
-				if len(v.Data) > 0 && v.Data[len(v.Data)-1] != '\n' {
-					fmt.Fprintln(w)
+				if found {
+					writeValue(w, v.Data)
 				}
 			}}, notFound
 	})
+}
+
+// getPrefixView is what get --prefix prints: every key with its value,
+// and in text, as etcdctl prints them, each key on a line, then its value.
+func getPrefixView(kvs []client.KeyValue) *view {
+	data := make([]getView, len(kvs))
+	rows := make([][]string, len(kvs))
+	for i, kv := range kvs {
+		data[i] = newGetView(kv.Key, true, kv.Value)
+		rows[i] = data[i].row()
+	}
+	return &view{data: data, headers: getHeaders, rows: rows, text: func(w io.Writer) {
+		for _, kv := range kvs {
+			fmt.Fprintln(w, kv.Key)
+			writeValue(w, kv.Data)
+			if len(kv.Data) == 0 {
+				fmt.Fprintln(w) // the empty value's line
+			}
+		}
+	}}
+}
+
+var getHeaders = []string{"KEY", "VALUE", "CREATE_REVISION", "MOD_REVISION"}
+
+func newGetView(key string, found bool, v token.Value) getView {
+	return getView{Key: key, Found: found, Value: nonNil(v.Data), CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}
+}
+
+// row is g as a table row, its value quoted.
+func (g getView) row() []string {
+	return []string{g.Key, strconv.Quote(string(g.Value)), strconv.FormatInt(g.CreateRevision, 10), strconv.FormatInt(g.ModRevision, 10)}
+}
+
+// writeValue writes a value's raw bytes, and a newline if they end
+// without one; an empty value is nothing.
+func writeValue(w io.Writer, value []byte) {
+	_, _ = w.Write(value)
+	if len(value) > 0 && value[len(value)-1] != '\n' {
+		fmt.Fprintln(w)
+	}
 }
 
 // checkView is what check prints.
@@ -361,6 +411,15 @@ start with a NAME (exit code 3 if a NAME matches none).`,
 		}
 		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, unmatchedError(unmatched, *prefix)
 	})
+}
+
+// nonNil is b, or an empty slice for nil, so that json and yaml print an
+// empty value as "" rather than null.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }
 
 // dash is s, or "-" for a table cell with no value.

@@ -154,6 +154,20 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 			}
 		})
 	}
+	// The listeners are bound before etcd starts, so that a busy port
+	// fails the start before the data directory is made or etcd runs.
+	lis, err := listen("--listen", f.listen)
+	if err != nil {
+		return err
+	}
+	defer lis.Close()
+	var mlis net.Listener
+	if f.metricsListen != "" {
+		if mlis, err = listen("--metrics-listen", f.metricsListen); err != nil {
+			return err
+		}
+		defer mlis.Close()
+	}
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
@@ -192,23 +206,14 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	lis, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return err
-	}
 	errs := make(chan error, 2)
 	go func() { errs <- srv.Serve(lis) }()
 	var metrics *http.Server
-	if f.metricsListen != "" {
+	if mlis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", srv.MetricsHandler())
 		mux.Handle("/healthz", srv.HealthHandler())
 		mux.Handle("/readyz", srv.HealthHandler())
-		mlis, err := net.Listen("tcp", f.metricsListen)
-		if err != nil {
-			_ = srv.Shutdown(ctx)
-			return err
-		}
 		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := metrics.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {
@@ -235,6 +240,16 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		_ = metrics.Shutdown(sctx)
 	}
 	return err
+}
+
+// listen binds addr, the value of flag, and names the flag in its error
+// (which names the address).
+func listen(flag, addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return lis, nil
 }
 
 // prefixCheckTimeout bounds the check of --prefix at start, so that an

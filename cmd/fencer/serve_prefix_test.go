@@ -29,7 +29,8 @@ func TestServeRefusesANestedPrefix(t *testing.T) {
 		code := runServe(ctx, []string{"--listen", freeAddr(t), "--metrics-listen", "", "--etcd-endpoints", member.Endpoint(), "--prefix", prefix}, &bytes.Buffer{}, &stderr)
 		cancel()
 		require.Equal(t, 1, code, "prefix %s: %s", prefix, stderr.String())
-		require.Contains(t, stderr.String(), `prefix "`+prefix+`" lies inside the key space of the deployment with prefix "/fencer/"`)
+		require.Contains(t, stderr.String(), `fencer serve: --prefix "`+prefix+`" lies inside the key space of the deployment with prefix "/fencer/"`)
+		requireNoLeaks(t, stderr.String())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()

@@ -146,12 +146,11 @@ func startServeLogged(t *testing.T, f serveFlags) (string, *safeBuffer) {
 		cancel()
 		require.NoError(t, <-done, stderr.String())
 	})
+	// serve binds its port before it starts etcd, and logs "listening"
+	// once it serves.
 	require.Eventually(t, func() bool {
-		c, err := net.Dial("tcp", f.listen)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
+		log := stderr.String()
+		return strings.Contains(log, `msg=listening`) || strings.Contains(log, `"msg":"listening"`)
 	}, 10*time.Second, 20*time.Millisecond, stderr.String())
 	return f.listen, &stderr
 }

@@ -48,7 +48,9 @@ type txnError struct {
 	msg  string
 }
 
-func (e *txnError) Error() string { return fmt.Sprintf("txn: line %d: %s", e.line, e.msg) }
+// Error is "line N: why": fencer prints it after "fencer txn: ", which
+// names the command.
+func (e *txnError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
 
 // errTxnSyntax is wrapped by every *txnError.
 var errTxnSyntax = errors.New("txn: syntax")
@@ -279,14 +281,16 @@ type txnView struct {
 	Results   []txnOpResult `json:"results"`
 }
 
-// txnOpResult is the result of one operation of the branch that ran.
+// txnOpResult is the result of one operation of the branch that ran. A
+// get's Value is set (to an empty slice when the key is absent), and json
+// and yaml print it as base64, like get's.
 type txnOpResult struct {
-	Op       string `json:"op"`
-	Key      string `json:"key"`
-	Revision int64  `json:"revision,omitempty"`
-	Deleted  *bool  `json:"deleted,omitempty"`
-	Found    *bool  `json:"found,omitempty"`
-	Value    string `json:"value,omitempty"`
+	Op       string  `json:"op"`
+	Key      string  `json:"key"`
+	Revision int64   `json:"revision,omitempty"`
+	Deleted  *bool   `json:"deleted,omitempty"`
+	Found    *bool   `json:"found,omitempty"`
+	Value    *[]byte `json:"value,omitempty"`
 }
 
 func (a *app) txnCmd() *cobra.Command {
@@ -352,10 +356,11 @@ func txnResultView(resp *fencerv1.TxnResponse, branch []*fencerv1.Op) *view {
 			detail = fmt.Sprintf("deleted %t", deleted)
 		case r.GetGet() != nil:
 			found := r.GetGet().GetFound()
-			res = txnOpResult{Op: "get", Found: &found, Value: string(r.GetGet().GetValue())}
+			value := nonNil(r.GetGet().GetValue())
+			res = txnOpResult{Op: "get", Found: &found, Value: &value}
 			detail = "not found"
 			if found {
-				detail = strconv.Quote(res.Value)
+				detail = strconv.Quote(string(value))
 			}
 		}
 		if i < len(branch) {

@@ -39,7 +39,7 @@ func TestVerbs(t *testing.T) {
 		require.Equal(t, "100\n", run(nil, "get", "orders/total"))
 		var g getView
 		require.NoError(t, yaml.Unmarshal([]byte(run(nil, "get", "orders/total", "-o", "yaml")), &g))
-		require.Equal(t, getView{Key: "orders/total", Found: true, Value: "100", CreateRevision: g.CreateRevision, ModRevision: g.ModRevision}, g)
+		require.Equal(t, getView{Key: "orders/total", Found: true, Value: []byte("100"), CreateRevision: g.CreateRevision, ModRevision: g.ModRevision}, g)
 		require.Equal(t, "deleted\n", run(tok, "delete", "orders/total"))
 		require.Equal(t, "not found (nothing deleted)\n", run(tok, "delete", "orders/total"))
 	})
@@ -57,7 +57,7 @@ func TestVerbs(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(run(tok, "txn", "-o", "json", file)), &v))
 		require.True(t, v.Succeeded)
 		require.Len(t, v.Results, 2)
-		require.Equal(t, "closed", v.Results[1].Value)
+		require.Equal(t, "closed", string(*v.Results[1].Value))
 		require.Equal(t, "FAILURE\nget orders/state \"closed\"\n", run(tok, "txn", file))
 	})
 

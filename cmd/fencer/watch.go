@@ -161,6 +161,19 @@ func buildVersion() versionView {
 	return v
 }
 
+// String is the line fencer version (and fencer --version) prints.
+func (v versionView) String() string {
+	return fmt.Sprintf("fencer %s, commit %s, %s", v.Version, v.commit(), v.GoVersion)
+}
+
+// commit is the commit, marked if the tree was modified, or "-".
+func (v versionView) commit() string {
+	if v.Modified {
+		return v.Commit + " (modified)"
+	}
+	return dash(v.Commit)
+}
+
 func (a *app) versionCmd() *cobra.Command {
 	var out outputFlags
 	cmd := &cobra.Command{
@@ -172,12 +185,8 @@ func (a *app) versionCmd() *cobra.Command {
 				return err
 			}
 			v := buildVersion()
-			commit := v.Commit
-			if v.Modified {
-				commit += " (modified)"
-			}
-			return out.print(a.stdout, view{data: v, headers: []string{"VERSION", "COMMIT", "GO"}, rows: [][]string{{v.Version, dash(commit), v.GoVersion}},
-				text: func(w io.Writer) { fmt.Fprintf(w, "fencer %s, commit %s, %s\n", v.Version, dash(commit), v.GoVersion) }})
+			return out.print(a.stdout, view{data: v, headers: []string{"VERSION", "COMMIT", "GO"}, rows: [][]string{{v.Version, v.commit(), v.GoVersion}},
+				text: func(w io.Writer) { fmt.Fprintln(w, v) }})
 		},
 	}
 	out.register(cmd)

@@ -97,7 +97,7 @@ func (x Compare_Target) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Compare_Target.Descriptor instead.
 func (Compare_Target) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18, 0}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21, 0}
 }
 
 // Result is the comparison to make.
@@ -158,7 +158,7 @@ func (x Compare_Result) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Compare_Result.Descriptor instead.
 func (Compare_Result) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18, 1}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21, 1}
 }
 
 // Type is the kind of event.
@@ -217,7 +217,7 @@ func (x WatchLeaseResponse_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchLeaseResponse_Type.Descriptor instead.
 func (WatchLeaseResponse_Type) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{25, 0}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28, 0}
 }
 
 // AcquireRequest asks for a named lease.
@@ -1044,6 +1044,202 @@ func (x *GetResponse) GetModRevision() int64 {
 	return 0
 }
 
+// ListKeysRequest asks for one page of the data keys under a prefix.
+type ListKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// prefix is what the keys start with: empty for every key, otherwise
+	// with the rules of PutRequest.key.
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// page_size is the most keys to return, 0 to 5000; 0 means 500.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token is the next_page_token of the previous page, unchanged; empty
+	// for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysRequest) Reset() {
+	*x = ListKeysRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysRequest) ProtoMessage() {}
+
+func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListKeysRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListKeysRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *ListKeysRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListKeysRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListKeysResponse is one page of the data keys under a prefix. Each page
+// is read at one etcd revision; a listing of several pages is not one
+// snapshot.
+type ListKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// keys are ordered by key.
+	Keys []*KeyValue `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// next_page_token asks for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysResponse) Reset() {
+	*x = ListKeysResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysResponse) ProtoMessage() {}
+
+func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListKeysResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListKeysResponse) GetKeys() []*KeyValue {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListKeysResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// KeyValue is one data key and its value.
+type KeyValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is the data key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// value is the stored data.
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// create_revision is the etcd revision at which the key was created.
+	CreateRevision int64 `protobuf:"varint,3,opt,name=create_revision,json=createRevision,proto3" json:"create_revision,omitempty"`
+	// mod_revision is the etcd revision of the key's last write.
+	ModRevision   int64 `protobuf:"varint,4,opt,name=mod_revision,json=modRevision,proto3" json:"mod_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyValue) Reset() {
+	*x = KeyValue{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyValue) ProtoMessage() {}
+
+func (x *KeyValue) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
+func (*KeyValue) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *KeyValue) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyValue) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *KeyValue) GetCreateRevision() int64 {
+	if x != nil {
+		return x.CreateRevision
+	}
+	return 0
+}
+
+func (x *KeyValue) GetModRevision() int64 {
+	if x != nil {
+		return x.ModRevision
+	}
+	return 0
+}
+
 // DeleteRequest is a guarded delete of one data key.
 type DeleteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1060,7 +1256,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1268,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1281,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{14}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteRequest) GetToken() string {
@@ -1120,7 +1316,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1328,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1341,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{15}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -1177,7 +1373,7 @@ type TxnRequest struct {
 
 func (x *TxnRequest) Reset() {
 	*x = TxnRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1385,7 @@ func (x *TxnRequest) String() string {
 func (*TxnRequest) ProtoMessage() {}
 
 func (x *TxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1398,7 @@ func (x *TxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
 func (*TxnRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{16}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TxnRequest) GetToken() string {
@@ -1254,7 +1450,7 @@ type TxnResponse struct {
 
 func (x *TxnResponse) Reset() {
 	*x = TxnResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1462,7 @@ func (x *TxnResponse) String() string {
 func (*TxnResponse) ProtoMessage() {}
 
 func (x *TxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1475,7 @@ func (x *TxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
 func (*TxnResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{17}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TxnResponse) GetSucceeded() bool {
@@ -1315,7 +1511,7 @@ type Compare struct {
 
 func (x *Compare) Reset() {
 	*x = Compare{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1523,7 @@ func (x *Compare) String() string {
 func (*Compare) ProtoMessage() {}
 
 func (x *Compare) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1536,7 @@ func (x *Compare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compare.ProtoReflect.Descriptor instead.
 func (*Compare) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Compare) GetKey() string {
@@ -1395,7 +1591,7 @@ type Op struct {
 
 func (x *Op) Reset() {
 	*x = Op{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1603,7 @@ func (x *Op) String() string {
 func (*Op) ProtoMessage() {}
 
 func (x *Op) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1616,7 @@ func (x *Op) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Op.ProtoReflect.Descriptor instead.
 func (*Op) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{19}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Op) GetOp() isOp_Op {
@@ -1495,7 +1691,7 @@ type PutOp struct {
 
 func (x *PutOp) Reset() {
 	*x = PutOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1507,7 +1703,7 @@ func (x *PutOp) String() string {
 func (*PutOp) ProtoMessage() {}
 
 func (x *PutOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1520,7 +1716,7 @@ func (x *PutOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOp.ProtoReflect.Descriptor instead.
 func (*PutOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{20}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PutOp) GetKey() string {
@@ -1548,7 +1744,7 @@ type DeleteOp struct {
 
 func (x *DeleteOp) Reset() {
 	*x = DeleteOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1756,7 @@ func (x *DeleteOp) String() string {
 func (*DeleteOp) ProtoMessage() {}
 
 func (x *DeleteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1769,7 @@ func (x *DeleteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOp.ProtoReflect.Descriptor instead.
 func (*DeleteOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteOp) GetKey() string {
@@ -1594,7 +1790,7 @@ type GetOp struct {
 
 func (x *GetOp) Reset() {
 	*x = GetOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1802,7 @@ func (x *GetOp) String() string {
 func (*GetOp) ProtoMessage() {}
 
 func (x *GetOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1815,7 @@ func (x *GetOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOp.ProtoReflect.Descriptor instead.
 func (*GetOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{22}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetOp) GetKey() string {
@@ -1646,7 +1842,7 @@ type OpResult struct {
 
 func (x *OpResult) Reset() {
 	*x = OpResult{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1854,7 @@ func (x *OpResult) String() string {
 func (*OpResult) ProtoMessage() {}
 
 func (x *OpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1867,7 @@ func (x *OpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpResult.ProtoReflect.Descriptor instead.
 func (*OpResult) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{23}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OpResult) GetResult() isOpResult_Result {
@@ -1749,7 +1945,7 @@ type WatchLeaseRequest struct {
 
 func (x *WatchLeaseRequest) Reset() {
 	*x = WatchLeaseRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1957,7 @@ func (x *WatchLeaseRequest) String() string {
 func (*WatchLeaseRequest) ProtoMessage() {}
 
 func (x *WatchLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1970,7 @@ func (x *WatchLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WatchLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchLeaseRequest) GetSessionId() int64 {
@@ -1809,7 +2005,7 @@ type WatchLeaseResponse struct {
 
 func (x *WatchLeaseResponse) Reset() {
 	*x = WatchLeaseResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2017,7 @@ func (x *WatchLeaseResponse) String() string {
 func (*WatchLeaseResponse) ProtoMessage() {}
 
 func (x *WatchLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2030,7 @@ func (x *WatchLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeaseResponse.ProtoReflect.Descriptor instead.
 func (*WatchLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{25}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchLeaseResponse) GetType() WatchLeaseResponse_Type {
@@ -1882,7 +2078,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2090,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2103,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{26}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListLeasesRequest) GetPageSize() int32 {
@@ -1946,7 +2142,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2154,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2167,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{27}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -2007,7 +2203,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2215,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2228,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LeaseStatus) GetName() string {
@@ -2127,6 +2323,19 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12'\n" +
 	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\x12!\n" +
+	"\fmod_revision\x18\x04 \x01(\x03R\vmodRevision\"e\n" +
+	"\x0fListKeysRequest\x12\x16\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"c\n" +
+	"\x10ListKeysResponse\x12'\n" +
+	"\x04keys\x18\x01 \x03(\v2\x13.fencer.v1.KeyValueR\x04keys\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"~\n" +
+	"\bKeyValue\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12'\n" +
+	"\x0fcreate_revision\x18\x03 \x01(\x03R\x0ecreateRevision\x12!\n" +
 	"\fmod_revision\x18\x04 \x01(\x03R\vmodRevision\"T\n" +
 	"\rDeleteRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
@@ -2207,7 +2416,7 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04held\x18\x03 \x01(\bR\x04held\x12\x16\n" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05token\x18\x05 \x01(\tR\x05token2\xd6\x05\n" +
+	"\x05token\x18\x05 \x01(\tR\x05token2\x9b\x06\n" +
 	"\rFencerService\x12@\n" +
 	"\aAcquire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n" +
 	"\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x010\x01\x12@\n" +
@@ -2215,7 +2424,8 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x05Check\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n" +
 	"\aAdvance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x124\n" +
 	"\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x124\n" +
-	"\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12=\n" +
+	"\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12C\n" +
+	"\bListKeys\x12\x1a.fencer.v1.ListKeysRequest\x1a\x1b.fencer.v1.ListKeysResponse\x12=\n" +
 	"\x06Delete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x124\n" +
 	"\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n" +
 	"\n" +
@@ -2236,7 +2446,7 @@ func file_fencer_v1_fencer_proto_rawDescGZIP() []byte {
 }
 
 var file_fencer_v1_fencer_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_fencer_v1_fencer_proto_goTypes = []any{
 	(Compare_Target)(0),          // 0: fencer.v1.Compare.Target
 	(Compare_Result)(0),          // 1: fencer.v1.Compare.Result
@@ -2255,64 +2465,70 @@ var file_fencer_v1_fencer_proto_goTypes = []any{
 	(*PutResponse)(nil),          // 14: fencer.v1.PutResponse
 	(*GetRequest)(nil),           // 15: fencer.v1.GetRequest
 	(*GetResponse)(nil),          // 16: fencer.v1.GetResponse
-	(*DeleteRequest)(nil),        // 17: fencer.v1.DeleteRequest
-	(*DeleteResponse)(nil),       // 18: fencer.v1.DeleteResponse
-	(*TxnRequest)(nil),           // 19: fencer.v1.TxnRequest
-	(*TxnResponse)(nil),          // 20: fencer.v1.TxnResponse
-	(*Compare)(nil),              // 21: fencer.v1.Compare
-	(*Op)(nil),                   // 22: fencer.v1.Op
-	(*PutOp)(nil),                // 23: fencer.v1.PutOp
-	(*DeleteOp)(nil),             // 24: fencer.v1.DeleteOp
-	(*GetOp)(nil),                // 25: fencer.v1.GetOp
-	(*OpResult)(nil),             // 26: fencer.v1.OpResult
-	(*WatchLeaseRequest)(nil),    // 27: fencer.v1.WatchLeaseRequest
-	(*WatchLeaseResponse)(nil),   // 28: fencer.v1.WatchLeaseResponse
-	(*ListLeasesRequest)(nil),    // 29: fencer.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),   // 30: fencer.v1.ListLeasesResponse
-	(*LeaseStatus)(nil),          // 31: fencer.v1.LeaseStatus
+	(*ListKeysRequest)(nil),      // 17: fencer.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),     // 18: fencer.v1.ListKeysResponse
+	(*KeyValue)(nil),             // 19: fencer.v1.KeyValue
+	(*DeleteRequest)(nil),        // 20: fencer.v1.DeleteRequest
+	(*DeleteResponse)(nil),       // 21: fencer.v1.DeleteResponse
+	(*TxnRequest)(nil),           // 22: fencer.v1.TxnRequest
+	(*TxnResponse)(nil),          // 23: fencer.v1.TxnResponse
+	(*Compare)(nil),              // 24: fencer.v1.Compare
+	(*Op)(nil),                   // 25: fencer.v1.Op
+	(*PutOp)(nil),                // 26: fencer.v1.PutOp
+	(*DeleteOp)(nil),             // 27: fencer.v1.DeleteOp
+	(*GetOp)(nil),                // 28: fencer.v1.GetOp
+	(*OpResult)(nil),             // 29: fencer.v1.OpResult
+	(*WatchLeaseRequest)(nil),    // 30: fencer.v1.WatchLeaseRequest
+	(*WatchLeaseResponse)(nil),   // 31: fencer.v1.WatchLeaseResponse
+	(*ListLeasesRequest)(nil),    // 32: fencer.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),   // 33: fencer.v1.ListLeasesResponse
+	(*LeaseStatus)(nil),          // 34: fencer.v1.LeaseStatus
 }
 var file_fencer_v1_fencer_proto_depIdxs = []int32{
-	21, // 0: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
-	22, // 1: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
-	22, // 2: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
-	26, // 3: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
-	0,  // 4: fencer.v1.Compare.target:type_name -> fencer.v1.Compare.Target
-	1,  // 5: fencer.v1.Compare.result:type_name -> fencer.v1.Compare.Result
-	23, // 6: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
-	24, // 7: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
-	25, // 8: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
-	14, // 9: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
-	18, // 10: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
-	16, // 11: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
-	2,  // 12: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
-	31, // 13: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
-	3,  // 14: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
-	5,  // 15: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
-	7,  // 16: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
-	9,  // 17: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
-	11, // 18: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
-	13, // 19: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
-	15, // 20: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
-	17, // 21: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
-	19, // 22: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
-	27, // 23: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
-	29, // 24: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
-	4,  // 25: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
-	6,  // 26: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
-	8,  // 27: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
-	10, // 28: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
-	12, // 29: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
-	14, // 30: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
-	16, // 31: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
-	18, // 32: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
-	20, // 33: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
-	28, // 34: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
-	30, // 35: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
-	25, // [25:36] is the sub-list for method output_type
-	14, // [14:25] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	19, // 0: fencer.v1.ListKeysResponse.keys:type_name -> fencer.v1.KeyValue
+	24, // 1: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
+	25, // 2: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
+	25, // 3: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
+	29, // 4: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
+	0,  // 5: fencer.v1.Compare.target:type_name -> fencer.v1.Compare.Target
+	1,  // 6: fencer.v1.Compare.result:type_name -> fencer.v1.Compare.Result
+	26, // 7: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
+	27, // 8: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
+	28, // 9: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
+	14, // 10: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
+	21, // 11: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
+	16, // 12: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
+	2,  // 13: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
+	34, // 14: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
+	3,  // 15: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
+	5,  // 16: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
+	7,  // 17: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
+	9,  // 18: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
+	11, // 19: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
+	13, // 20: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
+	15, // 21: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
+	17, // 22: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
+	20, // 23: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
+	22, // 24: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
+	30, // 25: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
+	32, // 26: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
+	4,  // 27: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
+	6,  // 28: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
+	8,  // 29: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
+	10, // 30: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
+	12, // 31: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
+	14, // 32: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
+	16, // 33: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
+	18, // 34: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
+	21, // 35: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
+	23, // 36: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
+	31, // 37: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
+	33, // 38: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
+	27, // [27:39] is the sub-list for method output_type
+	15, // [15:27] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_fencer_v1_fencer_proto_init() }
@@ -2324,12 +2540,12 @@ func file_fencer_v1_fencer_proto_init() {
 		(*ReleaseRequest_Token)(nil),
 		(*ReleaseRequest_SessionId)(nil),
 	}
-	file_fencer_v1_fencer_proto_msgTypes[19].OneofWrappers = []any{
+	file_fencer_v1_fencer_proto_msgTypes[22].OneofWrappers = []any{
 		(*Op_Put)(nil),
 		(*Op_Delete)(nil),
 		(*Op_Get)(nil),
 	}
-	file_fencer_v1_fencer_proto_msgTypes[23].OneofWrappers = []any{
+	file_fencer_v1_fencer_proto_msgTypes[26].OneofWrappers = []any{
 		(*OpResult_Put)(nil),
 		(*OpResult_Delete)(nil),
 		(*OpResult_Get)(nil),
@@ -2340,7 +2556,7 @@ func file_fencer_v1_fencer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fencer_v1_fencer_proto_rawDesc), len(file_fencer_v1_fencer_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

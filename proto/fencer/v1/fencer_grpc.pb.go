@@ -43,6 +43,7 @@ const (
 	FencerService_Advance_FullMethodName    = "/fencer.v1.FencerService/Advance"
 	FencerService_Put_FullMethodName        = "/fencer.v1.FencerService/Put"
 	FencerService_Get_FullMethodName        = "/fencer.v1.FencerService/Get"
+	FencerService_ListKeys_FullMethodName   = "/fencer.v1.FencerService/ListKeys"
 	FencerService_Delete_FullMethodName     = "/fencer.v1.FencerService/Delete"
 	FencerService_Txn_FullMethodName        = "/fencer.v1.FencerService/Txn"
 	FencerService_WatchLease_FullMethodName = "/fencer.v1.FencerService/WatchLease"
@@ -94,6 +95,11 @@ type FencerServiceClient interface {
 	Put(ctx context.Context, in *PutRequest, opts ...grpc.CallOption) (*PutResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// ListKeys reads the data keys that start with a prefix, with their
+	// values, a page at a time, ordered by key (etcdctl get --prefix). Reads
+	// are not guarded. On a server with an authorization file it returns
+	// only the keys the caller may read, skipping the others.
+	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
 	// Delete deletes a data key in one etcd transaction that commits only if
 	// the token is current and the key belongs to the token's lease or to
 	// none, like Put. The key stays the lease's after the delete.
@@ -204,6 +210,16 @@ func (c *fencerServiceClient) Get(ctx context.Context, in *GetRequest, opts ...g
 	return out, nil
 }
 
+func (c *fencerServiceClient) ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListKeysResponse)
+	err := c.cc.Invoke(ctx, FencerService_ListKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *fencerServiceClient) Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteResponse)
@@ -298,6 +314,11 @@ type FencerServiceServer interface {
 	Put(context.Context, *PutRequest) (*PutResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// ListKeys reads the data keys that start with a prefix, with their
+	// values, a page at a time, ordered by key (etcdctl get --prefix). Reads
+	// are not guarded. On a server with an authorization file it returns
+	// only the keys the caller may read, skipping the others.
+	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
 	// Delete deletes a data key in one etcd transaction that commits only if
 	// the token is current and the key belongs to the token's lease or to
 	// none, like Put. The key stays the lease's after the delete.
@@ -355,6 +376,9 @@ func (UnimplementedFencerServiceServer) Put(context.Context, *PutRequest) (*PutR
 }
 func (UnimplementedFencerServiceServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedFencerServiceServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListKeys not implemented")
 }
 func (UnimplementedFencerServiceServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
@@ -504,6 +528,24 @@ func _FencerService_Get_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FencerService_ListKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).ListKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_ListKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).ListKeys(ctx, req.(*ListKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _FencerService_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteRequest)
 	if err := dec(in); err != nil {
@@ -599,6 +641,10 @@ var FencerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _FencerService_Get_Handler,
+		},
+		{
+			MethodName: "ListKeys",
+			Handler:    _FencerService_ListKeys_Handler,
 		},
 		{
 			MethodName: "Delete",

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncer/v1/fencer.proto\x12\tfencer.v1\"U\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\"Y\n\x0f\x41\x63quireResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"<\n\x11KeepAliveResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"A\n\x0eReleaseRequest\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\x03H\x00\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1d\n\x0c\x43heckRequest\x12\r\n\x05token\x18\x01 \x01(\t\"\x0f\n\rCheckResponse\"D\n\x0e\x41\x64vanceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"\x11\n\x0f\x41\x64vanceResponse\"J\n\nPutRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\ttake_over\x18\x04 \x01(\x08\"\x1f\n\x0bPutResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"Z\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\">\n\rDeleteRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x94\x01\n\nTxnRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12$\n\x08\x63ompares\x18\x02 \x03(\x0b\x32\x12.fencer.v1.Compare\x12\x1e\n\x07success\x18\x03 \x03(\x0b\x32\r.fencer.v1.Op\x12\x1e\n\x07\x66\x61ilure\x18\x04 \x03(\x0b\x32\r.fencer.v1.Op\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"F\n\x0bTxnResponse\x12\x11\n\tsucceeded\x18\x01 \x01(\x08\x12$\n\x07results\x18\x02 \x03(\x0b\x32\x13.fencer.v1.OpResult\"\xf7\x02\n\x07\x43ompare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x06target\x18\x02 \x01(\x0e\x32\x19.fencer.v1.Compare.Target\x12)\n\x06result\x18\x03 \x01(\x0e\x32\x19.fencer.v1.Compare.Result\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06number\x18\x05 \x01(\x03\"{\n\x06Target\x12\x16\n\x12TARGET_UNSPECIFIED\x10\x00\x12\x10\n\x0cTARGET_VALUE\x10\x01\x12\x12\n\x0eTARGET_VERSION\x10\x02\x12\x1a\n\x16TARGET_CREATE_REVISION\x10\x03\x12\x17\n\x13TARGET_MOD_REVISION\x10\x04\"m\n\x06Result\x12\x16\n\x12RESULT_UNSPECIFIED\x10\x00\x12\x10\n\x0cRESULT_EQUAL\x10\x01\x12\x14\n\x10RESULT_NOT_EQUAL\x10\x02\x12\x12\n\x0eRESULT_GREATER\x10\x03\x12\x0f\n\x0bRESULT_LESS\x10\x04\"s\n\x02Op\x12\x1f\n\x03put\x18\x01 \x01(\x0b\x32\x10.fencer.v1.PutOpH\x00\x12%\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x13.fencer.v1.DeleteOpH\x00\x12\x1f\n\x03get\x18\x03 \x01(\x0b\x32\x10.fencer.v1.GetOpH\x00\x42\x04\n\x02op\"#\n\x05PutOp\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08\x44\x65leteOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x14\n\x05GetOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x8f\x01\n\x08OpResult\x12%\n\x03put\x18\x01 \x01(\x0b\x32\x16.fencer.v1.PutResponseH\x00\x12+\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x19.fencer.v1.DeleteResponseH\x00\x12%\n\x03get\x18\x03 \x01(\x0b\x32\x16.fencer.v1.GetResponseH\x00\x42\x08\n\x06result\"?\n\x11WatchLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xc8\x01\n\x12WatchLeaseResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".fencer.v1.WatchLeaseResponse.Type\x12\r\n\x05token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"O\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTYPE_SYNCED\x10\x01\x12\r\n\tTYPE_LOST\x10\x02\x12\x11\n\rTYPE_PROGRESS\x10\x03\"O\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\"U\n\x12ListLeasesResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencer.v1.LeaseStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x0bLeaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\t2\xd6\x05\n\rFencerService\x12@\n\x07\x41\x63quire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.fencer.v1.ReleaseRequest\x1a\x1a.fencer.v1.ReleaseResponse\x12:\n\x05\x43heck\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n\x07\x41\x64vance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x12\x34\n\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x12\x34\n\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12=\n\x06\x44\x65lete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x12\x34\n\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n\nWatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n\nListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncer/v1/fencer.proto\x12\tfencer.v1\"U\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\"Y\n\x0f\x41\x63quireResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"<\n\x11KeepAliveResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"A\n\x0eReleaseRequest\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\x03H\x00\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1d\n\x0c\x43heckRequest\x12\r\n\x05token\x18\x01 \x01(\t\"\x0f\n\rCheckResponse\"D\n\x0e\x41\x64vanceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"\x11\n\x0f\x41\x64vanceResponse\"J\n\nPutRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\ttake_over\x18\x04 \x01(\x08\"\x1f\n\x0bPutResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"Z\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\"H\n\x0fListKeysRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"N\n\x10ListKeysResponse\x12!\n\x04keys\x18\x01 \x03(\x0b\x32\x13.fencer.v1.KeyValue\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\">\n\rDeleteRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x94\x01\n\nTxnRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12$\n\x08\x63ompares\x18\x02 \x03(\x0b\x32\x12.fencer.v1.Compare\x12\x1e\n\x07success\x18\x03 \x03(\x0b\x32\r.fencer.v1.Op\x12\x1e\n\x07\x66\x61ilure\x18\x04 \x03(\x0b\x32\r.fencer.v1.Op\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"F\n\x0bTxnResponse\x12\x11\n\tsucceeded\x18\x01 \x01(\x08\x12$\n\x07results\x18\x02 \x03(\x0b\x32\x13.fencer.v1.OpResult\"\xf7\x02\n\x07\x43ompare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x06target\x18\x02 \x01(\x0e\x32\x19.fencer.v1.Compare.Target\x12)\n\x06result\x18\x03 \x01(\x0e\x32\x19.fencer.v1.Compare.Result\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06number\x18\x05 \x01(\x03\"{\n\x06Target\x12\x16\n\x12TARGET_UNSPECIFIED\x10\x00\x12\x10\n\x0cTARGET_VALUE\x10\x01\x12\x12\n\x0eTARGET_VERSION\x10\x02\x12\x1a\n\x16TARGET_CREATE_REVISION\x10\x03\x12\x17\n\x13TARGET_MOD_REVISION\x10\x04\"m\n\x06Result\x12\x16\n\x12RESULT_UNSPECIFIED\x10\x00\x12\x10\n\x0cRESULT_EQUAL\x10\x01\x12\x14\n\x10RESULT_NOT_EQUAL\x10\x02\x12\x12\n\x0eRESULT_GREATER\x10\x03\x12\x0f\n\x0bRESULT_LESS\x10\x04\"s\n\x02Op\x12\x1f\n\x03put\x18\x01 \x01(\x0b\x32\x10.fencer.v1.PutOpH\x00\x12%\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x13.fencer.v1.DeleteOpH\x00\x12\x1f\n\x03get\x18\x03 \x01(\x0b\x32\x10.fencer.v1.GetOpH\x00\x42\x04\n\x02op\"#\n\x05PutOp\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08\x44\x65leteOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x14\n\x05GetOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x8f\x01\n\x08OpResult\x12%\n\x03put\x18\x01 \x01(\x0b\x32\x16.fencer.v1.PutResponseH\x00\x12+\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x19.fencer.v1.DeleteResponseH\x00\x12%\n\x03get\x18\x03 \x01(\x0b\x32\x16.fencer.v1.GetResponseH\x00\x42\x08\n\x06result\"?\n\x11WatchLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xc8\x01\n\x12WatchLeaseResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".fencer.v1.WatchLeaseResponse.Type\x12\r\n\x05token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"O\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTYPE_SYNCED\x10\x01\x12\r\n\tTYPE_LOST\x10\x02\x12\x11\n\rTYPE_PROGRESS\x10\x03\"O\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\"U\n\x12ListLeasesResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencer.v1.LeaseStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"W\n\x0bLeaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\t2\x9b\x06\n\rFencerService\x12@\n\x07\x41\x63quire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.fencer.v1.ReleaseRequest\x1a\x1a.fencer.v1.ReleaseResponse\x12:\n\x05\x43heck\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n\x07\x41\x64vance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x12\x34\n\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x12\x34\n\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12\x43\n\x08ListKeys\x12\x1a.fencer.v1.ListKeysRequest\x1a\x1b.fencer.v1.ListKeysResponse\x12=\n\x06\x44\x65lete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x12\x34\n\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n\nWatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n\nListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencer.v1.fencer_pb2', globals())
@@ -49,42 +49,48 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _GETREQUEST._serialized_end=692
   _GETRESPONSE._serialized_start=694
   _GETRESPONSE._serialized_end=784
-  _DELETEREQUEST._serialized_start=786
-  _DELETEREQUEST._serialized_end=848
-  _DELETERESPONSE._serialized_start=850
-  _DELETERESPONSE._serialized_end=883
-  _TXNREQUEST._serialized_start=886
-  _TXNREQUEST._serialized_end=1034
-  _TXNRESPONSE._serialized_start=1036
-  _TXNRESPONSE._serialized_end=1106
-  _COMPARE._serialized_start=1109
-  _COMPARE._serialized_end=1484
-  _COMPARE_TARGET._serialized_start=1250
-  _COMPARE_TARGET._serialized_end=1373
-  _COMPARE_RESULT._serialized_start=1375
-  _COMPARE_RESULT._serialized_end=1484
-  _OP._serialized_start=1486
-  _OP._serialized_end=1601
-  _PUTOP._serialized_start=1603
-  _PUTOP._serialized_end=1638
-  _DELETEOP._serialized_start=1640
-  _DELETEOP._serialized_end=1663
-  _GETOP._serialized_start=1665
-  _GETOP._serialized_end=1685
-  _OPRESULT._serialized_start=1688
-  _OPRESULT._serialized_end=1831
-  _WATCHLEASEREQUEST._serialized_start=1833
-  _WATCHLEASEREQUEST._serialized_end=1896
-  _WATCHLEASERESPONSE._serialized_start=1899
-  _WATCHLEASERESPONSE._serialized_end=2099
-  _WATCHLEASERESPONSE_TYPE._serialized_start=2020
-  _WATCHLEASERESPONSE_TYPE._serialized_end=2099
-  _LISTLEASESREQUEST._serialized_start=2101
-  _LISTLEASESREQUEST._serialized_end=2180
-  _LISTLEASESRESPONSE._serialized_start=2182
-  _LISTLEASESRESPONSE._serialized_end=2267
-  _LEASESTATUS._serialized_start=2269
-  _LEASESTATUS._serialized_end=2356
-  _FENCERSERVICE._serialized_start=2359
-  _FENCERSERVICE._serialized_end=3085
+  _LISTKEYSREQUEST._serialized_start=786
+  _LISTKEYSREQUEST._serialized_end=858
+  _LISTKEYSRESPONSE._serialized_start=860
+  _LISTKEYSRESPONSE._serialized_end=938
+  _KEYVALUE._serialized_start=940
+  _KEYVALUE._serialized_end=1025
+  _DELETEREQUEST._serialized_start=1027
+  _DELETEREQUEST._serialized_end=1089
+  _DELETERESPONSE._serialized_start=1091
+  _DELETERESPONSE._serialized_end=1124
+  _TXNREQUEST._serialized_start=1127
+  _TXNREQUEST._serialized_end=1275
+  _TXNRESPONSE._serialized_start=1277
+  _TXNRESPONSE._serialized_end=1347
+  _COMPARE._serialized_start=1350
+  _COMPARE._serialized_end=1725
+  _COMPARE_TARGET._serialized_start=1491
+  _COMPARE_TARGET._serialized_end=1614
+  _COMPARE_RESULT._serialized_start=1616
+  _COMPARE_RESULT._serialized_end=1725
+  _OP._serialized_start=1727
+  _OP._serialized_end=1842
+  _PUTOP._serialized_start=1844
+  _PUTOP._serialized_end=1879
+  _DELETEOP._serialized_start=1881
+  _DELETEOP._serialized_end=1904
+  _GETOP._serialized_start=1906
+  _GETOP._serialized_end=1926
+  _OPRESULT._serialized_start=1929
+  _OPRESULT._serialized_end=2072
+  _WATCHLEASEREQUEST._serialized_start=2074
+  _WATCHLEASEREQUEST._serialized_end=2137
+  _WATCHLEASERESPONSE._serialized_start=2140
+  _WATCHLEASERESPONSE._serialized_end=2340
+  _WATCHLEASERESPONSE_TYPE._serialized_start=2261
+  _WATCHLEASERESPONSE_TYPE._serialized_end=2340
+  _LISTLEASESREQUEST._serialized_start=2342
+  _LISTLEASESREQUEST._serialized_end=2421
+  _LISTLEASESRESPONSE._serialized_start=2423
+  _LISTLEASESRESPONSE._serialized_end=2508
+  _LEASESTATUS._serialized_start=2510
+  _LEASESTATUS._serialized_end=2597
+  _FENCERSERVICE._serialized_start=2600
+  _FENCERSERVICE._serialized_end=3395
 # @@protoc_insertion_point(module_scope)

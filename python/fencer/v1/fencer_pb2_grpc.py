@@ -51,6 +51,11 @@ class FencerServiceStub(object):
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.GetRequest.SerializeToString,
                 response_deserializer=fencer_dot_v1_dot_fencer__pb2.GetResponse.FromString,
                 )
+        self.ListKeys = channel.unary_unary(
+                '/fencer.v1.FencerService/ListKeys',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.ListKeysRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.ListKeysResponse.FromString,
+                )
         self.Delete = channel.unary_unary(
                 '/fencer.v1.FencerService/Delete',
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.DeleteRequest.SerializeToString,
@@ -151,6 +156,16 @@ class FencerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListKeys(self, request, context):
+        """ListKeys reads the data keys that start with a prefix, with their
+        values, a page at a time, ordered by key (etcdctl get --prefix). Reads
+        are not guarded. On a server with an authorization file it returns
+        only the keys the caller may read, skipping the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Delete deletes a data key in one etcd transaction that commits only if
         the token is current and the key belongs to the token's lease or to
@@ -235,6 +250,11 @@ def add_FencerServiceServicer_to_server(servicer, server):
                     servicer.Get,
                     request_deserializer=fencer_dot_v1_dot_fencer__pb2.GetRequest.FromString,
                     response_serializer=fencer_dot_v1_dot_fencer__pb2.GetResponse.SerializeToString,
+            ),
+            'ListKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeys,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.ListKeysRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.ListKeysResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -384,6 +404,23 @@ class FencerService(object):
         return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/Get',
             fencer_dot_v1_dot_fencer__pb2.GetRequest.SerializeToString,
             fencer_dot_v1_dot_fencer__pb2.GetResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/ListKeys',
+            fencer_dot_v1_dot_fencer__pb2.ListKeysRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.ListKeysResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
