@@ -313,11 +313,13 @@ func (a *app) waitEndedUnreachable(name string, timeout time.Duration, reached b
 	return &exitStatus{code: exitUnavailable, msg: fmt.Sprintf("gave up waiting for %s after --wait-timeout %s, having failed to reach the server for %s: %s", name, timeout, part, describe(last, a.conn.server, a.conn.secure()).msg)}
 }
 
-// holdView is what acquire without CMD prints: the lease it holds.
+// holdView is what acquire without CMD prints: the lease it holds. The
+// session is a string in json and yaml: an etcd lease ID is often above
+// 2^53, which jq and JavaScript round as a number.
 type holdView struct {
 	Lease   string `json:"lease"`
 	Token   string `json:"token"`
-	Session int64  `json:"session"`
+	Session int64  `json:"session,string"`
 }
 
 // hold holds lease until ctx ends (a signal), then releases it, or until

@@ -25,6 +25,9 @@ func TestVerbs(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(holder.stdout.String()), &held))
 	require.Equal(t, "orders", held.Lease)
 	require.NotZero(t, held.Session)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal([]byte(holder.stdout.String()), &raw))
+	require.Equal(t, strconv.FormatInt(held.Session, 10), raw["session"], "the session is a string in json, so a reader that parses numbers as doubles keeps it exact")
 	tok := []string{"FENCER_TOKEN=" + held.Token}
 
 	run := func(env []string, args ...string) string {
