@@ -95,9 +95,6 @@ func (a *app) acquireCmd() *cobra.Command {
 			return validUTF8("NAME", args[0])
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := out.validate(); err != nil {
-				return err
-			}
 			if err := checkReconnect(f.reconnectTimeout); err != nil {
 				return err
 			}

@@ -109,9 +109,6 @@ and etcd.`,
 		Example: `  fencer bench --clients 64 --duration 10s`,
 		Args:    nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := out.validate(); err != nil {
-				return err
-			}
 			if f.clients < 1 || f.duration <= 0 {
 				return usagef("--clients must be at least 1 and --duration positive")
 			}

@@ -28,7 +28,11 @@ type connFlags struct {
 }
 
 func (c *connFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&c.server, "server", defaultListen, "fencer server address; several comma-separated addresses are used round-robin")
+	c.server = defaultListen
+	fs.Var(&checkedString{p: &c.server, want: "host:port, http://host:port or https://host:port (several comma-separated, all in one form)", example: defaultListen, check: func(s string) error {
+		_, _, err := parseServers(s)
+		return err
+	}}, "server", "fencer server address; several comma-separated addresses are used round-robin")
 	fs.StringVar(&c.authTokenFile, "auth-token-file", "", "file holding the bearer token to send (or the token itself in $FENCER_AUTH_TOKEN)")
 	fs.StringVar(&c.tlsCA, "tls-ca", "", "CA bundle (PEM) to verify the server; enables TLS (without it, TLS verifies against the system's roots)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS, with --tls-key; enables TLS")
@@ -226,13 +230,18 @@ func (c *connFlags) tlsFlags() bool { return c.tlsCA != "" || c.tlsCert != "" ||
 // forms parseServer takes, and returns their host:port addresses and the
 // form's scheme.
 func (c *connFlags) servers() (addrs []string, scheme string, err error) {
-	for i, s := range splitList(c.server) {
+	return parseServers(c.server)
+}
+
+// parseServers parses a --server value: see servers.
+func parseServers(server string) (addrs []string, scheme string, err error) {
+	for i, s := range splitList(server) {
 		addr, sch, err := parseServer(s)
 		if err != nil {
 			return nil, "", err
 		}
 		if i > 0 && sch != scheme {
-			return nil, "", usagef("--server %q: give every server in the same form (host:port, http:// or https://)", c.server)
+			return nil, "", usagef("--server %q: give every server in the same form (host:port, http:// or https://)", server)
 		}
 		addrs, scheme = append(addrs, addr), sch
 	}

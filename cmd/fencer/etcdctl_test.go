@@ -83,6 +83,27 @@ func TestEtcdctlHabits(t *testing.T) {
 			code, _, stderr := s.fencer([]string{"FENCER_SERVER=" + server}, "get", "orders/a")
 			require.Equal(t, exitUsage, code, "%s: %s", server, stderr)
 			require.Contains(t, stderr, "host:port", server)
+			require.Contains(t, stderr, "$FENCER_SERVER", "a bad variable is named as the variable: %s", server)
+		}
+		code, _, stderr := s.fencer(nil, "get", "orders/a", "--endpoints", "grpc://"+s.addr)
+		require.Equal(t, exitUsage, code, stderr)
+		require.Contains(t, stderr, "invalid --endpoints", stderr)
+	})
+
+	t.Run("a bad value names where it came from", func(t *testing.T) {
+		for _, tc := range []struct {
+			env  []string
+			args []string
+			want string
+		}{
+			{[]string{"FENCER_OUTPUT=xml"}, nil, `fencer get: $FENCER_OUTPUT="xml": want text, table, json or yaml, e.g. FENCER_OUTPUT=json (the variable of --output)`},
+			{nil, []string{"-o", "xml"}, `fencer get: invalid --output "xml": want text, table, json or yaml, e.g. --output json`},
+			{[]string{"FENCER_SERVER=grpc://x:1"}, nil, `fencer get: $FENCER_SERVER="grpc://x:1": want host:port, http://host:port or https://host:port`},
+		} {
+			code, stdout, stderr := s.fencer(tc.env, append([]string{"get", "orders/a"}, tc.args...)...)
+			require.Equal(t, exitUsage, code, stderr)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
 		}
 	})
 }

@@ -17,7 +17,7 @@ func flagValueError(err error) error {
 		return nil
 	}
 	f := bad.GetFlag()
-	want, example := flagForm(f.Value.Type())
+	want, example := flagForm(f.Value)
 	sep := " "
 	if f.NoOptDefVal != "" { // a bool: --insecure true would make true an argument
 		sep = "="
@@ -34,14 +34,20 @@ func envValueError(env, value string, err error) error {
 		return usagef("$%s=%q: %v", env, value, err)
 	}
 	f := bad.GetFlag()
-	want, example := flagForm(f.Value.Type())
+	want, example := flagForm(f.Value)
 	return usagef("$%s=%q: want %s, e.g. %s=%s (the variable of --%s)", env, value, want, env, example, f.Name)
 }
 
-// flagForm describes, for people, the values a flag of pflag type typ
-// takes, and gives one.
-func flagForm(typ string) (want, example string) {
-	switch typ {
+// flagForm describes, for people, the values a flag's value takes, and
+// gives one.
+func flagForm(v pflag.Value) (want, example string) {
+	switch v := v.(type) {
+	case *checkedString:
+		return v.want, v.example
+	case alias:
+		return flagForm(v.fs.Lookup(v.of).Value)
+	}
+	switch typ := v.Type(); typ {
 	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64", "count":
 		return "a whole number", "5"
 	case "duration":
@@ -51,5 +57,26 @@ func flagForm(typ string) (want, example string) {
 	case "float32", "float64":
 		return "a number", "0.5"
 	}
-	return fmt.Sprintf("a value of type %s", typ), "..."
+	return fmt.Sprintf("a value of type %s", v.Type()), "..."
 }
+
+// checkedString is a string flag's value that refuses, when it is set,
+// what check refuses: a bad value is then a usage error while the flags
+// are parsed, naming the flag, or its variable when it came from the
+// environment, and the form want describes (example is one).
+type checkedString struct {
+	p             *string
+	want, example string
+	check         func(string) error
+}
+
+func (v *checkedString) Set(s string) error {
+	if err := v.check(s); err != nil {
+		return err
+	}
+	*v.p = s
+	return nil
+}
+
+func (v *checkedString) String() string { return *v.p }
+func (v *checkedString) Type() string   { return "string" }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -19,7 +20,8 @@ type outputFlags struct {
 
 func (o *outputFlags) register(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.StringVarP(&o.format, "output", "o", "text", "output format: text, table, json or yaml")
+	o.format = "text"
+	fs.VarP(&checkedString{p: &o.format, want: "text, table, json or yaml", example: "json", check: checkFormat}, "output", "o", "output format: text, table, json or yaml")
 	fs.BoolVar(&o.noHeaders, "no-headers", false, "print tables without their header line")
 	envFlag(fs, "output", "FENCER_OUTPUT")
 	aliasFlag(fs, "write-out", "w", "output")
@@ -28,13 +30,13 @@ func (o *outputFlags) register(cmd *cobra.Command) {
 	}
 }
 
-// validate refuses an unknown --output before any call is made.
-func (o *outputFlags) validate() error {
-	switch o.format {
+// checkFormat refuses an --output that is not one of fencer's formats.
+func checkFormat(format string) error {
+	switch format {
 	case "text", "table", "json", "yaml":
 		return nil
 	}
-	return usagef("--output %q: want text, table, json or yaml", o.format)
+	return errors.New("unknown output format")
 }
 
 // view is one command's result in every form fencer prints: data for json

@@ -24,9 +24,6 @@ func (a *app) remote(cmd *cobra.Command, do func(ctx context.Context, c *client.
 	a.conn.register(cmd.Flags())
 	out.register(cmd)
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		if err := out.validate(); err != nil {
-			return err
-		}
 		return a.withClient(cmd.Context(), func(ctx context.Context, cc *grpc.ClientConn) error {
 			ctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
 			defer cancel()
@@ -399,6 +396,11 @@ start with a NAME (exit code 3 if a NAME matches none).`,
 		list, unmatched, err := listLeases(ctx, c, names, *prefix)
 		if err != nil {
 			return nil, err
+		}
+		if len(list) == 0 && len(unmatched) > 0 {
+			// Nothing matched: the error alone, as kubectl get prints
+			// for a name it does not find, rather than an empty table.
+			return nil, unmatchedError(unmatched, *prefix)
 		}
 		rows := make([]statusRow, len(list))
 		table := make([][]string, len(list))

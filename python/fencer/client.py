@@ -98,6 +98,24 @@ class TxnResult:
         self.results = results
 
 
+def _parse_server(server, root_certificates):
+    """Returns the host:port of server and the TLS roots to use. As the CLI
+    (and etcdctl's --endpoints) does, server is host:port, or a URL whose
+    scheme says only whether to use TLS: http://host:port is plaintext,
+    https://host:port TLS (with the system's roots unless
+    root_certificates). Anything else with a scheme raises ValueError."""
+    if "://" not in server:
+        return server, root_certificates
+    scheme, _, rest = server.partition("://")
+    if not rest or "/" in rest or scheme not in ("http", "https"):
+        raise ValueError("server %r: want host:port, http://host:port or https://host:port" % server)
+    if scheme == "http":
+        if root_certificates is not None:
+            raise ValueError("server %r is plaintext (http://) but root_certificates asks for TLS" % server)
+        return rest, None
+    return rest, True if root_certificates is None else root_certificates
+
+
 class Client:
     """A connection to a fencer server and the session its leases are held
     by. server defaults to $FENCER_SERVER, auth_token (a bearer token) to
@@ -111,7 +129,8 @@ class Client:
 
     def __init__(self, server=None, auth_token=None, root_certificates=None,
                  ttl=10, timeout=10.0, allow_insecure=False):
-        self.server = server or os.environ.get("FENCER_SERVER") or DEFAULT_SERVER
+        self.server, root_certificates = _parse_server(server or os.environ.get("FENCER_SERVER") or DEFAULT_SERVER,
+                                                       root_certificates)
         token = auth_token if auth_token is not None else os.environ.get("FENCER_AUTH_TOKEN")
         every, within = _KEEPALIVE
         options = [("grpc.keepalive_time_ms", int(every * 1000)), ("grpc.keepalive_timeout_ms", int(within * 1000)),

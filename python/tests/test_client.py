@@ -227,6 +227,23 @@ class ClientTest(unittest.TestCase):
             self.b._call(self.b._stub.Acquire, fencer_pb2.AcquireRequest(name=name("end"), session_id=self.a._session_id))
         self.assertEqual(str(cm.exception), "session not found: it has expired or was released")
 
+    def test_server_as_url(self):
+        # As the CLI takes it: http:// is plaintext, to the same server.
+        with fencer.Client("http://" + self.server) as c:
+            self.assertIsNone(c.get(name("url") + "/absent"))
+        for bad in ("grpc://" + self.server, "http://", "http://" + self.server + "/x"):
+            with self.assertRaises(ValueError) as cm:
+                fencer.Client(bad)
+            self.assertIn("want host:port", str(cm.exception))
+        with self.assertRaises(ValueError):
+            fencer.Client("http://" + self.server, root_certificates=True)
+        os.environ["FENCER_SERVER"], saved = "http://" + self.server, os.environ["FENCER_SERVER"]
+        try:
+            with fencer.Client() as c:
+                self.assertEqual(c.server, self.server)
+        finally:
+            os.environ["FENCER_SERVER"] = saved
+
     def test_unavailable(self):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
