@@ -60,8 +60,9 @@ func (a *app) serveCmd() *cobra.Command {
 refuses plaintext or unauthenticated service off loopback unless
 --insecure. With authentication (--token-file or --tls-client-ca) it
 needs --authz-file, the names each principal may use, or
---authz-allow-all, which lets every principal use every name. SIGINT, SIGTERM and SIGHUP shut it down gracefully; it then
-logs "stopped" and exits 0. See docs/operations.md.`,
+--authz-allow-all, which lets every principal use every name. SIGINT,
+SIGTERM and SIGHUP shut it down gracefully; it then logs "stopped" and
+exits 0. See docs/operations.md.`,
 		Args: nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
@@ -76,7 +77,12 @@ logs "stopped" and exits 0. See docs/operations.md.`,
 			return serve(cmd.Context(), f, a.stderr)
 		},
 	}
-	fs := cmd.Flags()
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// register adds fencer serve's flags to fs, each setting its field of f.
+func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", defaultListen, "gRPC listen address")
 	fs.StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, `Prometheus /metrics listen address ("" disables)`)
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir, "data directory of the embedded etcd member (ignored with --etcd-endpoints)")
@@ -97,7 +103,6 @@ logs "stopped" and exits 0. See docs/operations.md.`,
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
 	fs.DurationVar(&f.etcdRequestTimeout, "etcd-request-timeout", server.DefaultEtcdRequestTimeout, "longest one etcd request waits for an answer; past it the call fails with UNAVAILABLE (cause etcd_unreachable)")
 	f.etcd.register(fs)
-	return cmd
 }
 
 // serve runs fencer serve until ctx ends (a signal), then shuts down and
