@@ -77,6 +77,12 @@ func WithClientCert(principal string) ServiceOption {
 }
 
 // WithAuthorization makes the server grant principals only what a grants.
+// Without it the service lets every principal use every lease name, data
+// key and resource, also with WithBearerToken or WithClientCert: what
+// fencer serve does only when told so with --authz-allow-all (it refuses
+// to start with authentication and neither that flag nor --authz-file).
+// A test kit allows all so that a test of fencing needs no grants; a test
+// of grants passes WithAuthorization.
 func WithAuthorization(a *server.Authorization) ServiceOption {
 	return func(c *serviceConfig) { c.authz = a }
 }
@@ -96,8 +102,10 @@ const anonymous = "fencertest"
 // Store on a fresh etcd member (see Store).
 //
 // Without WithBearerToken or WithClientCert every call is the principal
-// "fencertest" (server.Anonymous). Service does not check that the
-// options make sense together beyond what server.Config.Validate checks.
+// "fencertest" (server.Anonymous). Without WithAuthorization every
+// principal may use every name, authenticated or not (see
+// WithAuthorization). Service does not check that the options make sense
+// together beyond what server.Config.Validate checks.
 func Service(t TB, opts ...ServiceOption) *RunningService {
 	t.Helper()
 	var c serviceConfig

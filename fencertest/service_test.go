@@ -19,7 +19,9 @@ import (
 // TestService runs the service with each kind of credentials, checks that
 // its client works and that a client without those credentials is
 // refused, and supersedes the client's lease: its next Put is stale and
-// its Done fires.
+// its Done fires. Without WithAuthorization the authenticated principal
+// acquires and writes without grants: the kit allows all, as fencer serve
+// --authz-allow-all does.
 func TestService(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -55,6 +55,8 @@ type Config struct {
 	// data keys and resources it may use; calls outside them fail with
 	// PERMISSION_DENIED. Nil lets every authenticated principal use every
 	// name (tokens and sessions stay bound to their principal either way).
+	// The server does not refuse nil with an Authenticator that tells
+	// principals apart; fencer serve does, unless --authz-allow-all.
 	Authorization *Authorization
 }
 

@@ -34,9 +34,9 @@ func TestMessagesNameTheCommandOnce(t *testing.T) {
 		{append(serve, "--authz-file", filepath.Join(dir, "none")), "fencer serve: authorization file: open "},
 		{append(serve, "--authz-file", file("authz", "principals: {}\n")), "fencer serve: authorization file " + filepath.Join(dir, "authz") + ": grants nothing to anyone"},
 		{append(serve, "--authz-file", file("authz-bad", "principals:\n  \"a b\": {leases: [x]}\n")), `fencer serve: authorization file ` + filepath.Join(dir, "authz-bad") + `: principal "a b" contains`},
-		{append(serve, "--token-file", filepath.Join(dir, "none")), "fencer serve: token file: open "},
-		{append(serve, "--token-file", file("tokens", "# none\n")), "fencer serve: token file " + filepath.Join(dir, "tokens") + " holds no tokens"},
-		{append(serve, "--token-file", file("tokens-bad", "0123456789abcdef0123456789abcdef a/b\n")), "fencer serve: token file " + filepath.Join(dir, "tokens-bad") + `:1: principal "a/b" contains`},
+		{append(serve, "--token-file", filepath.Join(dir, "none"), "--authz-allow-all"), "fencer serve: token file: open "},
+		{append(serve, "--token-file", file("tokens", "# none\n"), "--authz-allow-all"), "fencer serve: token file " + filepath.Join(dir, "tokens") + " holds no tokens"},
+		{append(serve, "--token-file", file("tokens-bad", "0123456789abcdef0123456789abcdef a/b\n"), "--authz-allow-all"), "fencer serve: token file " + filepath.Join(dir, "tokens-bad") + `:1: principal "a/b" contains`},
 	} {
 		code, _, stderr := runBinary(t, bin, c.args...)
 		require.NotZero(t, code, "fencer %q", c.args)

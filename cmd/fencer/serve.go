@@ -41,7 +41,7 @@ const (
 type serveFlags struct {
 	listen, metricsListen, dataDir, etcdEndpoints, prefix string
 	tlsCert, tlsKey, tlsClientCA, tokenFile, authzFile    string
-	insecure                                              bool
+	insecure, authzAllowAll                               bool
 	grace                                                 time.Duration
 	batch                                                 int
 	logLevel, logFormat                                   string
@@ -58,8 +58,11 @@ func (a *app) serveCmd() *cobra.Command {
 		Long: `Serves fencer's gRPC API on --listen, over an embedded etcd member in
 --data-dir, or over an existing etcd cluster with --etcd-endpoints. It
 refuses plaintext or unauthenticated service off loopback unless
---insecure. SIGINT, SIGTERM and SIGHUP shut it down gracefully; it then
-logs "stopped" and exits 0. See docs/operations.md.`,
+--insecure. With authentication (--token-file or --tls-client-ca) it
+needs --authz-file, the names each principal may use, or
+--authz-allow-all, which lets every principal use every name. SIGINT,
+SIGTERM and SIGHUP shut it down gracefully; it then logs "stopped" and
+exits 0. See docs/operations.md.`,
 		Args: nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.batch < 0 || f.batch > etcdstore.MaxBatch {
@@ -74,7 +77,12 @@ logs "stopped" and exits 0. See docs/operations.md.`,
 			return serve(cmd.Context(), f, a.stderr)
 		},
 	}
-	fs := cmd.Flags()
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// register adds fencer serve's flags to fs, each setting its field of f.
+func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", defaultListen, "gRPC listen address")
 	fs.StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, `Prometheus /metrics listen address ("" disables)`)
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir, "data directory of the embedded etcd member (ignored with --etcd-endpoints)")
@@ -84,7 +92,8 @@ logs "stopped" and exits 0. See docs/operations.md.`,
 	fs.StringVar(&f.tlsKey, "tls-key", "", "server private key (PEM)")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "CA bundle (PEM) for client certificates; enables mutual TLS")
 	fs.StringVar(&f.tokenFile, "token-file", "", `bearer token file: "<token> <principal>" per line`)
-	fs.StringVar(&f.authzFile, "authz-file", "", "authorization file (YAML): the lease names, data keys and resources each principal may use (see docs/service.md); unset lets every principal use every name")
+	fs.StringVar(&f.authzFile, "authz-file", "", "authorization file (YAML): the lease names, data keys and resources each principal may use (see docs/service.md); required with --token-file or --tls-client-ca unless --authz-allow-all")
+	fs.BoolVar(&f.authzAllowAll, "authz-allow-all", false, "let every principal that --token-file or --tls-client-ca authenticates use every lease name, data key and resource, instead of --authz-file")
 	fs.BoolVar(&f.insecure, "insecure", false, "allow plaintext or unauthenticated service on a non-loopback address")
 	fs.DurationVar(&f.grace, "shutdown-grace", 10*time.Second, "how long shutdown waits for calls in flight")
 	fs.IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "most concurrent writes that share one etcd Txn, each still guarded on its own (0 sends every write alone)")
@@ -94,13 +103,15 @@ logs "stopped" and exits 0. See docs/operations.md.`,
 	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
 	fs.DurationVar(&f.etcdRequestTimeout, "etcd-request-timeout", server.DefaultEtcdRequestTimeout, "longest one etcd request waits for an answer; past it the call fails with UNAVAILABLE (cause etcd_unreachable)")
 	f.etcd.register(fs)
-	return cmd
 }
 
 // serve runs fencer serve until ctx ends (a signal), then shuts down and
 // returns nil, having logged "stopped" once everything it started has
 // stopped: also when ctx ends while the embedded etcd starts.
 func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
+	if err := f.checkAuthz(); err != nil {
+		return err
+	}
 	log, err := f.logger(stderr)
 	if err != nil {
 		return err
@@ -224,7 +235,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 	}
 	// The server logs "etcd reachable: serving" once its first check of
 	// etcd passes, and "etcd unreachable: not serving" if it fails.
-	log.Info("listening", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "etcd", strings.Join(endpoints, ","))
+	log.Info("listening", "listen", lis.Addr().String(), "tls", tlsCfg != nil, "authorization", f.authzMode(), "etcd", strings.Join(endpoints, ","))
 	select {
 	case <-ctx.Done():
 	case err = <-errs:
@@ -327,6 +338,48 @@ func (f serveFlags) watchCertificate(tlsCfg *tls.Config) (func(context.Context) 
 	}
 	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cw.GetCertificate
 	return cw.Start, nil
+}
+
+// checkAuthz refuses, with a usage error, flags that leave open what
+// authenticated principals may do: --token-file or --tls-client-ca
+// without --authz-file or --authz-allow-all. Authentication is there to
+// tell principals apart, so fencer serve does not guess that each may use
+// every name (as etcd's RBAC and a Kubernetes API server's authorizers do
+// not); it asks at start, where a deny-all server would instead look
+// broken at the first call. It also refuses --authz-allow-all with
+// --authz-file, and --authz-allow-all without authentication, where the
+// only principal, "anonymous", may use every name already. It reads no
+// file: it runs before serve reads, binds or starts anything.
+func (f serveFlags) checkAuthz() error {
+	authn := ""
+	switch {
+	case f.tokenFile != "":
+		authn = "--token-file"
+	case f.tlsClientCA != "":
+		authn = "--tls-client-ca"
+	}
+	switch {
+	case f.authzAllowAll && f.authzFile != "":
+		return usagef("--authz-allow-all and --authz-file exclude each other: give --authz-file to grant each principal its names, or --authz-allow-all to grant every principal every name")
+	case f.authzAllowAll && authn == "":
+		return usagef("--authz-allow-all needs --token-file or --tls-client-ca: without them every call is the one principal %q, which may use every name unless --authz-file says otherwise", "anonymous")
+	case authn != "" && f.authzFile == "" && !f.authzAllowAll:
+		return usagef("%s authenticates principals but no --authz-file says what each may do: give --authz-file, or --authz-allow-all to let every authenticated principal use every name, key and resource", authn)
+	}
+	return nil
+}
+
+// authzMode names how the server authorizes calls, for its start log:
+// "file" (--authz-file), "allow-all" (--authz-allow-all) or "anonymous"
+// (no authentication: every call is the principal "anonymous").
+func (f serveFlags) authzMode() string {
+	switch {
+	case f.authzFile != "":
+		return "file"
+	case f.authzAllowAll:
+		return "allow-all"
+	}
+	return "anonymous"
 }
 
 // security builds the TLS configuration and authenticator from the flags,

@@ -43,7 +43,7 @@ func replaceFile(t *testing.T, path string, content []byte) {
 // certificate, without a restart.
 func TestServeRotatesTokensAndCertificates(t *testing.T) {
 	p := newPKI(t)
-	addr := startServe(t, serveFlags{etcdEndpoints: startEtcd(t), prefix: "/rotate/", tlsCert: p.serverCert, tlsKey: p.serverKey, tokenFile: p.tokenFile})
+	addr := startServe(t, serveFlags{etcdEndpoints: startEtcd(t), prefix: "/rotate/", tlsCert: p.serverCert, tlsKey: p.serverKey, tokenFile: p.tokenFile, authzAllowAll: true})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	roots := x509.NewCertPool()
@@ -95,7 +95,7 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	metrics := freeAddr(t)
 	embedded := serveFlags{dataDir: dataDir, prefix: "/fencer/", etcdQuota: embedetcd.DefaultQuotaBytes, etcdRetention: embedetcd.DefaultCompactionRetention}
 	first := embedded
-	first.metricsListen, first.logFormat, first.tokenFile = metrics, "json", newPKI(t).tokenFile
+	first.metricsListen, first.logFormat, first.tokenFile, first.authzAllowAll = metrics, "json", newPKI(t).tokenFile, true
 	_, logs := startServeLogged(t, first)
 
 	sock := filepath.Join(dataDir, "etcd.sock")
@@ -161,7 +161,7 @@ func TestServeRejectsBadLogAndTimeoutFlags(t *testing.T) {
 // restart.
 func TestServeRotatesTheClientCA(t *testing.T) {
 	p := newPKI(t)
-	addr := startServe(t, serveFlags{etcdEndpoints: startEtcd(t), prefix: "/rotate-ca/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+	addr := startServe(t, serveFlags{etcdEndpoints: startEtcd(t), prefix: "/rotate-ca/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, authzAllowAll: true})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admitted := func(cert tls.Certificate) bool {

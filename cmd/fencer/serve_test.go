@@ -158,7 +158,7 @@ func startServeLogged(t *testing.T, f serveFlags) (string, *safeBuffer) {
 func TestServeMutualTLS(t *testing.T) {
 	p := newPKI(t)
 	endpoint := startEtcd(t)
-	addr := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+	addr := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, authzAllowAll: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	as := func(cert, key string) []string {
@@ -195,7 +195,7 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 
 	t.Run("several servers", func(t *testing.T) {
-		addr2 := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile})
+		addr2 := startServe(t, serveFlags{etcdEndpoints: endpoint, prefix: "/mtls/", tlsCert: p.serverCert, tlsKey: p.serverKey, tlsClientCA: p.caFile, authzAllowAll: true})
 		args := as(p.aliceCert, p.aliceKey)
 		args[1] = addr + "," + addr2
 		for range 4 { // round-robin reaches both
