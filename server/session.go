@@ -108,7 +108,7 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 	holder := holderName(principal, id)
 	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
 	for {
-		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, mine)
+		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, 0, mine)
 		switch {
 		case err == nil:
 			s.owners.put(tok, holder)
