@@ -110,7 +110,8 @@ func (a *app) acquireCmd() *cobra.Command {
 				f.grace = f.ttl / 4
 			}
 			if !cmd.Flags().Changed("lock-delay") {
-				f.lockDelay = f.grace + lockDelayMargin
+				// A --grace out of range is refused with its own message.
+				f.lockDelay = min(max(f.grace, 0)+lockDelayMargin, time.Hour)
 			}
 			if f.lockDelay < 0 || f.lockDelay > time.Hour {
 				return usagef("--lock-delay %s is out of range: give 0 (none) to 1h", f.lockDelay)
