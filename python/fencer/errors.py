@@ -146,8 +146,10 @@ class WaitTimeoutError(HeldError):
         """Returns the WaitTimeoutError of a wait of timeout seconds that
         began with HeldError held."""
         msg = "gave up waiting for lease %s after %gs" % (json.dumps(held.lease, ensure_ascii=False), timeout)
-        if held.holder:
+        if getattr(held, "holder", ""):
             msg += ", held by " + held.holder
+        elif isinstance(held, LockDelayError):
+            msg += ", in its lock-delay"
         return cls(msg, reason=held.reason, code="DEADLINE_EXCEEDED", metadata=held.metadata)
 
 
