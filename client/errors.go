@@ -3,6 +3,8 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
@@ -24,7 +26,7 @@ var (
 
 // fromStatus is the one place where the client turns a gRPC status into
 // the errors the Go library returns: *token.StaleError (with Newer when the
-// server knew it), *token.HeldError, *token.ForeignLeaseError,
+// server knew it), *token.HeldError, *token.LockDelayError, *token.ForeignLeaseError,
 // *token.MalformedError, token.ErrNotHeld, *token.ArgumentError and
 // token.ErrSessionExpired, or ErrPermissionDenied and
 // ErrUnauthenticated. Any other error is returned wrapped, so that
@@ -50,6 +52,15 @@ func fromStatus(err error) error {
 		return e
 	case fencerv1.ReasonHeldByAnother:
 		return &token.HeldError{Lease: md["lease"], Holder: md["holder"]}
+	case fencerv1.ReasonLockDelay:
+		e := &token.LockDelayError{Lease: md["lease"]}
+		if ms, err := strconv.ParseInt(md["delay_ms"], 10, 64); err == nil {
+			e.Delay = time.Duration(ms) * time.Millisecond
+		}
+		if ms, err := strconv.ParseInt(md["remaining_ms"], 10, 64); err == nil {
+			e.Remaining = time.Duration(ms) * time.Millisecond
+		}
+		return e
 	case fencerv1.ReasonForeignLease:
 		return &token.ForeignLeaseError{Want: md["want"], Got: md["got"]}
 	case fencerv1.ReasonLeaseNotHeld:

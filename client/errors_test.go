@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -42,6 +43,13 @@ func TestFromStatus(t *testing.T) {
 				var e *token.HeldError
 				require.ErrorAs(t, err, &e)
 				require.Equal(t, "bob/1", e.Holder)
+			}},
+		{"lock-delay", withInfo(codes.FailedPrecondition, fencerv1.ReasonLockDelay, map[string]string{"lease": "jobs", "delay_ms": "2000", "remaining_ms": "1000"}), token.ErrLockDelay,
+			func(t *testing.T, err error) {
+				var e *token.LockDelayError
+				require.ErrorAs(t, err, &e)
+				require.Equal(t, token.LockDelayError{Lease: "jobs", Delay: 2 * time.Second, Remaining: time.Second}, *e)
+				require.NotErrorIs(t, err, token.ErrHeldByAnother)
 			}},
 		{"foreign", withInfo(codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": "a", "got": "b"}), token.ErrForeignLease, nil},
 		{"not held", withInfo(codes.FailedPrecondition, fencerv1.ReasonLeaseNotHeld, nil), token.ErrNotHeld, nil},

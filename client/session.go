@@ -161,16 +161,33 @@ func (s *Session) Err() error {
 	return context.Cause(s.ctx)
 }
 
-// Acquire acquires lease name, waiting while another holder has it, until
-// ctx ends. Waiters are not queued.
-func (s *Session) Acquire(ctx context.Context, name string) (*Lease, error) {
-	return s.acquire(ctx, name, true)
+// AcquireOption configures one acquisition (Acquire, TryAcquire).
+type AcquireOption func(*fencerv1.AcquireRequest)
+
+// WithLockDelay sets the acquisition's lock-delay, 0 (the default) to an
+// hour, in whole seconds (rounded up): if the acquisition ends other than
+// by its holder's Lease.Release (its session expired or was released, its
+// holder key was deleted, another caller released its token), the server's
+// store refuses to let anyone acquire the lease until at least d has
+// passed on etcd's clock, so a holder still finishing its work (a command
+// in its grace period) does not overlap its successor. A lease whose
+// holder crashed is then unavailable for the session's TTL plus d.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(r *fencerv1.AcquireRequest) { r.LockDelaySeconds = int64((d + time.Second - 1) / time.Second) }
 }
 
-// TryAcquire acquires lease name if it is free and otherwise returns a
-// *token.HeldError at once.
-func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
-	return s.acquire(ctx, name, false)
+// Acquire acquires lease name, waiting while another holder has it and
+// while the lock-delay of its last acquisition runs, until ctx ends.
+// Waiters are not queued.
+func (s *Session) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lease, error) {
+	return s.acquire(ctx, name, true, opts)
+}
+
+// TryAcquire acquires lease name if it is free and otherwise returns at
+// once a *token.HeldError, or a *token.LockDelayError (token.ErrLockDelay)
+// when it is free but inside the lock-delay of its last acquisition.
+func (s *Session) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lease, error) {
+	return s.acquire(ctx, name, false, opts)
 }
 
 // acquire acquires name through the server.
@@ -180,7 +197,7 @@ func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // been deleted, and the report has arrived before the reply. So the name
 // is marked pending before the call, the watch keeps what it reports about
 // a pending name, and registering the Lease applies it (see register).
-func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, error) {
+func (s *Session) acquire(ctx context.Context, name string, wait bool, opts []AcquireOption) (*Lease, error) {
 	if err := s.Err(); err != nil {
 		return nil, err
 	}
@@ -191,6 +208,9 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool) (*Lease, 
 		id = s.ID()
 	}
 	req := &fencerv1.AcquireRequest{Name: name, SessionId: id, Wait: wait}
+	for _, o := range opts {
+		o(req)
+	}
 	if id == 0 {
 		req.TtlSeconds = int64(s.ttl / time.Second)
 	}
@@ -695,11 +715,12 @@ func (l *Lease) Err() error {
 // Release never deletes a newer holder's key. If that call fails, the
 // Lease has ended all the same; a retry deletes the key, or it expires with
 // the session. Releasing a lease that has already ended changes nothing in
-// etcd unless its key is still this acquisition's.
+// etcd unless its key is still this acquisition's. It is the holder's
+// clean release: the lease's lock-delay (WithLockDelay) does not apply.
 func (l *Lease) Release(ctx context.Context) error {
 	l.sess.forget(l)
 	l.end(token.ErrReleased)
-	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}})
+	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}, HolderSessionId: l.sess.ID()})
 	if err := fromStatus(err); err != nil {
 		return fmt.Errorf("client: release %s: %w", l.tok, err)
 	}

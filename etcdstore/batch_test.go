@@ -136,7 +136,7 @@ func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
-	writes = append(writes, func() { _, _, acquireErr = acquireon.TryAcquireOn(ctx, st, grant.ID, "revoked", "orphan") })
+	writes = append(writes, func() { _, _, acquireErr = acquireon.TryAcquireOn(ctx, st, grant.ID, "revoked", "orphan", 0) })
 	queueUp(t, st, writes...)
 
 	require.ErrorIs(t, acquireErr, rpctypes.ErrLeaseNotFound, "etcd refuses the whole Txn for this one write")

@@ -25,6 +25,17 @@
 //   - Store.Advance records the highest token that has passed for an
 //     external resource (a sequencer check for stores that cannot run an
 //     etcd Txn); the resource belongs to the lease whose token it records.
+//   - WithLockDelay gives an acquisition a lock-delay: if it ends without
+//     a clean release by its holder (Lease.Release), because its session
+//     expired or was closed, its holder key was deleted or someone released
+//     its token with Store.Release, the lease cannot be acquired again
+//     until the delay has passed on etcd's clock, timed by an etcd lease
+//     and checked by the acquiring Txn itself. Until then TryAcquire
+//     returns a *token.LockDelayError and Acquire waits. It keeps a holder
+//     that has not yet noticed its loss (a process in its grace period)
+//     from overlapping its successor in side effects the store cannot
+//     fence; its cost is that a lease whose holder crashed is unavailable
+//     for the session's TTL plus the delay.
 //   - Concurrent writes (guarded Put and Delete, acquisitions, Release,
 //     Advance) share etcd Txns: a write that finds another in flight leaves
 //     with the others queued behind it, each as a nested Txn under its own
@@ -46,6 +57,9 @@
 //	                last guarded write; written only by guarded writes, under that token's full guard
 //	fences/<res>    the highest token that passed Advance for resource <res>; its lease owns <res>
 //	data/<key>      the guarded key-value space of Put, Get and Delete
+//	delays/<name>   lock-delay marker of an acquisition with a delay: "<ms>", and " <etcd lease ID>" once an
+//	                acquirer has started the delay; deleted by a clean release or an acquisition without a delay
+//	delays/<name>/claim  on an etcd lease with the delay's TTL: the delay runs while it exists
 //
 // # What is not guaranteed
 //

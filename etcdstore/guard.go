@@ -321,11 +321,41 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 // Release deletes tok's holder key if and only if tok is still current, so
 // a retried or late release never deletes a newer holder's key. It reports
 // whether it deleted the key.
+//
+// Release is not a clean release: anyone with the token may call it, so the
+// lock-delay of tok's acquisition, if it set one, still applies, and the
+// lease cannot be acquired again until it has passed. The holder's own
+// Lease.Release (or ReleaseOn, on the holder's etcd lease) is clean and
+// skips the delay.
 func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
+	return s.release(ctx, tok, 0)
+}
+
+// ReleaseOn is the clean release of tok by its holder: like Release, it
+// deletes tok's holder key if and only if tok is still current, and, only
+// if the holder key is also attached to etcd lease id (the holder's
+// session), it deletes the lease's lock-delay marker in the same Txn, so
+// the lease can be acquired again at once. A release whose id does not
+// match deletes nothing and reports false. It does not check that the
+// caller owns id; the service checks that.
+func (s *Store) ReleaseOn(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
+	if id == 0 {
+		return false, invalid("lease id", "0", "not an etcd lease")
+	}
+	return s.release(ctx, tok, id)
+}
+
+// release is Release, or the clean ReleaseOn when id != 0.
+func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
 	if err := validToken(tok); err != nil {
 		return false, err
 	}
-	resp, err := s.commit(ctx, s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}, nil)
+	cmps, ops := s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}
+	if id != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))
+		ops = append(ops, clientv3.OpDelete(s.delayKey(tok.Lease)))
+	}
+	resp, err := s.commit(ctx, cmps, ops, nil)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: release %s: %w", tok, err)
 	}

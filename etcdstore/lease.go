@@ -59,14 +59,16 @@ func (l *Lease) Guard() []clientv3.Cmp { return l.sess.store.guard(l.tok) }
 
 // Release ends the Lease with ErrReleased, then deletes the holder key if
 // and only if it is still this acquisition's, so a retried or late Release
-// never deletes a newer holder's key. If the delete fails, the Lease has
+// never deletes a newer holder's key. It is the clean release: it deletes
+// the acquisition's lock-delay marker in the same Txn (Store.ReleaseOn),
+// so the lease is free at once. If the delete fails, the Lease has
 // ended all the same; a retry deletes the key, or it expires with the
 // session. Releasing a lease that has already ended changes nothing in etcd
 // unless its key is still this acquisition's.
 func (l *Lease) Release(ctx context.Context) error {
 	l.sess.forget(l)
 	l.end(ErrReleased)
-	_, err := l.sess.store.Release(ctx, l.tok)
+	_, err := l.sess.store.ReleaseOn(ctx, l.tok, l.sess.id)
 	return err
 }
 
@@ -75,12 +77,38 @@ func (l *Lease) end(reason error) {
 	l.cancel(fmt.Errorf("%w (%w)", reason, token.ErrNotHeld))
 }
 
+// AcquireOption configures one acquisition (TryAcquire, Acquire).
+type AcquireOption func(*acquireOptions)
+
+type acquireOptions struct {
+	lockDelay time.Duration
+}
+
+// WithLockDelay sets the lock-delay of the acquisition, 0 (the default) to
+// MaxLockDelay: if the acquisition ends without a clean release by its
+// holder (Lease.Release), because its session expired or was closed, its
+// holder key was deleted, or someone released its token with
+// Store.Release, the lease cannot be acquired again until a delay of at
+// least d has passed on etcd's clock, counted from when the next acquirer
+// found the lease free. etcd enforces it: the acquiring Txn itself refuses
+// an acquisition before then. The delay is timed by an etcd lease, so it
+// is d rounded up to whole seconds and to etcd's minimum lease TTL, and
+// longer when etcd extends leases (after a leader change, say); it is
+// never shorter. Its cost: a lease whose holder crashed is unavailable
+// for the session's TTL plus the delay.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay = d }
+}
+
 // TryAcquire acquires lease name if it is free and returns at once
-// otherwise, with a *token.HeldError naming the current holder, or
+// otherwise: with a *token.HeldError naming the current holder, with a
+// *token.LockDelayError (token.ErrLockDelay) if the lease is free but the
+// lock-delay of its last acquisition has not passed (see WithLockDelay;
+// the first acquirer to find it so starts the delay), or with
 // ErrAlreadyHeld if this session holds name (until it has observed the
 // loss of that Lease). The acquisition and the epoch bump are one etcd Txn.
-func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
-	l, _, err := s.tryAcquire(ctx, name)
+func (s *Session) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lease, error) {
+	l, _, err := s.tryAcquire(ctx, name, opts...)
 	return l, err
 }
 
@@ -93,7 +121,11 @@ func (s *Session) TryAcquire(ctx context.Context, name string) (*Lease, error) {
 // yet. So the name is marked pending before the Txn, the watch keeps the
 // latest state it saw of a pending name's key, and registering the Lease
 // applies that state to it (see Session.observe).
-func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, error) {
+func (s *Session) tryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lease, int64, error) {
+	var o acquireOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := s.ctx.Err(); err != nil {
 		return nil, 0, s.Err()
 	}
@@ -106,7 +138,7 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 	if mine != nil {
 		return nil, 0, fmt.Errorf("%w: %s", ErrAlreadyHeld, mine.tok)
 	}
-	tok, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name)
+	tok, heldAt, err := s.store.acquire(ctx, s.id, s.holder, name, o.lockDelay)
 	if err != nil {
 		s.register(name, nil)
 		return nil, heldAt, err
@@ -125,38 +157,38 @@ func (s *Session) tryAcquire(ctx context.Context, name string) (*Lease, int64, e
 // The service's acquisition on etcd leases it keeps alive itself is
 // internal/acquireon's, not part of this package's API.
 func init() {
-	acquireon.TryAcquireOn = func(ctx context.Context, store any, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (token.Token, int64, error) {
-		return store.(*Store).acquire(ctx, id, holder, name, cond...)
+	acquireon.TryAcquireOn = func(ctx context.Context, store any, id clientv3.LeaseID, holder, name string, lockDelay time.Duration, cond ...clientv3.Cmp) (token.Token, int64, error) {
+		return store.(*Store).acquire(ctx, id, holder, name, lockDelay, cond...)
 	}
 }
 
 // acquire creates the holder key of name on etcd lease id and bumps the
-// epoch, in one Txn. It starts from the epoch the store last saw for name,
-// so that the common case is a single Txn; a wrong guess (another process
-// acquired name since) costs one more round trip.
-func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name string, cond ...clientv3.Cmp) (token.Token, int64, error) {
+// epoch, in one Txn, which also enforces the lock-delay of the acquisition
+// before (see delay.go) and records lockDelay for this one. It starts from
+// the epoch the store last saw for name and from no lock-delay marker, so
+// that the common case is a single Txn; a wrong guess (another process
+// acquired name since, or a marker is left) costs one more round trip.
+func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name string, lockDelay time.Duration, cond ...clientv3.Cmp) (token.Token, int64, error) {
 	if err := ValidateName("name", name); err != nil {
 		return token.Token{}, 0, err
 	}
-	hk, ek := s.holderKey(name), s.epochKey(name)
+	if err := validLockDelay(lockDelay); err != nil {
+		return token.Token{}, 0, err
+	}
+	hk, ek, dk, ck := s.holderKey(name), s.epochKey(name), s.delayKey(name), s.claimKey(name)
 	seen := s.epochs.get(name)
+	var mark delayMarker // guessed absent
 	for {
-		epoch := seen.value + 1
-		cmps := append([]clientv3.Cmp{
-			clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
-			clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
-		}, cond...)
-		resp, err := s.commit(ctx, cmps,
-			[]clientv3.Op{clientv3.OpPut(hk, holderkey.Encode(holderkey.Record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
-				clientv3.OpPut(ek, strconv.FormatUint(epoch, 10))},
-			[]clientv3.Op{clientv3.OpGet(hk), clientv3.OpGet(ek)})
+		cmps, then := s.acquireOps(id, holder, name, lockDelay, seen, mark, cond)
+		resp, err := s.commit(ctx, cmps, then,
+			[]clientv3.Op{clientv3.OpGet(hk), clientv3.OpGet(ek), clientv3.OpGet(dk), clientv3.OpGet(ck, clientv3.WithCountOnly())})
 		if err != nil {
 			return token.Token{}, 0, fmt.Errorf("etcdstore: acquire %q: %w", name, err)
 		}
 		if resp.Succeeded {
 			rev := resp.Header.Revision
-			s.epochs.put(name, epochSeen{value: epoch, modRev: rev})
-			return token.Token{Lease: name, Epoch: epoch, Revision: rev}, 0, nil
+			s.epochs.put(name, epochSeen{value: seen.value + 1, modRev: rev})
+			return token.Token{Lease: name, Epoch: seen.value + 1, Revision: rev}, 0, nil
 		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 			return token.Token{}, resp.Header.Revision, &token.HeldError{Lease: name, Holder: holderkey.Decode(kvs[0].Value).Holder}
@@ -169,12 +201,75 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 			}
 		}
 		s.epochs.put(name, now)
-		if now == seen {
-			// The lease is free and the epoch as guessed: cond failed.
+		var markNow delayMarker
+		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+			if markNow, err = decodeMarker(kvs[0].Value, kvs[0].ModRevision); err != nil {
+				return token.Token{}, 0, fmt.Errorf("acquire %q: %w", name, err)
+			}
+		}
+		claimed := resp.Responses[3].GetResponseRange().Count > 0
+		switch {
+		case markNow.present && markNow.claim == 0:
+			// The last acquisition ended without a clean release and
+			// nobody has started its delay yet: start it.
+			started, err := s.startDelay(ctx, name, markNow)
+			if err != nil {
+				return token.Token{}, 0, err
+			}
+			if started {
+				return token.Token{}, resp.Header.Revision, s.delayError(ctx, name, markNow)
+			}
+			seen, mark = now, delayMarker{} // read again
+			continue
+		case markNow.present && claimed:
+			return token.Token{}, resp.Header.Revision, s.delayError(ctx, name, markNow)
+		}
+		if now == seen && markNow == mark {
+			// The lease is free, the epoch and marker as guessed: cond failed.
 			return token.Token{}, 0, ErrCondition
 		}
-		seen = now // only the epoch differed from the guess: retry
+		seen, mark = now, markNow // only the guesses were wrong: retry
 	}
+}
+
+// acquireOps builds the acquiring Txn of name for holder on etcd lease id,
+// as guessed from the epoch seen and the lock-delay marker mark: it
+// commits only if the holder key is absent, the epoch key is at seen's
+// mod revision, and the marker is exactly mark (mod revision and value),
+// which must be absent or name a claim; a marker that names a claim also
+// requires the claim key to be absent, that is expired by etcd. A marker
+// that names no claim cannot be acquired over: the guard then requires a
+// claim that the marker does not name, which never holds. It bumps the
+// epoch, and writes the marker for lockDelay or deletes the one there.
+func (s *Store) acquireOps(id clientv3.LeaseID, holder, name string, lockDelay time.Duration, seen epochSeen, mark delayMarker, cond []clientv3.Cmp) ([]clientv3.Cmp, []clientv3.Op) {
+	hk, ek, dk, ck := s.holderKey(name), s.epochKey(name), s.delayKey(name), s.claimKey(name)
+	epoch := seen.value + 1
+	cmps := append([]clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
+		clientv3.Compare(clientv3.ModRevision(dk), "=", mark.modRev),
+	}, cond...)
+	if mark.present {
+		// The delay has passed: its claim was started (the marker names
+		// it) and etcd has expired it. An unstarted delay never passes.
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.Value(dk), "=", encodeMarker(mark.delay, mark.claim)),
+			clientv3.Compare(clientv3.Version(ck), "=", 0))
+		if mark.claim == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.Version(ck), ">", 0))
+		}
+	}
+	then := []clientv3.Op{
+		clientv3.OpPut(hk, holderkey.Encode(holderkey.Record{Holder: holder, Epoch: epoch}), clientv3.WithLease(id)),
+		clientv3.OpPut(ek, strconv.FormatUint(epoch, 10)),
+	}
+	switch {
+	case lockDelay > 0:
+		then = append(then, clientv3.OpPut(dk, encodeMarker(lockDelay, 0)))
+	case mark.present:
+		then = append(then, clientv3.OpDelete(dk))
+	}
+	return cmps, then
 }
 
 // epochSeen is the last value and mod revision of an epoch key that the
@@ -211,14 +306,15 @@ func (g *epochGuesses) put(name string, e epochSeen) {
 	g.seen[name] = e
 }
 
-// Acquire acquires lease name, waiting while another holder has it. It
-// returns when acquired, or with ctx's error when ctx ends first, or with
-// the session's error if the session ends. Waiters are not queued: when a
-// holder key is deleted, all waiters race for it.
-func (s *Session) Acquire(ctx context.Context, name string) (*Lease, error) {
+// Acquire acquires lease name, waiting while another holder has it and
+// while the lock-delay of its last acquisition runs. It returns when
+// acquired, or with ctx's error when ctx ends first, or with the session's
+// error if the session ends. Waiters are not queued: when a holder key is
+// deleted or a delay ends, all waiters race for the lease.
+func (s *Session) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lease, error) {
 	for {
-		l, seenAt, err := s.tryAcquire(ctx, name)
-		if !errors.Is(err, token.ErrHeldByAnother) {
+		l, seenAt, err := s.tryAcquire(ctx, name, opts...)
+		if !errors.Is(err, token.ErrHeldByAnother) && !errors.Is(err, token.ErrLockDelay) {
 			return l, err
 		}
 		if err := s.waitFree(ctx, name, seenAt); err != nil {
@@ -240,8 +336,9 @@ func (s *Session) waitFree(ctx context.Context, name string, rev int64) error {
 	return err
 }
 
-// WaitFree waits until the holder key of lease name is deleted after
-// revision rev (as returned with a *token.HeldError), or until that
+// WaitFree waits until the holder key of lease name, or the claim that
+// times its lock-delay, is deleted after revision rev (as returned with a
+// *token.HeldError or *token.LockDelayError), or until that
 // revision has been compacted away, when the caller should simply try
 // again. When the watch breaks otherwise (etcd lost its leader, say) it
 // watches again from the same revision, with backoff (50 ms doubling to
@@ -267,34 +364,39 @@ func (s *Store) WaitFree(ctx context.Context, name string, rev int64) error {
 	}
 }
 
-// watchDelete watches name's holder key from after rev until it is
-// deleted or rev is compacted (done), ctx ends (its error), or the watch
+// watchDelete watches name's holder key and lock-delay claim from after
+// rev until one is deleted or rev is compacted (done), ctx ends (its error), or the watch
 // breaks (neither). Once etcd has accepted the watch, retry starts over.
 func (s *Store) watchDelete(ctx context.Context, name string, rev int64, retry backoff.BackOff) (done bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := s.cli.Watch(wctx, s.holderKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	cch := s.cli.Watch(wctx, s.claimKey(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	for {
+		var resp clientv3.WatchResponse
+		var ok bool
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
-		case resp, ok := <-wch:
-			switch {
-			case ctx.Err() != nil:
-				return false, ctx.Err()
-			case !ok:
-				return false, nil
-			case resp.CompactRevision != 0:
+		case resp, ok = <-cch:
+			resp.Created = false // only the holder key's watch resets retry
+		case resp, ok = <-wch:
+		}
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case !ok:
+			return false, nil
+		case resp.CompactRevision != 0:
+			return true, nil
+		case resp.Err() != nil:
+			return false, nil
+		case resp.Created:
+			retry.Reset()
+		}
+		for _, ev := range resp.Events {
+			if ev.Type == mvccpb.DELETE {
 				return true, nil
-			case resp.Err() != nil:
-				return false, nil
-			case resp.Created:
-				retry.Reset()
-			}
-			for _, ev := range resp.Events {
-				if ev.Type == mvccpb.DELETE {
-					return true, nil
-				}
 			}
 		}
 	}

@@ -12,7 +12,7 @@ import (
 
 // layoutDirs are the key spaces a Store keeps under its prefix; a key
 // under prefix+dir for any of them shows that a deployment uses prefix.
-var layoutDirs = []string{"leases/", "epochs/", "fences/", "owners/"}
+var layoutDirs = []string{"leases/", "epochs/", "fences/", "owners/", "delays/"}
 
 // NestedPrefixError reports a prefix that lies inside the key space of
 // another deployment found in etcd: that deployment's guarded writes of its
@@ -22,7 +22,7 @@ type NestedPrefixError struct {
 	// Prefix is the prefix that was refused.
 	Prefix string
 	// Outer is the other deployment's prefix, a proper ancestor of Prefix
-	// under which etcd holds a lease, epoch, fence or owner key.
+	// under which etcd holds a lease, epoch, fence, owner or lock-delay key.
 	Outer string
 }
 
@@ -34,7 +34,7 @@ func (e *NestedPrefixError) Error() string {
 // data or owner key space of another deployment: if, for a proper ancestor
 // A of prefix at a "/" boundary (for "/a/data/b/": "/" and "/a/"), prefix
 // begins with A+"data/" or A+"owners/", and etcd holds a Store's layout
-// under A, that is any key under its leases/, epochs/, fences/ or owners/.
+// under A, that is any key under its leases/, epochs/, fences/, owners/ or delays/.
 // Those are the key spaces whose keys A's clients choose; a prefix under
 // A's other key spaces (or beside them) is not written by A and is not
 // refused. It reads only key counts, and only what cli's etcd user may

@@ -154,7 +154,10 @@ func (s *Session) Err() error {
 }
 
 // Close releases every lease the session holds, revokes its etcd lease so
-// that nothing it held outlives it, and stops its goroutines. ctx bounds
+// that nothing it held outlives it, and stops its goroutines. Ending
+// leases this way is not a clean release: a lease acquired with a
+// lock-delay (WithLockDelay) stays unavailable for its delay; release it
+// with Lease.Release first to free it at once. ctx bounds
 // the release and revoke; the goroutines stop regardless. Close is
 // idempotent; after the first call it returns nil.
 func (s *Session) Close(ctx context.Context) error {

@@ -610,7 +610,7 @@ func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
 	require.NoError(t, err)
 	acquire := func(s *etcdstore.Store) token.Token {
 		t.Helper()
-		tok, _, err := acquireon.TryAcquireOn(ctx, s, grant.ID, "holder", "known")
+		tok, _, err := acquireon.TryAcquireOn(ctx, s, grant.ID, "holder", "known", 0)
 		require.NoError(t, err)
 		_, err = s.Release(ctx, tok)
 		require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -107,6 +108,16 @@ func userMessage(err error) string {
 		}
 		return fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
 	}
+	if delay, ok := errors.AsType[*token.LockDelayError](err); ok {
+		msg := fmt.Sprintf("lease %q is in its lock-delay", delay.Lease)
+		if delay.Delay > 0 {
+			msg += " of " + delay.Delay.String()
+		}
+		if delay.Remaining > 0 {
+			msg += fmt.Sprintf(" (about %s left)", delay.Remaining)
+		}
+		return msg + ": its last holder did not release it cleanly, so it cannot be acquired until the delay has passed"
+	}
 	if foreign, ok := errors.AsType[*token.ForeignLeaseError](err); ok {
 		owner := fmt.Sprintf("lease %q", foreign.Got)
 		if foreign.Got == anotherPrincipalsLease {
@@ -138,6 +149,7 @@ func classify(err error) (codes.Code, string, map[string]string) {
 	var (
 		stale     *token.StaleError
 		held      *token.HeldError
+		delay     *token.LockDelayError
 		foreign   *token.ForeignLeaseError
 		malformed *token.MalformedError
 		arg       *token.ArgumentError
@@ -156,6 +168,15 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		return codes.FailedPrecondition, fencerv1.ReasonStaleToken, md
 	case errors.As(err, &held):
 		return codes.FailedPrecondition, fencerv1.ReasonHeldByAnother, map[string]string{"lease": held.Lease, "holder": held.Holder}
+	case errors.As(err, &delay):
+		md := map[string]string{"lease": delay.Lease}
+		if delay.Delay > 0 {
+			md["delay_ms"] = strconv.FormatInt(delay.Delay.Milliseconds(), 10)
+		}
+		if delay.Remaining > 0 {
+			md["remaining_ms"] = strconv.FormatInt(delay.Remaining.Milliseconds(), 10)
+		}
+		return codes.FailedPrecondition, fencerv1.ReasonLockDelay, md
 	case errors.As(err, &foreign):
 		return codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": foreign.Want, "got": foreign.Got}
 	case errors.Is(err, token.ErrNotHeld):

@@ -42,7 +42,7 @@ func (r *hubRig) session() clientv3.LeaseID {
 // hold acquires leases names on session id.
 func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
 	for _, name := range names {
-		_, _, err := acquireon.TryAcquireOn(etcdtest.Context(r.t), r.st, id, "holder", name)
+		_, _, err := acquireon.TryAcquireOn(etcdtest.Context(r.t), r.st, id, "holder", name, 0)
 		require.NoError(r.t, err)
 	}
 }

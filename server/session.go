@@ -63,7 +63,7 @@ func (s *Server) Acquire(ctx context.Context, req *fencerv1.AcquireRequest) (*fe
 		}
 	}
 	keepAlive := ttl // a session this call opened is kept alive while Acquire waits
-	tok, err := s.acquire(ctx, id, p, req.GetName(), req.GetWait(), keepAlive)
+	tok, err := s.acquire(ctx, id, p, req.GetName(), time.Duration(req.GetLockDelaySeconds())*time.Second, req.GetWait(), keepAlive)
 	if err != nil {
 		if keepAlive > 0 {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -102,13 +102,13 @@ var acquiredHook func(token.Token)
 // acquire takes lease name for session id of principal through
 // etcdstore's acquisition Txn, with the further condition that the session
 // is the principal's. With wait it waits for the holder key's deletion and
-// tries again; keepAlive > 0 renews the session meanwhile (for a session the
+// tries again (and waits out a lock-delay the same way); keepAlive > 0 renews the session meanwhile (for a session the
 // call opened, whose client cannot renew it yet).
-func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, name string, wait bool, keepAlive int64) (token.Token, error) {
+func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, name string, lockDelay time.Duration, wait bool, keepAlive int64) (token.Token, error) {
 	holder := holderName(principal, id)
 	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
 	for {
-		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, mine)
+		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, lockDelay, mine)
 		switch {
 		case err == nil:
 			s.owners.put(tok, holder)
@@ -122,7 +122,7 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 				continue // the session changed hands and back: try again
 			}
 			return token.Token{}, err
-		case !wait || !errors.Is(err, token.ErrHeldByAnother):
+		case !wait || !errors.Is(err, token.ErrHeldByAnother) && !errors.Is(err, token.ErrLockDelay):
 			return token.Token{}, err
 		}
 		if err := s.waitFree(ctx, name, heldAt, id, keepAlive); err != nil {
@@ -291,8 +291,18 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 	} else if err != nil {
 		return nil, err
 	}
+	release := s.store.Release
+	if id := clientv3.LeaseID(req.GetHolderSessionId()); id != 0 {
+		// The holder's clean release: it skips the lock-delay.
+		if _, err := s.checkSession(ctx, id, p); errors.Is(err, ErrSessionNotFound) {
+			return &fencerv1.ReleaseResponse{}, nil // its holder keys went with it
+		} else if err != nil {
+			return nil, err
+		}
+		release = func(ctx context.Context, tok token.Token) (bool, error) { return s.store.ReleaseOn(ctx, tok, id) }
+	}
 	undo := s.releasing.mark(tok.String())
-	released, err := s.store.Release(ctx, tok)
+	released, err := release(ctx, tok)
 	if !released {
 		undo() // a release that may have committed is then recorded as a loss too
 	}

@@ -15,6 +15,9 @@ import (
 const (
 	// MaxTTLSeconds is the longest session TTL a client may ask for.
 	MaxTTLSeconds = 3600
+	// MaxLockDelaySeconds is the longest lock-delay a client may ask for
+	// (etcdstore.MaxLockDelay).
+	MaxLockDelaySeconds = 3600
 	// DefaultTTLSeconds is the TTL of a session opened with ttl_seconds 0.
 	DefaultTTLSeconds = 10
 	// MaxTxnCompares is the most compares a Txn may carry.
@@ -95,6 +98,9 @@ func validateAcquire(r *fencerv1.AcquireRequest) error {
 	case ttl < 0 || ttl > MaxTTLSeconds:
 		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
 	}
+	if d := r.GetLockDelaySeconds(); d < 0 || d > MaxLockDelaySeconds {
+		return invalidArg("lock_delay_seconds", strconv.FormatInt(d, 10), "must be 0 to "+strconv.Itoa(MaxLockDelaySeconds))
+	}
 	return nil
 }
 
@@ -108,8 +114,16 @@ func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
 func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
 	switch t := r.GetTarget().(type) {
 	case *fencerv1.ReleaseRequest_Token:
+		if id := r.GetHolderSessionId(); id != 0 {
+			if err := validateSessionID("holder_session_id", id); err != nil {
+				return token.Token{}, err
+			}
+		}
 		return parseToken("token", t.Token)
 	case *fencerv1.ReleaseRequest_SessionId:
+		if id := r.GetHolderSessionId(); id != 0 {
+			return token.Token{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
+		}
 		return token.Token{}, validateSessionID("session_id", t.SessionId)
 	default:
 		return token.Token{}, invalidArg("target", "", "one of token or session_id is required")

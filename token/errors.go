@@ -3,6 +3,7 @@ package token
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors. Match them with errors.Is; the struct errors below wrap
@@ -22,7 +23,43 @@ var (
 	ErrForeignLease = errors.New("token: foreign lease")
 	// ErrMalformed means a token or its text or annotation form is invalid.
 	ErrMalformed = errors.New("token: malformed")
+	// ErrLockDelay means the lease is free but inside its lock-delay: its
+	// last acquisition ended without a clean release by its holder
+	// (expiry, a deleted holder record, a release by someone else), and
+	// the store refuses a new acquisition until the delay has passed on
+	// the store's clock. It is distinct from ErrHeldByAnother: nobody
+	// holds the lease.
+	ErrLockDelay = errors.New("token: lease in lock-delay")
 )
+
+// LockDelayError reports a free lease whose lock-delay has not passed. It
+// wraps ErrLockDelay.
+type LockDelayError struct {
+	// Lease is the lease that may not be acquired yet.
+	Lease string
+	// Delay is the lock-delay set by the acquisition that ended, when
+	// known; 0 when unknown.
+	Delay time.Duration
+	// Remaining is an estimate of how long the delay still runs, read from
+	// the store when the error was made; 0 when unknown. The store decides
+	// when it ends, not this estimate.
+	Remaining time.Duration
+}
+
+// Error describes the error for people; match it with errors.Is or errors.As, never by its text.
+func (e *LockDelayError) Error() string {
+	msg := fmt.Sprintf("token: lease %q in lock-delay", e.Lease)
+	if e.Delay > 0 {
+		msg += fmt.Sprintf(" of %s", e.Delay)
+	}
+	if e.Remaining > 0 {
+		msg += fmt.Sprintf(", about %s left", e.Remaining)
+	}
+	return msg + ": its last holder did not release it cleanly"
+}
+
+// Unwrap returns ErrLockDelay.
+func (e *LockDelayError) Unwrap() error { return ErrLockDelay }
 
 // StaleError reports a token that has been superseded. It wraps ErrStale.
 type StaleError struct {

@@ -57,7 +57,14 @@ the gaps that remain):
     its own clock, fed by fencer's heartbeats after each renewal, and
     acquire exits 9 once it runs again. If the watchdog dies, fencer kills
     the group, releases the lease and exits 10;
-  - when CMD exits, what it left running in its process group is killed.
+  - when CMD exits, what it left running in its process group is killed;
+  - the lease is acquired with a lock-delay, --grace + 1s unless
+    --lock-delay says otherwise: if it ends other than by this acquire's
+    own release (its token released by another process, its holder key
+    deleted, its session expired), the store refuses it to every acquirer
+    until the delay has passed, so CMD's grace ends before a successor's
+    CMD can start. While a lease is in its lock-delay, acquire waits it
+    out, as it waits for a holder (--wait=false: exit code 5).
 When standard input is the terminal, CMD runs in the foreground, so
 interactive commands and commands that read standard input work.
 
@@ -66,6 +73,7 @@ Otherwise acquire exits with CMD's exit status (128+N if signal N ended it).`
 // acquireFlags are acquire's own flags.
 type acquireFlags struct {
 	ttl, waitTimeout, grace time.Duration
+	lockDelay               time.Duration
 	reconnectTimeout        time.Duration // how long an unreachable server is retried
 	wait                    bool
 }
@@ -101,6 +109,13 @@ func (a *app) acquireCmd() *cobra.Command {
 			if !cmd.Flags().Changed("grace") {
 				f.grace = f.ttl / 4
 			}
+			if !cmd.Flags().Changed("lock-delay") {
+				// A --grace out of range is refused with its own message.
+				f.lockDelay = min(max(f.grace, 0)+lockDelayMargin, time.Hour)
+			}
+			if f.lockDelay < 0 || f.lockDelay > time.Hour {
+				return usagef("--lock-delay %s is out of range: give 0 (none) to 1h", f.lockDelay)
+			}
 			return a.acquire(cmd.Context(), f, &out, args[0], args[1:])
 		},
 	}
@@ -111,12 +126,19 @@ func (a *app) acquireCmd() *cobra.Command {
 	fs.BoolVar(&f.wait, "wait", true, "wait while another holder holds the lease (false: fail at once, exit code 5)")
 	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 while the lease is held (0: wait for ever)")
 	fs.DurationVar(&f.grace, "grace", 0, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL; less than 2/3 of --ttl, less 200ms (default --ttl/4)")
+	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "after the lease ends other than by this acquire's release, how long the store refuses it to every acquirer (whole seconds, rounded up; 0: none; default --grace + 1s)")
 	reconnectFlag(fs, &f.reconnectTimeout)
 	envFlag(fs, "ttl", "FENCER_TTL")
+	envFlag(fs, "lock-delay", "FENCER_LOCK_DELAY")
 	envFlag(fs, "wait-timeout", "FENCER_WAIT_TIMEOUT")
 	envFlag(fs, "grace", "FENCER_GRACE")
 	return cmd
 }
+
+// lockDelayMargin is what the default --lock-delay adds to --grace: time
+// for the SIGKILL that ends CMD's grace to take effect, and for fencer to
+// notice the loss (the server's watch) after the lease ended.
+const lockDelayMargin = time.Second
 
 // killMargin is how long before the lease's local deadline the SIGKILL
 // that ends CMD's grace goes out, after a failed renewal: time for the
@@ -234,24 +256,30 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 	defer down.stop()
 	retry := &backoff.ExponentialBackOff{InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 2 * time.Second}
 	var holder string
+	delayed := false // the server last said the lease is in its lock-delay
 	reached := false // the server answered once
 	var last error   // the last call's error, while the server cannot be reached
 	for {
 		tctx, tcancel := context.WithTimeout(octx, a.conn.timeout)
-		lease, err := sess.TryAcquire(tctx, name)
+		lease, err := sess.TryAcquire(tctx, name, client.WithLockDelay(f.lockDelay))
 		tcancel()
 		var held *token.HeldError
+		var delay *token.LockDelayError
 		waited := false // the waiting Acquire's only deadline is wctx's: the server answered, so octx's bound is off
-		if errors.As(err, &held) && f.wait {
+		if (errors.As(err, &held) || errors.As(err, &delay)) && f.wait {
 			waited, reached = true, true
 			down.answered()
 			last = nil
 			retry.Reset()
-			if held.Holder != holder {
-				holder = held.Holder
+			switch {
+			case held != nil && held.Holder != holder:
+				holder, delayed = held.Holder, false
 				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s, held by %s\n", name, holder)
+			case delay != nil && !delayed:
+				holder, delayed = "", true
+				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s: %s\n", name, lockDelayText(delay))
 			}
-			lease, err = sess.Acquire(octx, name)
+			lease, err = sess.Acquire(octx, name, client.WithLockDelay(f.lockDelay))
 		}
 		switch {
 		case err == nil:
@@ -275,6 +303,8 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 			msg := fmt.Sprintf("gave up waiting for %s after --wait-timeout %s", name, f.waitTimeout)
 			if holder != "" {
 				msg += ", held by " + holder
+			} else if delayed {
+				msg += ", in its lock-delay"
 			}
 			return nil, &exitStatus{code: exitHeld, msg: msg}
 		case wctx.Err() == nil:

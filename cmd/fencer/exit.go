@@ -108,6 +108,7 @@ func describe(err error, server string, tls bool) failure {
 		exit      *exitStatus
 		stale     *token.StaleError
 		held      *token.HeldError
+		delay     *token.LockDelayError
 		foreign   *token.ForeignLeaseError
 		malformed *token.MalformedError
 		arg       *etcdstore.ArgumentError
@@ -136,6 +137,8 @@ func describe(err error, server string, tls bool) failure {
 			msg = fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
 		}
 		return failure{exitHeld, msg}
+	case errors.As(err, &delay):
+		return failure{exitHeld, lockDelayText(delay)}
 	case errors.As(err, &foreign):
 		return failure{exitForeign, fmt.Sprintf("foreign lease: the key belongs to lease %q, not %q; nothing was written (--take-over takes it over)", foreign.Got, foreign.Want)}
 	case errors.As(err, &malformed):
@@ -182,4 +185,16 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitError, fmt.Sprintf("fencer at %s failed the call (%s)", server, strings.ToLower(code.String()))}
 	}
 	return failure{exitError, err.Error()}
+}
+
+// lockDelayText says for people that a lease is in its lock-delay.
+func lockDelayText(e *token.LockDelayError) string {
+	msg := fmt.Sprintf("lease %q is in its lock-delay", e.Lease)
+	if e.Delay > 0 {
+		msg += " of " + e.Delay.String()
+	}
+	if e.Remaining > 0 {
+		msg += fmt.Sprintf(" (about %s left)", e.Remaining)
+	}
+	return msg + ": its last holder did not release it cleanly, so nobody can acquire it until the delay has passed"
 }

@@ -409,6 +409,8 @@ func TestRedTeamCLIBadTTLAndGrace(t *testing.T) {
 		{nil, []string{"--ttl", "10s", "--grace", "7s"}, noFit},
 		{[]string{"FENCER_GRACE=2s"}, []string{"--ttl", "2s"}, noFit},
 		{[]string{"FENCER_GRACE=abc"}, nil, "FENCER_GRACE"},
+		{nil, []string{"--lock-delay", "-1s"}, "--lock-delay -1s is out of range"},
+		{[]string{"FENCER_LOCK_DELAY=2h"}, nil, "--lock-delay 2h0m0s is out of range"},
 	} {
 		mark := filepath.Join(t.TempDir(), "ran")
 		args := append(append([]string{"acquire"}, tc.flags...), "bad-"+strconv.Itoa(i), "--", "sh", "-c", "touch "+mark)

@@ -22,6 +22,7 @@ from fencer.errors import (
     HeldError,
     InvalidArgumentError,
     InvalidTokenError,
+    LockDelayError,
     NotHeldError,
     PermissionDeniedError,
     SessionNotFoundError,
@@ -33,7 +34,7 @@ from fencer.errors import (
 
 __all__ = [
     "Client", "Lease", "TxnResult",
-    "FencerError", "StaleError", "HeldError", "WaitTimeoutError", "ForeignLeaseError", "NotHeldError",
+    "FencerError", "StaleError", "HeldError", "WaitTimeoutError", "ForeignLeaseError", "NotHeldError", "LockDelayError",
     "InvalidTokenError", "InvalidArgumentError", "SessionNotFoundError",
     "PermissionDeniedError", "UnauthenticatedError", "UnavailableError",
 ]

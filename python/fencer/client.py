@@ -18,6 +18,7 @@ every lease is marked lost.
 Errors are the exceptions of fencer.errors (StaleError, HeldError, ...).
 """
 
+import math
 import os
 import queue
 import random
@@ -78,7 +79,7 @@ class Lease:
         never ends a newer holder's lease), and marks it lost."""
         self._lose("released")
         self._client._forget(self)
-        self._client.release(self.token)
+        self._client._release_held(self.token)
 
     def __enter__(self):
         return self
@@ -207,15 +208,29 @@ class Client:
         returns whether something was released."""
         return self._call(self._stub.Release, fencer_pb2.ReleaseRequest(token=token)).released
 
+    def _release_held(self, token):
+        """Releases token as its holder, from the session that holds it: a
+        clean release, which skips the lease's lock-delay."""
+        req = fencer_pb2.ReleaseRequest(token=token, holder_session_id=self._session_id or 0)
+        return self._call(self._stub.Release, req).released
+
     # -- leases --------------------------------------------------------
 
-    def acquire(self, name, wait=True, timeout=None):
+    def acquire(self, name, wait=True, timeout=None, lock_delay=0):
         """Acquires lease name through the session and returns its Lease (a
         context manager that releases it). While another holder has it,
         acquire waits as python-etcd3's Lock.acquire does: with
         timeout=None until the lease is free, else up to timeout seconds
         (0 or more), then raises WaitTimeoutError, a HeldError. With
         wait=False it raises HeldError at once. Waiters are not queued.
+
+        lock_delay (seconds, 0 to 3600, rounded up to whole seconds) is the
+        acquisition's lock-delay: if it ends other than by Lease.release
+        (the session expired, the holder key was deleted, another caller
+        released the token), the server refuses the lease to everyone until
+        that long has passed on etcd's clock. A lease in such a delay is
+        waited for like a held one; with wait=False acquire raises
+        LockDelayError.
 
         The first attempt does not wait and is bounded by the client's
         per-call timeout, so an unreachable server raises UnavailableError
@@ -230,23 +245,25 @@ class Client:
         (10 s, then 5 s for the ping's answer)."""
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None (wait for ever) or 0 or more seconds")
+        if not 0 <= lock_delay <= 3600:
+            raise ValueError("lock_delay must be 0 to 3600 seconds")
         if self._closed.is_set():
             raise errors.SessionNotFoundError("the client is closed")
         if self._session_end is not None:
             raise self._session_end
         if self._session_id:
-            return self._acquire(name, wait, timeout, self._session_id)
+            return self._acquire(name, wait, timeout, self._session_id, lock_delay)
         with self._open:
-            return self._acquire(name, wait, timeout, self._session_id)
+            return self._acquire(name, wait, timeout, self._session_id, lock_delay)
 
-    def _acquire(self, name, wait, timeout, sid):
+    def _acquire(self, name, wait, timeout, sid, lock_delay=0):
         start = sent = time.monotonic()
-        req = fencer_pb2.AcquireRequest(name=name, session_id=sid)
+        req = fencer_pb2.AcquireRequest(name=name, session_id=sid, lock_delay_seconds=int(math.ceil(lock_delay)))
         if sid == 0:
             req.ttl_seconds = self.ttl
         try:
             resp = self._call(self._stub.Acquire, req)
-        except errors.HeldError as held:
+        except (errors.HeldError, errors.LockDelayError) as held:
             if not wait:
                 raise
             req.wait = True

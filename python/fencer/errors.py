@@ -16,6 +16,7 @@ DOMAIN = "fencer.dev"
 STALE_TOKEN = "STALE_TOKEN"
 LEASE_NOT_HELD = "LEASE_NOT_HELD"
 HELD_BY_ANOTHER = "HELD_BY_ANOTHER"
+LOCK_DELAY = "LOCK_DELAY"
 FOREIGN_LEASE = "FOREIGN_LEASE"
 INVALID_TOKEN = "INVALID_TOKEN"
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -120,6 +121,22 @@ class HeldError(FencerError):
         return self.metadata.get("holder", "")
 
 
+class LockDelayError(FencerError):
+    """The lease is free but inside the lock-delay of its last acquisition,
+    which ended without its holder's clean release; it cannot be acquired
+    until the delay has passed on the store's clock."""
+
+    @property
+    def lease(self):
+        return self.metadata.get("lease", "")
+
+    @property
+    def remaining_ms(self):
+        """The delay's remaining time in ms when the server knew it, else None."""
+        v = self.metadata.get("remaining_ms")
+        return int(v) if v else None
+
+
 class WaitTimeoutError(HeldError):
     """Client.acquire waited its timeout for a lease another holder held,
     and gave up. lease and holder are as the server first reported them."""
@@ -129,8 +146,10 @@ class WaitTimeoutError(HeldError):
         """Returns the WaitTimeoutError of a wait of timeout seconds that
         began with HeldError held."""
         msg = "gave up waiting for lease %s after %gs" % (json.dumps(held.lease, ensure_ascii=False), timeout)
-        if held.holder:
+        if getattr(held, "holder", ""):
             msg += ", held by " + held.holder
+        elif isinstance(held, LockDelayError):
+            msg += ", in its lock-delay"
         return cls(msg, reason=held.reason, code="DEADLINE_EXCEEDED", metadata=held.metadata)
 
 
@@ -173,6 +192,7 @@ class UnavailableError(FencerError):
 _BY_REASON = {
     STALE_TOKEN: StaleError,
     HELD_BY_ANOTHER: HeldError,
+    LOCK_DELAY: LockDelayError,
     FOREIGN_LEASE: ForeignLeaseError,
     LEASE_NOT_HELD: NotHeldError,
     INVALID_TOKEN: InvalidTokenError,

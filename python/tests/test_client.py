@@ -108,6 +108,22 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(cm.exception.holder)
             self.assertEqual(str(cm.exception), 'lease "%s" is held by %s' % (lease_name, cm.exception.holder))
 
+    def test_lock_delay(self):
+        lease_name = name("delay")
+        # The holder's own release is clean: the lease is free at once.
+        self.a.acquire(lease_name, lock_delay=2).release()
+        lease = self.b.acquire(lease_name, wait=False, lock_delay=2)
+        # Released by token from another client: the delay applies.
+        self.assertTrue(self.a.release(lease.token))
+        with self.assertRaises(fencer.LockDelayError) as cm:
+            self.a.acquire(lease_name, wait=False)
+        self.assertNotIsInstance(cm.exception, fencer.HeldError)
+        self.assertEqual(cm.exception.lease, lease_name)
+        start = time.monotonic()
+        again = self.a.acquire(lease_name, timeout=15)  # waits the delay out
+        self.assertGreaterEqual(time.monotonic() - start, 0.5)
+        again.release()
+
     def test_acquire_gives_up_after_timeout_as_held(self):
         lease_name = name("wait-timeout")
         with self.a.acquire(lease_name) as held:

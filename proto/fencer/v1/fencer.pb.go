@@ -235,10 +235,21 @@ type AcquireRequest struct {
 	TtlSeconds int64 `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
 	// wait makes Acquire wait while another holder holds the lease, until the
 	// lease is free or the call's deadline passes. Without it Acquire fails at
-	// once with HELD_BY_ANOTHER.
-	Wait          bool `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// once with HELD_BY_ANOTHER (or LOCK_DELAY).
+	Wait bool `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	// lock_delay_seconds is this acquisition's lock-delay, 0 to 3600 seconds;
+	// 0 means none. If the acquisition ends other than by its holder's clean
+	// release (a Release of its token with holder_session_id set to its
+	// session), that is when its session expires or is revoked, its holder
+	// key is deleted, or its token is released by another caller, the lease
+	// cannot be acquired again until at least this long has passed on etcd's
+	// clock, counted from when the next acquirer found the lease free. etcd
+	// enforces it in the acquiring transaction, whoever acquires. The cost:
+	// the lease of a holder that crashed is unavailable for its session's TTL
+	// plus the delay.
+	LockDelaySeconds int64 `protobuf:"varint,5,opt,name=lock_delay_seconds,json=lockDelaySeconds,proto3" json:"lock_delay_seconds,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AcquireRequest) Reset() {
@@ -297,6 +308,13 @@ func (x *AcquireRequest) GetWait() bool {
 		return x.Wait
 	}
 	return false
+}
+
+func (x *AcquireRequest) GetLockDelaySeconds() int64 {
+	if x != nil {
+		return x.LockDelaySeconds
+	}
+	return 0
 }
 
 // AcquireResponse describes one acquisition.
@@ -488,9 +506,16 @@ type ReleaseRequest struct {
 	//
 	//	*ReleaseRequest_Token
 	//	*ReleaseRequest_SessionId
-	Target        isReleaseRequest_Target `protobuf_oneof:"target"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Target isReleaseRequest_Target `protobuf_oneof:"target"`
+	// holder_session_id, with token, names the caller's session that holds
+	// the token, making the release clean: the holder key is deleted only if
+	// it is attached to that session, and the lease's lock-delay marker is
+	// deleted with it, so the lease is free at once. It must belong to the
+	// caller. 0 releases the token as anyone holding it may, and the lease's
+	// lock-delay, if its acquisition set one, still applies.
+	HolderSessionId int64 `protobuf:"varint,3,opt,name=holder_session_id,json=holderSessionId,proto3" json:"holder_session_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
@@ -548,6 +573,13 @@ func (x *ReleaseRequest) GetSessionId() int64 {
 	return 0
 }
 
+func (x *ReleaseRequest) GetHolderSessionId() int64 {
+	if x != nil {
+		return x.HolderSessionId
+	}
+	return 0
+}
+
 type isReleaseRequest_Target interface {
 	isReleaseRequest_Target()
 }
@@ -559,7 +591,8 @@ type ReleaseRequest_Token struct {
 
 type ReleaseRequest_SessionId struct {
 	// session_id revokes a session of the caller's, ending every lease held
-	// through it at once.
+	// through it at once. That is not a clean release: leases acquired with
+	// a lock-delay stay unavailable for their delay.
 	SessionId int64 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3,oneof"`
 }
 
@@ -2270,14 +2303,15 @@ var File_fencer_v1_fencer_proto protoreflect.FileDescriptor
 
 const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\n" +
-	"\x16fencer/v1/fencer.proto\x12\tfencer.v1\"x\n" +
+	"\x16fencer/v1/fencer.proto\x12\tfencer.v1\"\xa6\x01\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\x03R\tsessionId\x12\x1f\n" +
 	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
 	"ttlSeconds\x12\x12\n" +
-	"\x04wait\x18\x04 \x01(\bR\x04wait\"\x7f\n" +
+	"\x04wait\x18\x04 \x01(\bR\x04wait\x12,\n" +
+	"\x12lock_delay_seconds\x18\x05 \x01(\x03R\x10lockDelaySeconds\"\x7f\n" +
 	"\x0fAcquireResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x03R\tsessionId\x12\x1f\n" +
@@ -2292,11 +2326,12 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x03R\tsessionId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
-	"ttlSeconds\"S\n" +
+	"ttlSeconds\"\x7f\n" +
 	"\x0eReleaseRequest\x12\x16\n" +
 	"\x05token\x18\x01 \x01(\tH\x00R\x05token\x12\x1f\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\x03H\x00R\tsessionIdB\b\n" +
+	"session_id\x18\x02 \x01(\x03H\x00R\tsessionId\x12*\n" +
+	"\x11holder_session_id\x18\x03 \x01(\x03R\x0fholderSessionIdB\b\n" +
 	"\x06target\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"$\n" +

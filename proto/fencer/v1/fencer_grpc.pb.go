@@ -61,8 +61,10 @@ type FencerServiceClient interface {
 	// opens a new session (an etcd lease with ttl_seconds) bound to the
 	// caller's principal; otherwise it acquires through the caller's existing
 	// session. When the lease is held by another holder it fails with
-	// HELD_BY_ANOTHER, unless wait is set, in which case it waits until the
-	// lease is free or the call's deadline passes. Waiters are not queued.
+	// HELD_BY_ANOTHER, and when it is free but inside the lock-delay of its
+	// last acquisition with LOCK_DELAY, unless wait is set, in which case it
+	// waits until the lease is free and its delay has passed, or the call's
+	// deadline passes. Waiters are not queued.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
 	// KeepAlive renews sessions. Each request renews one session and is
 	// answered by one response carrying the TTL etcd granted. The stream ends
@@ -280,8 +282,10 @@ type FencerServiceServer interface {
 	// opens a new session (an etcd lease with ttl_seconds) bound to the
 	// caller's principal; otherwise it acquires through the caller's existing
 	// session. When the lease is held by another holder it fails with
-	// HELD_BY_ANOTHER, unless wait is set, in which case it waits until the
-	// lease is free or the call's deadline passes. Waiters are not queued.
+	// HELD_BY_ANOTHER, and when it is free but inside the lock-delay of its
+	// last acquisition with LOCK_DELAY, unless wait is set, in which case it
+	// waits until the lease is free and its delay has passed, or the call's
+	// deadline passes. Waiters are not queued.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
 	// KeepAlive renews sessions. Each request renews one session and is
 	// answered by one response carrying the TTL etcd granted. The stream ends

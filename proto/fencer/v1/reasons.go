@@ -17,6 +17,11 @@ const (
 	// ReasonHeldByAnother (FAILED_PRECONDITION): another holder holds the
 	// lease. Metadata: "lease", "holder".
 	ReasonHeldByAnother = "HELD_BY_ANOTHER"
+	// ReasonLockDelay (FAILED_PRECONDITION): the lease is free but inside
+	// the lock-delay of its last acquisition, which ended without a clean
+	// release. Metadata: "lease", and "delay_ms" and "remaining_ms" when
+	// known.
+	ReasonLockDelay = "LOCK_DELAY"
 	// ReasonForeignLease (FAILED_PRECONDITION): a token of another lease was
 	// found. Metadata: "want", "got".
 	ReasonForeignLease = "FOREIGN_LEASE"

@@ -88,8 +88,10 @@ class FencerServiceServicer(object):
         opens a new session (an etcd lease with ttl_seconds) bound to the
         caller's principal; otherwise it acquires through the caller's existing
         session. When the lease is held by another holder it fails with
-        HELD_BY_ANOTHER, unless wait is set, in which case it waits until the
-        lease is free or the call's deadline passes. Waiters are not queued.
+        HELD_BY_ANOTHER, and when it is free but inside the lock-delay of its
+        last acquisition with LOCK_DELAY, unless wait is set, in which case it
+        waits until the lease is free and its delay has passed, or the call's
+        deadline passes. Waiters are not queued.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,187 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/internal/holderkey"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// testDelay is the lock-delay of these tests: etcd's minimum lease TTL
+// with its default timing (1.5 s, rounded up to whole seconds).
+const testDelay = 2 * time.Second
+
+// TestLockDelayCleanReleaseSkipsIt: the holder's own release deletes the
+// marker, so the lease can be acquired again at once.
+func TestLockDelayCleanReleaseSkipsIt(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	a, b := newSession(t, st), newSession(t, st)
+	l, err := a.TryAcquire(ctx, "clean", etcdstore.WithLockDelay(testDelay))
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	l2, err := b.TryAcquire(ctx, "clean", etcdstore.WithLockDelay(testDelay))
+	require.NoError(t, err, "a clean release must skip the lock-delay")
+	require.Greater(t, l2.Token().Epoch, l.Token().Epoch)
+	resp, err := st.Client().Get(ctx, st.Prefix()+"delays/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "only the new acquisition's marker is left")
+}
+
+// TestLockDelayEndings: every end of an acquisition other than its
+// holder's release leaves the lease unavailable for the delay, enforced by
+// etcd: acquirers that try again at once are refused, with an error
+// distinct from held, until the delay has passed; then one acquires.
+func TestLockDelayEndings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, ctx context.Context, st *etcdstore.Store, s *etcdstore.Session, l *etcdstore.Lease)
+	}{
+		{"holder key deleted", func(t *testing.T, ctx context.Context, st *etcdstore.Store, _ *etcdstore.Session, l *etcdstore.Lease) {
+			_, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), l.Token().Lease))
+			require.NoError(t, err)
+		}},
+		{"token released by another caller", func(t *testing.T, ctx context.Context, st *etcdstore.Store, _ *etcdstore.Session, l *etcdstore.Lease) {
+			other, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()))
+			require.NoError(t, err)
+			released, err := other.Release(ctx, l.Token())
+			require.NoError(t, err)
+			require.True(t, released)
+		}},
+		{"session expired", func(t *testing.T, ctx context.Context, st *etcdstore.Store, s *etcdstore.Session, _ *etcdstore.Lease) {
+			_, err := st.Client().Revoke(ctx, s.LeaseID())
+			require.NoError(t, err)
+		}},
+		{"session closed", func(t *testing.T, ctx context.Context, _ *etcdstore.Store, s *etcdstore.Session, _ *etcdstore.Lease) {
+			require.NoError(t, s.Close(ctx))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := etcdtest.Context(t)
+			st := etcdtest.Store(t)
+			a, b := newSession(t, st), newSession(t, st)
+			l, err := a.TryAcquire(ctx, "job", etcdstore.WithLockDelay(testDelay))
+			require.NoError(t, err)
+			tc.end(t, ctx, st, a, l)
+			etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "the ended lease's Done")
+
+			_, err = b.TryAcquire(ctx, "job")
+			var de *token.LockDelayError
+			require.ErrorAs(t, err, &de, "right after the end, the lease is in its lock-delay")
+			require.ErrorIs(t, err, token.ErrLockDelay)
+			require.False(t, errors.Is(err, token.ErrHeldByAnother), "a delay is not a holder")
+			require.Equal(t, testDelay, de.Delay)
+			start := time.Now()
+
+			// Acquirers that do not wait are refused by etcd all the same.
+			for i := 0; i < 3; i++ {
+				_, err = b.TryAcquire(ctx, "job")
+				require.ErrorIs(t, err, token.ErrLockDelay)
+			}
+
+			// Acquire waits the delay out, on etcd's clock.
+			wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			l2, err := b.Acquire(wctx, "job")
+			require.NoError(t, err)
+			require.GreaterOrEqual(t, time.Since(start), testDelay/2, "the delay was not waited out")
+			require.Greater(t, l2.Token().Epoch, l.Token().Epoch)
+			// l2 set no delay: its loss leaves the lease free at once.
+			_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "job"))
+			require.NoError(t, err)
+			etcdtest.WaitClosed(t, l2.Done(), 10*time.Second, "the second lease's Done")
+			_, err = newSession(t, st).TryAcquire(ctx, "job")
+			require.NoError(t, err)
+		})
+	}
+}
+
+// lost acquires lease name in a session of its own with opts, deletes its
+// holder key with a raw etcd delete and waits until the Lease has ended.
+func lost(t *testing.T, ctx context.Context, st *etcdstore.Store, name string, opts ...etcdstore.AcquireOption) {
+	t.Helper()
+	l, err := newSession(t, st).TryAcquire(ctx, name, opts...)
+	require.NoError(t, err)
+	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), name))
+	require.NoError(t, err)
+	etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "the lost lease's Done")
+}
+
+// TestLockDelayNoneByDefault: without WithLockDelay, a lease whose holder
+// key was deleted is free at once, as before lock-delays.
+func TestLockDelayNoneByDefault(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	lost(t, ctx, st, "nodelay")
+	_, err := newSession(t, st).TryAcquire(ctx, "nodelay")
+	require.NoError(t, err)
+}
+
+// TestLockDelayConcurrentAcquirers: acquirers racing to start the delay of
+// one lease start it once, and all of them are refused until it passes.
+func TestLockDelayConcurrentAcquirers(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	lost(t, ctx, st, "race", etcdstore.WithLockDelay(testDelay))
+	const n = 4
+	errs := make(chan error, n)
+	for range n {
+		s := newSession(t, st)
+		go func() { _, err := s.TryAcquire(ctx, "race"); errs <- err }()
+	}
+	for range n {
+		require.ErrorIs(t, <-errs, token.ErrLockDelay)
+	}
+	resp, err := st.Client().Get(ctx, st.Prefix()+"delays/race/claim")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "one claim times the delay")
+}
+
+// TestLockDelayInvalid: a delay outside 0 to MaxLockDelay is refused
+// before anything is written.
+func TestLockDelayInvalid(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	s := newSession(t, etcdtest.Store(t))
+	for _, d := range []time.Duration{-time.Second, etcdstore.MaxLockDelay + time.Second} {
+		_, err := s.TryAcquire(ctx, "bad", etcdstore.WithLockDelay(d))
+		require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
+	}
+}
+
+// TestLockDelaySkippedClaimIsRefused: the acquiring Txn itself refuses an
+// acquirer that reads the marker and does not wait: one that sends the
+// acquisition over the marker as read without starting the delay, one that
+// pretends a claim, and one that does not wait for the claim to expire.
+func TestLockDelaySkippedClaimIsRefused(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	lost(t, ctx, st, "skip", etcdstore.WithLockDelay(testDelay))
+	g, err := st.Client().Grant(ctx, 60)
+	require.NoError(t, err)
+
+	ok, err := etcdstore.AcquireOnce(ctx, st, g.ID, "skip", 0)
+	require.NoError(t, err)
+	require.False(t, ok, "an acquisition over an unstarted delay committed")
+	ok, err = etcdstore.AcquireOnce(ctx, st, g.ID, "skip", int64(g.ID))
+	require.NoError(t, err)
+	require.False(t, ok, "an acquisition naming a claim the marker does not name committed")
+
+	_, err = newSession(t, st).TryAcquire(ctx, "skip") // starts the delay
+	require.ErrorIs(t, err, token.ErrLockDelay)
+	ok, err = etcdstore.AcquireOnce(ctx, st, g.ID, "skip", 0)
+	require.NoError(t, err)
+	require.False(t, ok, "an acquisition before the claim expired committed")
+
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	_, err = newSession(t, st).Acquire(wctx, "skip")
+	require.NoError(t, err, "the delay never passed")
+}
