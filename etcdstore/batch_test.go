@@ -177,7 +177,7 @@ func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
 
 // TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite runs on an
 // etcd member with authentication, as an etcd user who may write fencer's
-// data, owner, holder and epoch keys but only read its fences.
+// data, owner, holder, epoch and lock-delay keys but only read its fences.
 func TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite(t *testing.T) {
 	ctx := etcdtest.Context(t)
 	member := etcdtest.Start(t)
@@ -188,7 +188,7 @@ func TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite(t *testing.T) {
 	must(root.UserGrantRole(ctx, "root", "root"))
 	must(root.RoleAdd(ctx, "writer"))
 	readWrite, readOnly := clientv3.PermissionType(clientv3.PermReadWrite), clientv3.PermissionType(clientv3.PermRead)
-	for prefix, perm := range map[string]clientv3.PermissionType{"data/": readWrite, "owners/": readWrite, "leases/": readWrite, "epochs/": readWrite, "fences/": readOnly} {
+	for prefix, perm := range map[string]clientv3.PermissionType{"data/": readWrite, "owners/": readWrite, "leases/": readWrite, "epochs/": readWrite, "delays/": readWrite, "fences/": readOnly} {
 		key := etcdstore.DefaultPrefix + prefix
 		must(root.RoleGrantPermission(ctx, "writer", key, clientv3.GetPrefixRangeEnd(key), perm))
 	}
