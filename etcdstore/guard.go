@@ -186,7 +186,8 @@ func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (p
 			return nil, false, err
 		}
 	}
-	start := s.DataKey(prefix)
+	base := s.DataKey("")
+	start := base + prefix
 	from := start
 	if next := s.DataKey(after) + "\x00"; after != "" && next > from {
 		from = next
@@ -197,7 +198,7 @@ func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (p
 	}
 	page = make([]KeyValue, len(resp.Kvs))
 	for i, kv := range resp.Kvs {
-		page[i] = KeyValue{Key: strings.TrimPrefix(string(kv.Key), s.DataKey("")), Value: Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}}
+		page[i] = KeyValue{Key: strings.TrimPrefix(string(kv.Key), base), Value: Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}}
 	}
 	return page, resp.More, nil
 }
