@@ -48,6 +48,7 @@ func rules() []rule {
 	noKubeAtAll := []string{"k8s.io", "sigs.k8s.io"}
 	return []rule{
 		{pkg: root + "/token", stdOnly: true},
+		{pkg: root + "/internal/mutant", stdOnly: true},
 		{pkg: root + "/proto/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("token", "client", "etcdstore", "server", "kubeadapter"))},
 		{pkg: root + "/client/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("etcdstore", "server", "kubeadapter", "embedetcd", "fencertest", "internal"))},
 		{pkg: root + "/etcdstore", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
