@@ -20,6 +20,13 @@ var (
 	ErrPermissionDenied = errors.New("client: permission denied")
 	// ErrUnauthenticated means the server did not accept the credentials.
 	ErrUnauthenticated = errors.New("client: unauthenticated")
+	// ErrSessionNotFound means the server no longer has the session: its
+	// etcd lease expired, or was revoked (by a Release of the session, by
+	// an operator). An error matching it also matches
+	// token.ErrSessionExpired. It tells a session the server ended from one
+	// the client ended itself because no renewal succeeded within its TTL,
+	// which matches token.ErrSessionExpired only.
+	ErrSessionNotFound = errors.New("client: the server has no such session (it expired or was revoked)")
 	// errWatchCompacted means a lease watch must start again from now.
 	errWatchCompacted = errors.New("client: watch compacted")
 )
@@ -28,8 +35,8 @@ var (
 // the errors the Go library returns: *token.StaleError (with Newer when the
 // server knew it), *token.HeldError, *token.LockDelayError, *token.ForeignLeaseError,
 // *token.MalformedError, token.ErrNotHeld, *token.ArgumentError and
-// token.ErrSessionExpired, or ErrPermissionDenied and
-// ErrUnauthenticated. Any other error is returned wrapped, so that
+// token.ErrSessionExpired (with ErrSessionNotFound), or
+// ErrPermissionDenied and ErrUnauthenticated. Any other error is returned wrapped, so that
 // status.Code still reports its code.
 func fromStatus(err error) error {
 	if err == nil {
@@ -70,7 +77,7 @@ func fromStatus(err error) error {
 	case fencerv1.ReasonInvalidArgument:
 		return &token.ArgumentError{Arg: md["field"], Value: md["input"], Reason: md["reason"]}
 	case fencerv1.ReasonSessionNotFound:
-		return fmt.Errorf("client: %s: %w", st.Message(), token.ErrSessionExpired)
+		return fmt.Errorf("%w: %s: %w", ErrSessionNotFound, st.Message(), token.ErrSessionExpired)
 	case fencerv1.ReasonPermissionDenied:
 		return fmt.Errorf("client: %s: %w", st.Message(), ErrPermissionDenied)
 	case fencerv1.ReasonUnauthenticated:

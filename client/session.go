@@ -102,7 +102,8 @@ type Session struct {
 
 	open    sync.Mutex // serializes the acquisition that opens the session
 	mu      sync.Mutex
-	id      int64 // 0 until opened
+	id      int64  // 0 until opened
+	secret  []byte // the session's secret, from the Acquire that opened it; proves a clean release
 	held    map[string]*Lease
 	pending map[string]*pendingName // names being acquired; see acquire
 }
@@ -239,7 +240,7 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool, opts []Ac
 		if d := s.c.clock.Now().Add(ttl / 2); d.After(deadline) {
 			deadline = d
 		}
-		if renewed := s.start(resp.GetSessionId(), deadline, tok.Revision); renewed != nil {
+		if renewed := s.start(resp.GetSessionId(), resp.GetSessionSecret(), deadline, tok.Revision); renewed != nil {
 			select {
 			case <-renewed:
 			case <-s.ctx.Done(): // register ends the lease
@@ -254,15 +255,15 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool, opts []Ac
 	return l, nil
 }
 
-// start records the session's id and starts its keepalive and watch;
+// start records the session's id and secret and starts its keepalive and watch;
 // deadline is when etcd expires the session at the soonest, unless
 // renewed. If less than a third of the session's window would be left
 // after WithEndEarly's part, start returns a channel that the first
 // successful renewal closes, and until then the session ends at deadline
 // itself; otherwise it returns nil.
-func (s *Session) start(id int64, deadline time.Time, fromRev int64) <-chan struct{} {
+func (s *Session) start(id int64, secret []byte, deadline time.Time, fromRev int64) <-chan struct{} {
 	s.mu.Lock()
-	s.id = id
+	s.id, s.secret = id, secret
 	s.mu.Unlock()
 	var renewed chan struct{}
 	if end := deadline.Add(-s.early); end.Sub(s.c.clock.Now()) < (s.ttl-s.early)/3 {
@@ -720,7 +721,10 @@ func (l *Lease) Err() error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.sess.forget(l)
 	l.end(token.ErrReleased)
-	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}, HolderSessionId: l.sess.ID()})
+	l.sess.mu.Lock()
+	id, secret := l.sess.id, l.sess.secret
+	l.sess.mu.Unlock()
+	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}, HolderSessionId: id, HolderSessionSecret: secret})
 	if err := fromStatus(err); err != nil {
 		return fmt.Errorf("client: release %s: %w", l.tok, err)
 	}

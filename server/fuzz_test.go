@@ -30,6 +30,7 @@ func FuzzValidateRequests(f *testing.F) {
 	seed(&fencerv1.TxnRequest{Token: "v1:2:9:x", Compares: []*fencerv1.Compare{{Key: "k", Target: fencerv1.Compare_TARGET_MOD_REVISION, Result: fencerv1.Compare_RESULT_LESS, Number: 3}},
 		Success: []*fencerv1.Op{{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k"}}}, {Op: &fencerv1.Op_Delete{Delete: &fencerv1.DeleteOp{Key: "j"}}}}})
 	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: 7}})
+	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: "v1:1:2:a"}, HolderSessionId: 7, HolderSessionSecret: make([]byte, 32)})
 	seed(&fencerv1.WatchLeaseRequest{SessionId: 1, StartRevision: -1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		storeToken := func(tok token.Token) {

@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +29,17 @@ import (
 // principal that opened it. Holder and epoch keys are etcdstore's.
 func (s *Server) sessionKey(id clientv3.LeaseID) string {
 	return s.store.Prefix() + "sessions/" + fmt.Sprintf("%016x", int64(id))
+}
+
+// secretKey is the service's key beside sessionKey, on the same etcd
+// lease, holding the SHA-256 of the session's secret (hex), which proves a
+// clean release's caller to be the process that opened the session.
+func (s *Server) secretKey(id clientv3.LeaseID) string { return s.sessionKey(id) + "/secret" }
+
+// hashSecret is the text kept in the secret key for secret.
+func hashSecret(secret []byte) string {
+	sum := sha256.Sum256(secret)
+	return hex.EncodeToString(sum[:])
 }
 
 // holderName is the holder identity of a remote session:
@@ -52,13 +67,14 @@ func (s *Server) Acquire(ctx context.Context, req *fencerv1.AcquireRequest) (*fe
 	p := principalOf(ctx)
 	id := clientv3.LeaseID(req.GetSessionId())
 	var ttl int64
+	var secret []byte
 	if id == 0 {
 		ttl = req.GetTtlSeconds()
 		if ttl == 0 {
 			ttl = DefaultTTLSeconds
 		}
 		var err error
-		if id, ttl, err = s.openSession(ctx, p, ttl); err != nil {
+		if id, ttl, secret, err = s.openSession(ctx, p, ttl); err != nil {
 			return nil, err
 		}
 	}
@@ -75,23 +91,32 @@ func (s *Server) Acquire(ctx context.Context, req *fencerv1.AcquireRequest) (*fe
 	s.m.acquisitions.Inc()
 	s.audit.LogAttrs(ctx, slog.LevelInfo, "acquire", slog.String("principal", p), slog.String("lease", req.GetName()),
 		slog.String("token", tok.String()), slog.String("holder", holderName(p, id)))
-	return &fencerv1.AcquireResponse{SessionId: int64(id), TtlSeconds: ttl, Token: tok.String(), Holder: holderName(p, id)}, nil
+	return &fencerv1.AcquireResponse{SessionId: int64(id), TtlSeconds: ttl, Token: tok.String(), Holder: holderName(p, id), SessionSecret: secret}, nil
 }
 
-// openSession grants an etcd lease and records its principal on it.
-func (s *Server) openSession(ctx context.Context, principal string, ttl int64) (clientv3.LeaseID, int64, error) {
+// openSession grants an etcd lease and records on it its principal and
+// the hash of a new secret, which it returns.
+func (s *Server) openSession(ctx context.Context, principal string, ttl int64) (clientv3.LeaseID, int64, []byte, error) {
+	secret := make([]byte, SessionSecretLen)
+	if _, err := rand.Read(secret); err != nil {
+		return 0, 0, nil, fmt.Errorf("server: session secret: %w", err)
+	}
 	g, err := s.cli.Grant(ctx, ttl)
 	if err != nil {
-		return 0, 0, fmt.Errorf("server: grant session lease: %w", err)
+		return 0, 0, nil, fmt.Errorf("server: grant session lease: %w", err)
 	}
-	if _, err := s.cli.Put(ctx, s.sessionKey(g.ID), principal, clientv3.WithLease(g.ID)); err != nil {
+	_, err = s.cli.Txn(ctx).Then(
+		clientv3.OpPut(s.sessionKey(g.ID), principal, clientv3.WithLease(g.ID)),
+		clientv3.OpPut(s.secretKey(g.ID), hashSecret(secret), clientv3.WithLease(g.ID)),
+	).Commit()
+	if err != nil {
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, _ = s.cli.Revoke(rctx, g.ID)
 		cancel()
-		return 0, 0, fmt.Errorf("server: record session: %w", err)
+		return 0, 0, nil, fmt.Errorf("server: record session: %w", err)
 	}
 	s.m.sessions.Inc()
-	return g.ID, g.TTL, nil
+	return g.ID, g.TTL, secret, nil
 }
 
 // acquiredHook, set only by the package's tests, stops Acquire after the
@@ -138,6 +163,19 @@ func sessionOwner(kvs []*mvccpb.KeyValue, principal string) error {
 		return ErrSessionNotFound
 	case string(kvs[0].Value) != principal:
 		return fmt.Errorf("%w: the session belongs to another principal", ErrPermissionDenied)
+	}
+	return nil
+}
+
+// checkSecret verifies that secret is the secret of session id, which
+// checkSession has found to be the caller's.
+func (s *Server) checkSecret(ctx context.Context, id clientv3.LeaseID, secret []byte) error {
+	resp, err := s.cli.Get(ctx, s.secretKey(id))
+	if err != nil {
+		return fmt.Errorf("server: read session secret: %w", err)
+	}
+	if len(resp.Kvs) == 0 || subtle.ConstantTimeCompare(resp.Kvs[0].Value, []byte(hashSecret(secret))) != 1 {
+		return fmt.Errorf("%w: holder_session_secret is not the secret of session %d", ErrPermissionDenied, int64(id))
 	}
 	return nil
 }
@@ -297,6 +335,9 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		if _, err := s.checkSession(ctx, id, p); errors.Is(err, ErrSessionNotFound) {
 			return &fencerv1.ReleaseResponse{}, nil // its holder keys went with it
 		} else if err != nil {
+			return nil, err
+		}
+		if err := s.checkSecret(ctx, id, req.GetHolderSessionSecret()); err != nil {
 			return nil, err
 		}
 		release = func(ctx context.Context, tok token.Token) (bool, error) { return s.store.ReleaseOn(ctx, tok, id) }

@@ -18,6 +18,9 @@ const (
 	// MaxLockDelaySeconds is the longest lock-delay a client may ask for
 	// (etcdstore.MaxLockDelay).
 	MaxLockDelaySeconds = 3600
+	// SessionSecretLen is the length in bytes of a session's secret
+	// (AcquireResponse.session_secret).
+	SessionSecretLen = 32
 	// DefaultTTLSeconds is the TTL of a session opened with ttl_seconds 0.
 	DefaultTTLSeconds = 10
 	// MaxTxnCompares is the most compares a Txn may carry.
@@ -114,15 +117,25 @@ func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
 func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
 	switch t := r.GetTarget().(type) {
 	case *fencerv1.ReleaseRequest_Token:
+		secret := r.GetHolderSessionSecret()
 		if id := r.GetHolderSessionId(); id != 0 {
 			if err := validateSessionID("holder_session_id", id); err != nil {
 				return token.Token{}, err
 			}
+			if len(secret) != SessionSecretLen {
+				return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)),
+					"must be the "+strconv.Itoa(SessionSecretLen)+"-byte session_secret of the Acquire that opened holder_session_id")
+			}
+		} else if len(secret) != 0 {
+			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)), "must be empty without holder_session_id")
 		}
 		return parseToken("token", t.Token)
 	case *fencerv1.ReleaseRequest_SessionId:
 		if id := r.GetHolderSessionId(); id != 0 {
 			return token.Token{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
+		}
+		if n := len(r.GetHolderSessionSecret()); n != 0 {
+			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
 		}
 		return token.Token{}, validateSessionID("session_id", t.SessionId)
 	default:

@@ -384,6 +384,8 @@ func lossReason(lease *client.Lease) string {
 		return fmt.Sprintf("%s was superseded by %s", lease.Token(), stale.Newer)
 	case errors.Is(err, etcdstore.ErrLeaseLost):
 		return fmt.Sprintf("%s: its holder key was deleted or replaced", lease.Token())
+	case errors.Is(err, client.ErrSessionNotFound):
+		return fmt.Sprintf("%s: the server ended its session (it expired there, or was revoked)", lease.Token())
 	case errors.Is(err, etcdstore.ErrSessionExpired):
 		return fmt.Sprintf("%s: no renewal succeeded within the TTL", lease.Token())
 	case errors.Is(err, etcdstore.ErrSessionClosed), errors.Is(err, etcdstore.ErrReleased):

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -16,6 +17,10 @@ import (
 
 	"github.com/creack/pty"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
 // The black-box tests run the fencer binary, built once, against fencer
@@ -311,6 +316,31 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 		t.Fatalf("the command never read the terminal (stopped in the background?): %q", out.String())
 	}
 	require.Eventually(t, func() bool { return strings.Contains(out.String(), "got:hello") }, printBound, 10*time.Millisecond, out.String())
+}
+
+// TestAcquireSaysTheServerEndedItsSession: when another caller revokes
+// acquire's session (a Release of the session; an operator's etcdctl lease
+// revoke), acquire stops its command and says the server ended the
+// session, not that its renewals failed.
+func TestAcquireSaysTheServerEndedItsSession(t *testing.T) {
+	s := startServeProc(t)
+	p := s.startFencer(nil, "acquire", "--ttl", "10s", "--grace", "1s", "revoked", "--", "sh", "-c", "echo $FENCER_SESSION; exec sleep 30")
+	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
+	id, err := strconv.ParseInt(strings.TrimSpace(p.stdout.String()), 10, 64)
+	require.NoError(t, err)
+
+	cc, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := fencerv1.NewFencerServiceClient(cc).Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: id}})
+	require.NoError(t, err)
+	require.True(t, resp.GetReleased())
+
+	require.Equal(t, exitLeaseLost, p.wait(t, 10*time.Second), p.stderr.String())
+	require.Contains(t, p.stderr.String(), "the server ended its session")
+	require.NotContains(t, p.stderr.String(), "no renewal succeeded")
 }
 
 // TestAcquireStopsItsCommandWhenTheServerIsGone: with fencer serve killed

@@ -153,6 +153,7 @@ class Client:
         self._mu = threading.Lock()
         self._open = threading.Lock()  # serializes the acquisition that opens the session
         self._session_id = 0
+        self._session_secret = b""  # proves a clean release; from the Acquire that opened the session
         self._held = {}  # name -> Lease
         self._closed = threading.Event()
         self._session_end = None
@@ -211,7 +212,10 @@ class Client:
     def _release_held(self, token):
         """Releases token as its holder, from the session that holds it: a
         clean release, which skips the lease's lock-delay."""
-        req = fencer_pb2.ReleaseRequest(token=token, holder_session_id=self._session_id or 0)
+        if not self._session_id:
+            return self.release(token)
+        req = fencer_pb2.ReleaseRequest(token=token, holder_session_id=self._session_id,
+                                        holder_session_secret=self._session_secret)
         return self._call(self._stub.Release, req).released
 
     # -- leases --------------------------------------------------------
@@ -279,6 +283,7 @@ class Client:
             # Go client).
             deadline = max(sent + resp.ttl_seconds, time.monotonic() + resp.ttl_seconds / 2.0)
             self._session_id = resp.session_id
+            self._session_secret = resp.session_secret
             self._start(resp.session_id, deadline, _revision(resp.token))
         return lease
 

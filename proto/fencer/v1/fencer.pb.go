@@ -239,8 +239,8 @@ type AcquireRequest struct {
 	Wait bool `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
 	// lock_delay_seconds is this acquisition's lock-delay, 0 to 3600 seconds;
 	// 0 means none. If the acquisition ends other than by its holder's clean
-	// release (a Release of its token with holder_session_id set to its
-	// session), that is when its session expires or is revoked, its holder
+	// release (a Release of its token with holder_session_id and
+	// holder_session_secret set to its session's), that is when its session expires or is revoked, its holder
 	// key is deleted, or its token is released by another caller, the lease
 	// cannot be acquired again until at least this long has passed on etcd's
 	// clock, counted from when the next acquirer found the lease free. etcd
@@ -331,7 +331,14 @@ type AcquireResponse struct {
 	Token string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
 	// holder is the holder identity recorded in the store:
 	// "<principal>/<session id in hex>".
-	Holder        string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// session_secret is the secret of the session this call opened, 32
+	// random bytes; empty when the call used an existing session. Only this
+	// reply carries it, and the service keeps only its SHA-256, so it proves
+	// that a later clean Release comes from the process that opened the
+	// session (ReleaseRequest.holder_session_secret). Keep it in memory; do
+	// not log it.
+	SessionSecret []byte `protobuf:"bytes,5,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -392,6 +399,13 @@ func (x *AcquireResponse) GetHolder() string {
 		return x.Holder
 	}
 	return ""
+}
+
+func (x *AcquireResponse) GetSessionSecret() []byte {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return nil
 }
 
 // KeepAliveRequest renews one session.
@@ -511,11 +525,19 @@ type ReleaseRequest struct {
 	// the token, making the release clean: the holder key is deleted only if
 	// it is attached to that session, and the lease's lock-delay marker is
 	// deleted with it, so the lease is free at once. It must belong to the
-	// caller. 0 releases the token as anyone holding it may, and the lease's
-	// lock-delay, if its acquisition set one, still applies.
+	// caller, and holder_session_secret must be its secret. 0 releases the
+	// token as anyone holding it may, and the lease's lock-delay, if its
+	// acquisition set one, still applies.
 	HolderSessionId int64 `protobuf:"varint,3,opt,name=holder_session_id,json=holderSessionId,proto3" json:"holder_session_id,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// holder_session_secret is the session_secret that the Acquire which
+	// opened holder_session_id returned. It is required with
+	// holder_session_id, and must be empty without it. A missing or wrong
+	// secret fails with INVALID_ARGUMENT or PERMISSION_DENIED and releases
+	// nothing: another process of the same principal, which can learn the
+	// session ID, cannot skip the lock-delay.
+	HolderSessionSecret []byte `protobuf:"bytes,4,opt,name=holder_session_secret,json=holderSessionSecret,proto3" json:"holder_session_secret,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
@@ -578,6 +600,13 @@ func (x *ReleaseRequest) GetHolderSessionId() int64 {
 		return x.HolderSessionId
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetHolderSessionSecret() []byte {
+	if x != nil {
+		return x.HolderSessionSecret
+	}
+	return nil
 }
 
 type isReleaseRequest_Target interface {
@@ -2311,14 +2340,15 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
 	"ttlSeconds\x12\x12\n" +
 	"\x04wait\x18\x04 \x01(\bR\x04wait\x12,\n" +
-	"\x12lock_delay_seconds\x18\x05 \x01(\x03R\x10lockDelaySeconds\"\x7f\n" +
+	"\x12lock_delay_seconds\x18\x05 \x01(\x03R\x10lockDelaySeconds\"\xa6\x01\n" +
 	"\x0fAcquireResponse\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x03R\tsessionId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
 	"ttlSeconds\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\tR\x05token\x12\x16\n" +
-	"\x06holder\x18\x04 \x01(\tR\x06holder\"1\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\x12%\n" +
+	"\x0esession_secret\x18\x05 \x01(\fR\rsessionSecret\"1\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x03R\tsessionId\"S\n" +
@@ -2326,12 +2356,13 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x03R\tsessionId\x12\x1f\n" +
 	"\vttl_seconds\x18\x02 \x01(\x03R\n" +
-	"ttlSeconds\"\x7f\n" +
+	"ttlSeconds\"\xb3\x01\n" +
 	"\x0eReleaseRequest\x12\x16\n" +
 	"\x05token\x18\x01 \x01(\tH\x00R\x05token\x12\x1f\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\x03H\x00R\tsessionId\x12*\n" +
-	"\x11holder_session_id\x18\x03 \x01(\x03R\x0fholderSessionIdB\b\n" +
+	"\x11holder_session_id\x18\x03 \x01(\x03R\x0fholderSessionId\x122\n" +
+	"\x15holder_session_secret\x18\x04 \x01(\fR\x13holderSessionSecretB\b\n" +
 	"\x06target\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"$\n" +
