@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -136,7 +135,7 @@ func TestBatchRejectedByEtcdIsRetriedWriteByWrite(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
-	writes = append(writes, func() { _, _, acquireErr = acquireon.TryAcquireOn(ctx, st, grant.ID, "revoked", "orphan", 0) })
+	writes = append(writes, func() { _, _, acquireErr = st.AcquireOn(ctx, grant.ID, "revoked", "orphan", 0) })
 	queueUp(t, st, writes...)
 
 	require.ErrorIs(t, acquireErr, rpctypes.ErrLeaseNotFound, "etcd refuses the whole Txn for this one write")

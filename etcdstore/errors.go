@@ -36,7 +36,7 @@ var (
 	ErrAlreadyHeld = errors.New("etcdstore: lease already held by this session")
 	// ErrCondition means the caller's own compares failed in an
 	// acquisition on an etcd lease the caller keeps alive itself (the
-	// service's remote sessions, through internal/acquireon).
+	// service's remote sessions, through Store.AcquireOn).
 	ErrCondition = errors.New("etcdstore: acquire condition failed")
 )
 

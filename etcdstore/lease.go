@@ -12,7 +12,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -154,12 +153,26 @@ func (s *Session) tryAcquire(ctx context.Context, name string, opts ...AcquireOp
 	return l, 0, nil
 }
 
-// The service's acquisition on etcd leases it keeps alive itself is
-// internal/acquireon's, not part of this package's API.
-func init() {
-	acquireon.TryAcquireOn = func(ctx context.Context, store any, id clientv3.LeaseID, holder, name string, lockDelay time.Duration, cond ...clientv3.Cmp) (token.Token, int64, error) {
-		return store.(*Store).acquire(ctx, id, holder, name, lockDelay, cond...)
+// AcquireOn acquires lease name for holder on etcd lease id, which the
+// caller grants and keeps alive itself, as fencer's service does for its
+// remote sessions; applications acquire through a Session, which keeps its
+// etcd lease alive and watches its leases. lockDelay is the acquisition's
+// lock-delay (WithLockDelay). cond are further compares that must hold in
+// the acquiring Txn (for example, that id belongs to the caller); if they
+// fail, nothing is written and ErrCondition is returned.
+//
+// It returns a *token.HeldError, with the revision it was seen at, when
+// the lease is held, and a *token.LockDelayError, with the revision too,
+// when it is free but in its lock-delay; wait with WaitFree from that
+// revision. Nothing watches a lease acquired this way: the caller detects
+// its loss (fencer's service watches the holder keys), and its clean
+// release is ReleaseOn with id. An id of 0 is refused: a holder key on no
+// etcd lease would never expire.
+func (s *Store) AcquireOn(ctx context.Context, id clientv3.LeaseID, holder, name string, lockDelay time.Duration, cond ...clientv3.Cmp) (tok token.Token, heldAt int64, err error) {
+	if id == 0 {
+		return token.Token{}, 0, invalid("lease id", "0", "not an etcd lease")
 	}
+	return s.acquire(ctx, id, holder, name, lockDelay, cond...)
 }
 
 // acquire creates the holder key of name on etcd lease id and bumps the

@@ -17,7 +17,6 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/token"
@@ -610,7 +609,7 @@ func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
 	require.NoError(t, err)
 	acquire := func(s *etcdstore.Store) token.Token {
 		t.Helper()
-		tok, _, err := acquireon.TryAcquireOn(ctx, s, grant.ID, "holder", "known", 0)
+		tok, _, err := s.AcquireOn(ctx, grant.ID, "holder", "known", 0)
 		require.NoError(t, err)
 		_, err = s.Release(ctx, tok)
 		require.NoError(t, err)
@@ -629,4 +628,16 @@ func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
 	tok = acquire(cst)
 	require.Equal(t, uint64(4), tok.Epoch)
 	require.Equal(t, int64(3), txns.Load())
+}
+
+// TestAcquireOnNoEtcdLeaseIsRefused: AcquireOn with etcd lease 0 would
+// write a holder key that never expires; it is refused and writes nothing.
+func TestAcquireOnNoEtcdLeaseIsRefused(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	_, _, err := st.AcquireOn(ctx, 0, "holder", "forever", 0)
+	require.ErrorIs(t, err, token.ErrInvalidArgument)
+	status, err := st.Status(ctx, "forever")
+	require.NoError(t, err)
+	require.Equal(t, etcdstore.Status{Name: "forever"}, status)
 }

@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -42,7 +41,7 @@ func (r *hubRig) session() clientv3.LeaseID {
 // hold acquires leases names on session id.
 func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
 	for _, name := range names {
-		_, _, err := acquireon.TryAcquireOn(etcdtest.Context(r.t), r.st, id, "holder", name, 0)
+		_, _, err := r.st.AcquireOn(etcdtest.Context(r.t), id, "holder", name, 0)
 		require.NoError(r.t, err)
 	}
 }

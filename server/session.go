@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/acquireon"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
@@ -133,7 +132,7 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 	holder := holderName(principal, id)
 	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
 	for {
-		tok, heldAt, err := acquireon.TryAcquireOn(ctx, s.store, id, holder, name, lockDelay, mine)
+		tok, heldAt, err := s.store.AcquireOn(ctx, id, holder, name, lockDelay, mine)
 		switch {
 		case err == nil:
 			s.owners.put(tok, holder)

@@ -56,7 +56,6 @@ func rules() []rule {
 		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
 		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
 		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
-		{pkg: root + "/internal/acquireon", forbid: cat([]string{"go.etcd.io/etcd/server"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
 }
