@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
@@ -203,7 +204,8 @@ func (c *Client) List(ctx context.Context, opts ...ListOption) ([]token.Status, 
 			return nil, fromStatus(err)
 		}
 		for _, l := range resp.GetLeases() {
-			st := token.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder()}
+			st := token.Status{Name: l.GetName(), Epoch: l.GetEpoch(), Holder: l.GetHolder(),
+				LockDelay: time.Duration(l.GetLockDelayMs()) * time.Millisecond, LockDelayStarted: l.GetLockDelayStarted()}
 			if l.GetHeld() {
 				tok, err := token.Parse(l.GetToken())
 				if err != nil {

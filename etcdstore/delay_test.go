@@ -185,3 +185,60 @@ func TestLockDelaySkippedClaimIsRefused(t *testing.T) {
 	_, err = newSession(t, st).Acquire(wctx, "skip")
 	require.NoError(t, err, "the delay never passed")
 }
+
+// TestLockDelayInStatus: Status, List and ListPage show a lease's
+// lock-delay: the one a held lease's acquisition set; on a free lease
+// that ended uncleanly, the pending delay and then the running one; none
+// once it has passed or after a clean release. "a" and "a-b" share a page,
+// where "a"'s claim key sorts after "a-b"'s keys.
+func TestLockDelayInStatus(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	sess, other := newSession(t, st), newSession(t, st)
+	views := func(name string) []etcdstore.Status {
+		t.Helper()
+		one, err := st.Status(ctx, name)
+		require.NoError(t, err)
+		all, err := st.List(ctx)
+		require.NoError(t, err)
+		page, _, err := st.ListPage(ctx, "", 2)
+		require.NoError(t, err)
+		out := []etcdstore.Status{one}
+		for _, l := range [][]etcdstore.Status{all, page} {
+			for _, s := range l {
+				if s.Name == name {
+					out = append(out, s)
+				}
+			}
+		}
+		require.Len(t, out, 3, "%s in Status, List and ListPage", name)
+		return out
+	}
+	want := func(name string, delay time.Duration, started bool) {
+		t.Helper()
+		for _, s := range views(name) {
+			require.Equal(t, delay, s.LockDelay, "%+v", s)
+			require.Equal(t, started, s.LockDelayStarted, "%+v", s)
+		}
+	}
+
+	a, err := sess.TryAcquire(ctx, "a", etcdstore.WithLockDelay(testDelay))
+	require.NoError(t, err)
+	ab, err := sess.TryAcquire(ctx, "a-b", etcdstore.WithLockDelay(2*testDelay))
+	require.NoError(t, err)
+	want("a", testDelay, false) // held: the delay its acquisition set
+	want("a-b", 2*testDelay, false)
+
+	_, err = st.Release(ctx, a.Token()) // by token: not clean
+	require.NoError(t, err)
+	want("a", testDelay, false) // free, pending: the next acquirer starts it
+	_, err = other.TryAcquire(ctx, "a")
+	require.ErrorIs(t, err, token.ErrLockDelay)
+	want("a", testDelay, true) // running
+	want("a-b", 2*testDelay, false)
+
+	require.Eventually(t, func() bool { return views("a")[0].LockDelay == 0 }, 15*time.Second, 50*time.Millisecond)
+	want("a", 0, false) // passed
+	require.NoError(t, ab.Release(ctx))
+	want("a-b", 0, false) // clean release
+}

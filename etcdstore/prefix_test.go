@@ -74,7 +74,7 @@ func TestCheckPrefixSeesOnlyWhatRBACAllows(t *testing.T) {
 		require.NoError(t, step())
 	}
 	as := func(user, password string) *clientv3.Client {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, Username: user, Password: password, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{member.Endpoint()}, Username: user, Password: password, DialTimeout: 30 * time.Second, Logger: zap.NewNop()})
 		require.NoError(t, err)
 		t.Cleanup(func() { cli.Close() })
 		return cli

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -135,7 +136,8 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 	if err := ValidateName("name", name); err != nil {
 		return Status{}, err
 	}
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.holderKey(name)), clientv3.OpGet(s.epochKey(name))).Commit()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.holderKey(name)), clientv3.OpGet(s.epochKey(name)),
+		clientv3.OpGet(s.delayKey(name)), clientv3.OpGet(s.claimKey(name), clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return Status{}, fmt.Errorf("etcdstore: status of %q: %w", name, err)
 	}
@@ -146,7 +148,27 @@ func (s *Store) Status(ctx context.Context, name string) (Status, error) {
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
 		st.Token, st.Holder = holderkey.Of(name, kvs[0])
 	}
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+		st.LockDelay, st.LockDelayStarted = lockDelayOf(kvs[0], !st.Token.IsZero(), resp.Responses[3].GetResponseRange().Count > 0)
+	}
 	return st, nil
+}
+
+// lockDelayOf is the Status view of lease's lock-delay marker kv: the
+// delay and whether it was started, given whether the lease is held and
+// whether the marker's claim key exists. A marker that cannot be decoded
+// shows as no delay; an acquisition reports it.
+func lockDelayOf(kv *mvccpb.KeyValue, held, claimed bool) (time.Duration, bool) {
+	m, err := decodeMarker(kv.Value, kv.ModRevision)
+	switch {
+	case err != nil:
+		return 0, false
+	case held:
+		return m.delay, false // an acquisition's own marker names no claim
+	case m.claim != 0 && !claimed:
+		return 0, false // started, and etcd has expired its claim: passed
+	}
+	return m.delay, m.claim != 0
 }
 
 // ListOption narrows a listing of leases (ListPage).
@@ -194,14 +216,26 @@ func (s *Store) ListPage(ctx context.Context, after string, limit int, opts ...L
 		}
 		first := strings.TrimPrefix(string(eresp.Kvs[0].Key), epochs)
 		last := strings.TrimPrefix(string(eresp.Kvs[len(eresp.Kvs)-1].Key), epochs)
-		hresp, err := s.cli.Get(ctx, s.holderKey(first), clientv3.WithRange(s.holderKey(last)+"\x00"), clientv3.WithRev(eresp.Header.Revision))
+		// A name's claim key sorts after the markers of the names that
+		// extend it with a byte below "/" ("a/claim" > "a-b"), so the
+		// lock-delay keys' range ends after the greatest claim key of the
+		// page, not after the last name's.
+		claimsEnd := ""
+		for _, kv := range eresp.Kvs {
+			claimsEnd = max(claimsEnd, s.claimKey(strings.TrimPrefix(string(kv.Key), epochs))+"\x00")
+		}
+		rev := clientv3.WithRev(eresp.Header.Revision)
+		resp, err := s.cli.Txn(ctx).Then(
+			clientv3.OpGet(s.holderKey(first), clientv3.WithRange(s.holderKey(last)+"\x00"), rev),
+			clientv3.OpGet(s.delayKey(first), clientv3.WithRange(claimsEnd), rev),
+		).Commit()
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			continue // compacted between the two reads: read the page again
 		}
 		if err != nil {
 			return nil, false, fmt.Errorf("etcdstore: list: %w", err)
 		}
-		return s.statuses(eresp.Kvs, hresp.Kvs), eresp.More, nil
+		return s.statuses(eresp.Kvs, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), eresp.More, nil
 	}
 }
 
@@ -212,16 +246,18 @@ func (s *Store) List(ctx context.Context) ([]Status, error) {
 	resp, err := s.cli.Txn(ctx).Then(
 		clientv3.OpGet(s.prefix+"epochs/", clientv3.WithPrefix()),
 		clientv3.OpGet(s.holderKey(""), clientv3.WithPrefix()),
+		clientv3.OpGet(s.delayKey(""), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: list: %w", err)
 	}
-	return s.statuses(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), nil
+	return s.statuses(resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs, resp.Responses[2].GetResponseRange().Kvs), nil
 }
 
-// statuses joins epoch keys with the holder keys of the same names, read
-// at the same revision: one Status per epoch key, in the epoch keys' order.
-func (s *Store) statuses(epochs, holders []*mvccpb.KeyValue) []Status {
+// statuses joins epoch keys with the holder keys and lock-delay keys
+// (markers and claims) of the same names, all read at the same revision:
+// one Status per epoch key, in the epoch keys' order.
+func (s *Store) statuses(epochs, holders, delays []*mvccpb.KeyValue) []Status {
 	held := map[string]Status{}
 	for _, kv := range holders {
 		name := strings.TrimPrefix(string(kv.Key), s.holderKey(""))
@@ -229,12 +265,24 @@ func (s *Store) statuses(epochs, holders []*mvccpb.KeyValue) []Status {
 		st.Token, st.Holder = holderkey.Of(name, kv)
 		held[name] = st
 	}
+	markers, claimed := map[string]*mvccpb.KeyValue{}, map[string]bool{}
+	for _, kv := range delays {
+		name := strings.TrimPrefix(string(kv.Key), s.delayKey(""))
+		if n, ok := strings.CutSuffix(name, "/claim"); ok {
+			claimed[n] = true
+		} else {
+			markers[name] = kv
+		}
+	}
 	out := make([]Status, 0, len(epochs))
 	for _, kv := range epochs {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix+"epochs/")
 		st := held[name]
 		st.Name = name
 		st.Epoch, _ = strconv.ParseUint(string(kv.Value), 10, 64)
+		if m := markers[name]; m != nil {
+			st.LockDelay, st.LockDelayStarted = lockDelayOf(m, !st.Token.IsZero(), claimed[name])
+		}
 		out = append(out, st)
 	}
 	return out

@@ -230,7 +230,7 @@ func (s *Server) ListLeases(ctx context.Context, req *fencerv1.ListLeasesRequest
 			if s.authz != nil && !s.authz.Allowed(principal, "lease", st.Name) {
 				continue
 			}
-			ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch}
+			ls := &fencerv1.LeaseStatus{Name: st.Name, Epoch: st.Epoch, LockDelayMs: st.LockDelay.Milliseconds(), LockDelayStarted: st.LockDelayStarted}
 			if !st.Token.IsZero() {
 				ls.Held, ls.Holder, ls.Token = true, st.Holder, st.Token.String()
 				if principalOfHolder(st.Holder) != principal {

@@ -41,6 +41,19 @@ type Status struct {
 	Holder string
 	// Epoch is the acquisition counter, also when the lease is free.
 	Epoch uint64
+	// LockDelay is the lock-delay recorded for the lease; 0 if none. For a
+	// held lease it is the one its acquisition set, which applies if the
+	// acquisition ends without its holder's clean release. For a free
+	// lease it is the delay that refuses every acquirer until it has
+	// passed (see LockDelayStarted); 0 once it has passed.
+	LockDelay time.Duration
+	// LockDelayStarted reports, for a free lease with a LockDelay, whether
+	// an acquirer has started the delay: it then runs on the store's clock
+	// and the lease is free to acquire once it has passed. If not, the next
+	// acquirer starts it and is refused. It is false for a held lease. The
+	// time left is not reported here; a refused acquisition's
+	// *LockDelayError carries it.
+	LockDelayStarted bool
 }
 
 // Value is a guarded data value with the revisions the store recorded for

@@ -374,15 +374,38 @@ type statusRow struct {
 	Held   bool   `json:"held"`
 	Holder string `json:"holder,omitempty"`
 	Token  string `json:"token,omitempty"`
+	// LockDelay is the lease's lock-delay (Go duration syntax), and
+	// LockDelayState says what it does now: "armed" (held: applies if the
+	// acquisition ends without a clean release), "pending" (free: the next
+	// acquirer starts it and is refused) or "running" (free: refusing
+	// acquirers until it has passed).
+	LockDelay      string `json:"lock_delay,omitempty"`
+	LockDelayState string `json:"lock_delay_state,omitempty"`
+}
+
+// lockDelayState is statusRow.LockDelayState of st.
+func lockDelayState(st token.Status) string {
+	switch {
+	case st.LockDelay == 0:
+		return ""
+	case !st.Token.IsZero():
+		return "armed"
+	case st.LockDelayStarted:
+		return "running"
+	}
+	return "pending"
 }
 
 func (a *app) statusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status [NAME...]",
 		Short: "list leases with their holders and tokens",
-		Long: `Lists the leases that have ever been acquired, with their holders and
-tokens: all of them, those named NAME, or with --prefix those whose names
-start with a NAME (exit code 3 if a NAME matches none).`,
+		Long: `Lists the leases that have ever been acquired, with their holders,
+tokens and lock-delays: all of them, those named NAME, or with --prefix
+those whose names start with a NAME (exit code 3 if a NAME matches none).
+A lock-delay is "armed" on a held lease (it applies if the acquisition ends
+without a clean release), "pending" on a free lease (the next acquirer
+starts it and is refused) and "running" until it has passed.`,
 		Example: `  fencer status orders
   fencer status --prefix bench-`,
 		Aliases: []string{"list", "ls"},
@@ -405,13 +428,18 @@ start with a NAME (exit code 3 if a NAME matches none).`,
 		rows := make([]statusRow, len(list))
 		table := make([][]string, len(list))
 		for i, st := range list {
-			rows[i] = statusRow{Name: st.Name, Epoch: st.Epoch, Held: !st.Token.IsZero(), Holder: st.Holder}
+			rows[i] = statusRow{Name: st.Name, Epoch: st.Epoch, Held: !st.Token.IsZero(), Holder: st.Holder, LockDelayState: lockDelayState(st)}
 			if rows[i].Held {
 				rows[i].Token = st.Token.String()
 			}
-			table[i] = []string{st.Name, strconv.FormatUint(st.Epoch, 10), dash(rows[i].Holder), dash(rows[i].Token)}
+			delay := ""
+			if st.LockDelay > 0 {
+				rows[i].LockDelay = st.LockDelay.String()
+				delay = rows[i].LockDelay + " " + rows[i].LockDelayState
+			}
+			table[i] = []string{st.Name, strconv.FormatUint(st.Epoch, 10), dash(rows[i].Holder), dash(rows[i].Token), dash(delay)}
 		}
-		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN"}, rows: table}, unmatchedError(unmatched, *prefix)
+		return &view{data: rows, headers: []string{"LEASE", "EPOCH", "HOLDER", "TOKEN", "LOCK-DELAY"}, rows: table}, unmatchedError(unmatched, *prefix)
 	})
 }
 

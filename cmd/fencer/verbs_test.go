@@ -76,7 +76,9 @@ func TestVerbs(t *testing.T) {
 		require.True(t, strings.HasPrefix(out, "orders "), out)
 		var rows []statusRow
 		require.NoError(t, json.Unmarshal([]byte(run(nil, "status", "-o", "json")), &rows))
-		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, Held: true, Holder: rows[0].Holder, Token: held.Token}}, rows)
+		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, Held: true, Holder: rows[0].Holder, Token: held.Token, LockDelay: "4s", LockDelayState: "armed"}}, rows,
+			"acquire's default lock-delay: --grace 3s + 1s")
+		require.Contains(t, out, " 4s armed\n")
 	})
 
 	t.Run("health", func(t *testing.T) {
@@ -92,6 +94,9 @@ func TestVerbs(t *testing.T) {
 		require.Equal(t, "released "+held.Token+"\n", run(tok, "release"))
 		require.Eventually(t, func() bool { return strings.Contains(w.stdout.String(), "lost "+held.Token+": deleted") }, printBound, 10*time.Millisecond, w.stderr.String())
 		require.Equal(t, held.Token+" had already ended\n", run(tok, "release"))
+		var rows []statusRow
+		require.NoError(t, json.Unmarshal([]byte(run(nil, "status", "-o", "json", "orders")), &rows))
+		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, LockDelay: "4s", LockDelayState: "pending"}}, rows, "a release by token is not clean")
 		require.Equal(t, exitLeaseLost, holder.wait(t, 10*time.Second), holder.stderr.String())
 		require.Equal(t, exitNotFound, w.wait(t, 10*time.Second), "watch ends with the session: %s", w.stderr)
 	})

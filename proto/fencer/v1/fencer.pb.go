@@ -2258,9 +2258,20 @@ type LeaseStatus struct {
 	// holder is the holder identity; empty if not held.
 	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
 	// token is the current token in its text form; empty if not held.
-	Token         string `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Token string `protobuf:"bytes,5,opt,name=token,proto3" json:"token,omitempty"`
+	// lock_delay_ms is the lock-delay recorded for the lease, in
+	// milliseconds; 0 if none. For a held lease it is the one its
+	// acquisition set (lock_delay_seconds), which applies if it ends without
+	// its holder's clean release. For a free lease it is the delay that
+	// refuses every acquirer with LOCK_DELAY until it has passed; 0 once it
+	// has.
+	LockDelayMs int64 `protobuf:"varint,6,opt,name=lock_delay_ms,json=lockDelayMs,proto3" json:"lock_delay_ms,omitempty"`
+	// lock_delay_started reports, for a free lease with a lock_delay_ms,
+	// whether an acquirer has started the delay, which then runs on etcd's
+	// clock. If not, the next acquirer starts it and is refused.
+	LockDelayStarted bool `protobuf:"varint,7,opt,name=lock_delay_started,json=lockDelayStarted,proto3" json:"lock_delay_started,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LeaseStatus) Reset() {
@@ -2326,6 +2337,20 @@ func (x *LeaseStatus) GetToken() string {
 		return x.Token
 	}
 	return ""
+}
+
+func (x *LeaseStatus) GetLockDelayMs() int64 {
+	if x != nil {
+		return x.LockDelayMs
+	}
+	return 0
+}
+
+func (x *LeaseStatus) GetLockDelayStarted() bool {
+	if x != nil {
+		return x.LockDelayStarted
+	}
+	return false
 }
 
 var File_fencer_v1_fencer_proto protoreflect.FileDescriptor
@@ -2476,13 +2501,15 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"namePrefix\"l\n" +
 	"\x12ListLeasesResponse\x12.\n" +
 	"\x06leases\x18\x01 \x03(\v2\x16.fencer.v1.LeaseStatusR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"y\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xcb\x01\n" +
 	"\vLeaseStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04held\x18\x03 \x01(\bR\x04held\x12\x16\n" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x14\n" +
-	"\x05token\x18\x05 \x01(\tR\x05token2\x9b\x06\n" +
+	"\x05token\x18\x05 \x01(\tR\x05token\x12\"\n" +
+	"\rlock_delay_ms\x18\x06 \x01(\x03R\vlockDelayMs\x12,\n" +
+	"\x12lock_delay_started\x18\a \x01(\bR\x10lockDelayStarted2\x9b\x06\n" +
 	"\rFencerService\x12@\n" +
 	"\aAcquire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n" +
 	"\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x010\x01\x12@\n" +
