@@ -12,7 +12,9 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3client"
 
 	"github.com/fencer-dev/fencer/internal/freeport"
 )
@@ -291,6 +293,15 @@ func (s *Server) Member() Member { return s.member }
 // "http://127.0.0.1:2379" or, with Member.Socket,
 // "unix:///var/lib/fencer/etcd.sock".
 func (s *Server) Endpoint() string { return s.member.clientURL().String() }
+
+// Client returns a client of this member that calls its gRPC services in
+// process (etcd's v3client): no socket, no second serialization. It serves
+// the KV, Lease, Watch, Maintenance, Cluster and Auth APIs as a client over
+// the member's endpoint does, with the same errors and the same quota
+// (NOSPACE) checks, but it bypasses the gRPC server's interceptors and
+// authentication: it acts as the member's root. It has no endpoints, and
+// works only while the member runs; close it before the member.
+func (s *Server) Client() *clientv3.Client { return v3client.New(s.etcd.Server) }
 
 // IsLeader reports whether this member is currently the raft leader.
 func (s *Server) IsLeader() bool {

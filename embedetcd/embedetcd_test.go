@@ -325,3 +325,61 @@ func TestDefragmentThroughTheSocket(t *testing.T) {
 	t.Logf("database %d KiB before defragmentation, %d KiB after", before.DbSize>>10, after.DbSize>>10)
 	require.Less(t, after.DbSize, before.DbSize/2)
 }
+
+// TestInProcessClient: the member's in-process client serves what fencer
+// uses (KV, Txn, leases, watches, compaction) with the errors a client over
+// the socket gets, NOSPACE included, and the socket keeps serving beside it.
+func TestInProcessClient(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir(), Socket: true}, embedetcd.WithQuota(2<<20))
+	require.NoError(t, err)
+	defer srv.Close()
+	cli := srv.Client()
+	defer cli.Close()
+
+	w := cli.Watch(ctx, "k", clientv3.WithPrefix())
+	put, err := cli.Put(ctx, "k1", "v1")
+	require.NoError(t, err)
+	select {
+	case ev := <-w:
+		require.NoError(t, ev.Err())
+		require.Len(t, ev.Events, 1)
+		require.Equal(t, "k1", string(ev.Events[0].Kv.Key))
+	case <-ctx.Done():
+		t.Fatal("no watch event")
+	}
+	txn, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision("k1"), "=", put.Header.Revision)).
+		Then(clientv3.OpPut("k1", "v2")).Commit()
+	require.NoError(t, err)
+	require.True(t, txn.Succeeded)
+
+	g, err := cli.Grant(ctx, 5)
+	require.NoError(t, err)
+	_, err = cli.KeepAliveOnce(ctx, g.ID)
+	require.NoError(t, err)
+	_, err = cli.Revoke(ctx, g.ID)
+	require.NoError(t, err)
+	_, err = cli.KeepAliveOnce(ctx, g.ID)
+	require.ErrorIs(t, err, rpctypes.ErrLeaseNotFound)
+
+	_, err = cli.Compact(ctx, txn.Header.Revision)
+	require.NoError(t, err)
+	_, err = cli.Get(ctx, "k1", clientv3.WithRev(put.Header.Revision))
+	require.ErrorIs(t, err, rpctypes.ErrCompacted)
+
+	sock := etcdtest.Client(t, srv.Endpoint())
+	got, err := sock.Get(ctx, "k1")
+	require.NoError(t, err)
+	require.Equal(t, "v2", string(got.Kvs[0].Value), "the socket serves beside the in-process client")
+
+	value := strings.Repeat("x", 256<<10)
+	for i := 0; ; i++ {
+		_, err := cli.Put(ctx, fmt.Sprintf("big%d", i), value)
+		if err != nil {
+			require.ErrorIs(t, err, rpctypes.ErrNoSpace)
+			break
+		}
+		require.Less(t, i, 100, "no NOSPACE after 25 MiB into a 2 MiB quota")
+	}
+}

@@ -179,6 +179,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		}
 		defer mlis.Close()
 	}
+	var cli *clientv3.Client
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
@@ -186,13 +187,15 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		}
 		defer member.Close()
 		endpoints = []string{member.Endpoint()}
-		etcdCfg.Endpoints = endpoints
-	}
-	// The etcd client's warnings and errors, as the embedded member's.
-	etcdCfg.Logger = embedetcd.ZapLogger(log.With(slog.String("component", "etcd-client")))
-	cli, err := clientv3.New(etcdCfg)
-	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		// In process: one gRPC hop per request (the caller's), not two.
+		// The member's socket still serves etcdctl and backups.
+		cli = member.Client()
+	} else {
+		// The etcd client's warnings and errors, as the embedded member's.
+		etcdCfg.Logger = embedetcd.ZapLogger(log.With(slog.String("component", "etcd-client")))
+		if cli, err = clientv3.New(etcdCfg); err != nil {
+			return fmt.Errorf("etcd client: %w", err)
+		}
 	}
 	defer cli.Close()
 	if f.etcdRequestTimeout == 0 {
