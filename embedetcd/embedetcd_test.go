@@ -216,16 +216,7 @@ func TestQuotaRefusesWritesWithNoSpace(t *testing.T) {
 		embedetcd.WithQuota(2<<20), embedetcd.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	require.NoError(t, err)
 	defer srv.Close()
-	cli := etcdtest.Client(t, srv.Endpoint())
-	value := strings.Repeat("x", 256<<10)
-	for i := 0; ; i++ {
-		_, err := cli.Put(ctx, fmt.Sprintf("k%d", i), value)
-		if err != nil {
-			require.ErrorIs(t, err, rpctypes.ErrNoSpace)
-			break
-		}
-		require.Less(t, i, 100, "no NOSPACE after 25 MiB into a 2 MiB quota")
-	}
+	fillUntilNoSpace(ctx, t, etcdtest.Client(t, srv.Endpoint()))
 	records := logs.records(t)
 	require.NotEmpty(t, records)
 	for _, r := range records {
@@ -372,13 +363,19 @@ func TestInProcessClient(t *testing.T) {
 	got, err := sock.Get(ctx, "k1")
 	require.NoError(t, err)
 	require.Equal(t, "v2", string(got.Kvs[0].Value), "the socket serves beside the in-process client")
+	fillUntilNoSpace(ctx, t, cli)
+}
 
+// fillUntilNoSpace writes 256 KiB values through cli until etcd refuses
+// one with NOSPACE, as a member with a 2 MiB quota must.
+func fillUntilNoSpace(ctx context.Context, t *testing.T, cli *clientv3.Client) {
+	t.Helper()
 	value := strings.Repeat("x", 256<<10)
 	for i := 0; ; i++ {
 		_, err := cli.Put(ctx, fmt.Sprintf("big%d", i), value)
 		if err != nil {
 			require.ErrorIs(t, err, rpctypes.ErrNoSpace)
-			break
+			return
 		}
 		require.Less(t, i, 100, "no NOSPACE after 25 MiB into a 2 MiB quota")
 	}
