@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"strings"
@@ -41,7 +42,7 @@ const (
 type serveFlags struct {
 	listen, metricsListen, dataDir, etcdEndpoints, prefix string
 	tlsCert, tlsKey, tlsClientCA, tokenFile, authzFile    string
-	insecure, authzAllowAll                               bool
+	insecure, authzAllowAll, pprof                        bool
 	grace                                                 time.Duration
 	batch                                                 int
 	logLevel, logFormat                                   string
@@ -71,6 +72,9 @@ exits 0. See docs/operations.md.`,
 			if f.etcdRequestTimeout <= 0 {
 				return usagef("--etcd-request-timeout %s: must be positive", f.etcdRequestTimeout)
 			}
+			if f.pprof && f.metricsListen == "" {
+				return usagef("--enable-pprof serves on --metrics-listen, which is disabled")
+			}
 			if _, err := f.logger(a.stderr); err != nil {
 				return usagef("%v", err)
 			}
@@ -85,6 +89,7 @@ exits 0. See docs/operations.md.`,
 func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", defaultListen, "gRPC listen address")
 	fs.StringVar(&f.metricsListen, "metrics-listen", defaultMetricsListen, `Prometheus /metrics listen address ("" disables)`)
+	fs.BoolVar(&f.pprof, "enable-pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-listen (unauthenticated, like /metrics)")
 	fs.StringVar(&f.dataDir, "data-dir", defaultDataDir, "data directory of the embedded etcd member (ignored with --etcd-endpoints)")
 	fs.StringVar(&f.etcdEndpoints, "etcd-endpoints", "", "comma-separated endpoints of an existing etcd cluster, instead of the embedded member")
 	fs.StringVar(&f.prefix, "prefix", etcdstore.DefaultPrefix, "etcd key prefix")
@@ -228,6 +233,13 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		mux.Handle("/metrics", srv.MetricsHandler())
 		mux.Handle("/healthz", srv.HealthHandler())
 		mux.Handle("/readyz", srv.HealthHandler())
+		if f.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := metrics.Serve(mlis); !errors.Is(err, http.ErrServerClosed) {

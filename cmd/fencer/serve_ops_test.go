@@ -130,6 +130,7 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the metrics port never listened")
 	require.Equal(t, http.StatusOK, get("/healthz"))
 	require.Eventually(t, func() bool { return get("/readyz") == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusNotFound, get("/debug/pprof/"), "profiles only with --enable-pprof")
 
 	second := make(chan error, 1)
 	go func() {
@@ -240,4 +241,21 @@ func TestEtcdClientCertificateReloads(t *testing.T) {
 	bob := leaf(p.bobCert)
 	// The watcher reacts to the rename, or at the latest polls every 10 s.
 	require.Eventually(t, func() bool { return bytes.Equal(connect(), bob) }, 20*time.Second, 50*time.Millisecond)
+}
+
+// TestServeEnablePprof: with --enable-pprof, the metrics port also serves
+// Go's profiles.
+func TestServeEnablePprof(t *testing.T) {
+	metrics := freeAddr(t)
+	f := serveFlags{dataDir: t.TempDir(), prefix: "/fencer/", etcdQuota: embedetcd.DefaultQuotaBytes, etcdRetention: embedetcd.DefaultCompactionRetention,
+		metricsListen: metrics, pprof: true}
+	startServeLogged(t, f)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + metrics + "/debug/pprof/cmdline")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
 }
