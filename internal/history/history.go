@@ -100,7 +100,18 @@ func (h *History) Add(client int, in Input, call int64, out Output) {
 // now. An operation of unknown outcome may take effect at any time after
 // its call: Check moves its return after every other.
 func (h *History) Record(client int, in any, call int64, out any, unknown bool) {
-	ret := h.Now()
+	h.RecordAt(client, in, call, h.Now(), out, unknown)
+}
+
+// At is time t on the history's clock, in nanoseconds. A t read in
+// another process (with no monotonic reading) is placed by the wall
+// clock, which the processes of one machine share; a step of that clock
+// while the history is recorded misplaces it.
+func (h *History) At(t time.Time) int64 { return t.Sub(h.start).Nanoseconds() }
+
+// RecordAt is Record for an operation that returned at ret on the
+// history's clock (At), such as one timed by another process.
+func (h *History) RecordAt(client int, in any, call, ret int64, out any, unknown bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if unknown {
@@ -143,7 +154,11 @@ func (h *History) closed() []porcupine.Operation {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ops := append([]porcupine.Operation(nil), h.ops...)
-	end := h.Now() + 1
+	end := h.Now()
+	for _, op := range ops {
+		end = max(end, op.Return)
+	}
+	end++
 	for _, i := range h.unknown {
 		ops[i].Return = end
 	}
