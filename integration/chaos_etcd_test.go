@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -74,6 +75,13 @@ var (
 // itself shows that the lease had passed on when the write was sent. The
 // holder's own knowledge is not used.
 //
+// At every takeover, the test also writes through the store with two
+// tokens that must never be accepted: a forged one (the current token's
+// revision with the next epoch, a token never issued), and the current
+// token of another lease, whose holder has not taken the register's key
+// over (TakeOver). The first needs the guard's epoch compare, the second
+// the key's owner record.
+//
 // The control is a round in which the test, after a newer acquisition has
 // returned, writes the register with a raw etcd Put recorded as a write
 // with the superseded token: an accepted write with a token that is not
@@ -88,7 +96,7 @@ const (
 	chaosTTL       = time.Second     // of the etcdstore holders' sessions
 	chaosClientTTL = 2 * time.Second // of the Go client holders' sessions (whole seconds)
 	chaosPrefix    = "/chaos/"
-	takeoverClient = 99 // the client id of the test's takeovers and control writes
+	takeoverClient = 99 // the client id of the test's takeovers, forged and foreign writes, and control writes
 )
 
 type chaosFault int
@@ -118,7 +126,11 @@ func (f chaosFault) String() string {
 	}[f]
 }
 
-const faultTakeover = "takeover: the current holder's token released by another caller"
+const (
+	faultTakeover = "takeover: the current holder's token released by another caller"
+	faultForged   = "forged token written (the current revision, the next epoch)"
+	faultForeign  = "another lease's current token written, without TakeOver"
+)
 
 // TestChaosEtcdFencedRegister runs the etcd chaos rounds and checks each
 // round's history against the leased register: every round must be
@@ -192,7 +204,8 @@ type etcdChaos struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	cluster *etcdproc.Cluster
-	admin   *etcdstore.Store // takeovers and the reader
+	admin   *etcdstore.Store // takeovers, forged and foreign writes, and the reader
+	foreign *etcdstore.Session
 	raw     *clientv3.Client // the control's unguarded Put
 	bin     string           // the fencer binary
 	holders []*holderProc
@@ -243,6 +256,9 @@ type chaosRound struct {
 	newest  token.Token   // the greatest token an acquisition returned
 	holder  int           // the holder that acquired newest
 	writes  int
+	landed  bool // a holder's write was accepted: the round's lease owns the key
+
+	foreign token.Token // of the round's other lease, "<name>-foreign"
 
 	verdict porcupine.CheckResult
 	viz     string
@@ -281,7 +297,7 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 		require.NoError(t, err)
 		hp.cmd = exec.Command(exe)
 		hp.cmd.Env = append(os.Environ(), chaosHolderEnv+"="+string(conf))
-		log, err := os.Create(filepath.Join(t.TempDir(), fmt.Sprintf("holder-%d.log", id)))
+		log, err := os.Create(filepath.Join("/tmp/chaoslogs", fmt.Sprintf("holder-%d.log", id)))
 		require.NoError(t, err)
 		t.Cleanup(func() { log.Close() })
 		hp.cmd.Stderr = log
@@ -431,6 +447,7 @@ func (r *chaosRound) reported(id int, kind leaseKind, ok bool, tok token.Token) 
 		r.newest, r.holder = tok, id
 	case kind == opWrite:
 		r.writes++
+		r.landed = r.landed || ok
 	default:
 		return
 	}
@@ -484,6 +501,7 @@ func (c *etcdChaos) newRound(fault chaosFault, control bool) *chaosRound {
 func (c *etcdChaos) round(fault chaosFault, control bool, perRound int) {
 	t := c.t
 	r := c.newRound(fault, control)
+	c.acquireForeign(r)
 	c.traffic(r, perRound/3)
 	if control {
 		c.control(r)
@@ -513,8 +531,37 @@ func (c *etcdChaos) traffic(r *chaosRound, n int) {
 	}
 }
 
-// takeover releases the current holder's token with the store's Release,
-// as another caller that has the token may, and records it.
+// acquireForeign acquires round r's other lease, whose token writes the
+// register without taking it over. A failure leaves the round without
+// foreign writes.
+func (c *etcdChaos) acquireForeign(r *chaosRound) {
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	if c.foreign != nil && c.foreign.Err() != nil {
+		_ = c.foreign.Close(ctx)
+		c.foreign = nil
+	}
+	if c.foreign == nil {
+		s, err := c.admin.NewSession(ctx, etcdstore.WithTTL(10*time.Second), etcdstore.WithHolder("foreign"))
+		if err != nil {
+			c.t.Logf("round %d: no session for the foreign lease: %v", r.n, err)
+			return
+		}
+		c.foreign = s
+		c.t.Cleanup(func() { _ = s.Close(context.Background()) })
+	}
+	l, err := c.foreign.TryAcquire(ctx, r.name+"-foreign")
+	if err != nil {
+		c.t.Logf("round %d: foreign lease not acquired: %v", r.n, err)
+		return
+	}
+	r.foreign = l.Token()
+}
+
+// takeover writes round r's register with a forged token and with the
+// foreign lease's token, each of which the store must refuse, then
+// releases the current holder's token with the store's Release, as
+// another caller that has the token may; it records all three.
 func (c *etcdChaos) takeover(r *chaosRound) {
 	_, tok := r.current()
 	if tok.Revision == 0 {
@@ -522,12 +569,39 @@ func (c *etcdChaos) takeover(r *chaosRound) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
 	defer cancel()
+	forged := tok
+	forged.Epoch++
+	c.guardedWrite(ctx, r, forged, faultForged)
+	r.mu.Lock()
+	foreign, landed := r.foreign, r.landed
+	r.mu.Unlock()
+	if foreign.Revision != 0 && landed {
+		c.guardedWrite(ctx, r, foreign, faultForeign)
+	}
 	call := r.h.At(time.Now())
 	ok, err := c.admin.Release(ctx, tok)
 	r.h.RecordAt(takeoverClient, leaseInput{kind: opRelease, tok: leaseTokOf(tok)}, call, r.h.At(time.Now()), leaseOutput{ok: ok, unknown: err != nil}, err != nil)
 	if ok {
 		c.count(faultTakeover)
 	}
+}
+
+// guardedWrite writes round r's register through the store with tok, and
+// records it.
+func (c *etcdChaos) guardedWrite(ctx context.Context, r *chaosRound, tok token.Token, kind string) {
+	val := int(c.nextV.Add(1))
+	call := r.h.At(time.Now())
+	_, err := c.admin.Put(ctx, tok, r.name, []byte(strconv.Itoa(val)))
+	out := leaseOutput{ok: err == nil}
+	switch {
+	case err == nil:
+		c.t.Logf("round %d: %s: accepted", r.n, kind)
+	case errors.Is(err, token.ErrStale), errors.Is(err, token.ErrForeignLease):
+	default:
+		out.unknown = true
+	}
+	r.h.RecordAt(takeoverClient, leaseInput{kind: opWrite, tok: leaseTokOf(tok), val: val}, call, r.h.At(time.Now()), out, out.unknown)
+	c.count(kind)
 }
 
 // supersede waits until the holder of tok has been superseded: a newer
@@ -645,15 +719,15 @@ func (c *etcdChaos) writes() (writes, late int) {
 	return writes, late
 }
 
-// lateWrites counts the writes of ops, and returns the late ones: those
-// whose token is older than that of an acquisition that returned before
-// the write was called.
+// lateWrites counts the holders' writes of ops, and returns the late
+// ones: those whose token is older than that of an acquisition that
+// returned before the write was called.
 func lateWrites(ops []porcupine.Operation) (writes int, late []porcupine.Operation) {
 	var acqs, wrs []porcupine.Operation
 	for _, op := range ops {
 		in, out := op.Input.(leaseInput), op.Output.(leaseOutput)
 		switch {
-		case in.kind == opWrite:
+		case in.kind == opWrite && op.ClientId != takeoverClient:
 			wrs = append(wrs, op)
 		case in.kind == opAcquire && out.ok:
 			acqs = append(acqs, op)
@@ -735,6 +809,7 @@ type chaosReport struct {
 	ops, unknown                             int
 	acquires, writes, reads, releases        int
 	accepted, refused, indefinite, late      int
+	testWrites, testAccepted                 int // forged, foreign and control writes
 	lateAccepted, lateRefused, lateUnknown   int
 	violations, controlViolations, undecided int
 	faults                                   map[string]int
@@ -771,6 +846,13 @@ func (c *etcdChaos) check() chaosReport {
 			case opRelease:
 				rep.releases++
 			case opWrite:
+				if op.ClientId == takeoverClient {
+					rep.testWrites++
+					if out.ok {
+						rep.testAccepted++
+					}
+					continue
+				}
 				rep.writes++
 				switch {
 				case out.ok:
@@ -808,7 +890,8 @@ func (rep chaosReport) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "  operations:    %d (%d writes, %d reads, %d acquires, %d releases; %d of unknown outcome)\n",
 		rep.ops, rep.writes, rep.reads, rep.acquires, rep.releases, rep.unknown)
-	fmt.Fprintf(&b, "  writes:        %d accepted, %d refused as stale, %d indefinite (outcome unknown)\n", rep.accepted, rep.refused, rep.indefinite)
+	fmt.Fprintf(&b, "  holder writes: %d accepted, %d refused as stale, %d indefinite (outcome unknown)\n", rep.accepted, rep.refused, rep.indefinite)
+	fmt.Fprintf(&b, "  test's writes: %d forged, foreign or control writes, %d accepted\n", rep.testWrites, rep.testAccepted)
 	fmt.Fprintf(&b, "  late writes:   %d (token older than an acquisition returned before the call): %d refused, %d accepted, %d indefinite\n",
 		rep.late, rep.lateRefused, rep.lateAccepted, rep.lateUnknown)
 	fmt.Fprintf(&b, "  faults injected:\n")

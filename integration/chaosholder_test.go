@@ -73,6 +73,7 @@ type holderBackend interface {
 	tryAcquire(ctx context.Context, name string) (token.Token, error)
 	put(ctx context.Context, tok token.Token, name string, val int) error
 	release(ctx context.Context, tok token.Token) error
+	read(ctx context.Context, name string) error
 }
 
 // runChaosHolderIfAsked runs a chaos holder and exits if this process was
@@ -178,26 +179,49 @@ func (h *processHolder) run(ctx context.Context) {
 				continue
 			}
 		}
-		tok, ok := h.acquire(ctx, name)
-		if !ok {
+		tok, ok, unknown := h.acquire(ctx, name)
+		switch {
+		case unknown:
+			h.waitReachable(ctx)
+			continue
+		case !ok:
 			sleepCtx(ctx, time.Duration(5+rand.IntN(10))*time.Millisecond)
 			continue
 		}
-		h.writeSome(name, tok)
+		h.writeSome(ctx, name, tok)
 		rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		call := time.Now()
 		err := h.b.release(rctx, tok)
 		cancel()
 		h.report(holderOp{Round: name, Kind: opRelease, Tok: tok.String(), OK: err == nil, Unknown: err != nil, Call: call.UnixNano(), Ret: time.Now().UnixNano()})
 		if err != nil {
+			fmt.Fprintf(os.Stderr, "release %s: %v\n", tok, err)
 			h.b.closeSession()
+			h.waitReachable(ctx)
 		}
 	}
 }
 
-// acquire tries once to acquire lease name. A refusal that shows nothing
-// was acquired is not reported.
-func (h *processHolder) acquire(ctx context.Context, name string) (token.Token, bool) {
+// waitReachable waits, after an operation of unknown outcome, until a read
+// succeeds, so that a holder whose etcd member or fencer serve replica is
+// down does not fill the history with operations of unknown outcome, each
+// of which the checker must place anywhere after its call.
+func (h *processHolder) waitReachable(ctx context.Context) {
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := h.b.read(rctx, h.current())
+		cancel()
+		if err == nil {
+			return
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+// acquire tries once to acquire lease name, and reports whether it did
+// or whether that is unknown. A refusal that shows nothing was acquired is
+// not reported.
+func (h *processHolder) acquire(ctx context.Context, name string) (tok token.Token, ok, unknown bool) {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	call := time.Now()
@@ -207,22 +231,23 @@ func (h *processHolder) acquire(ctx context.Context, name string) (token.Token, 
 	case err == nil:
 		op.OK, op.Tok = true, tok.String()
 	case errors.Is(err, token.ErrHeldByAnother), errors.Is(err, etcdstore.ErrAlreadyHeld), errors.Is(err, token.ErrLockDelay):
-		return token.Token{}, false
+		return token.Token{}, false, false
 	default:
 		// A timeout, a member or replica killed under the call: it may
 		// have committed. Whatever it acquired ends with the session.
 		op.Unknown = true
+		fmt.Fprintf(os.Stderr, "acquire %s: %v\n", name, err)
 		h.b.closeSession()
 	}
 	op.Ret = time.Now().UnixNano()
 	h.report(op)
-	return tok, err == nil
+	return tok, err == nil, op.Unknown
 }
 
 // writeSome writes lease name's register with tok a few dozen times, until
 // the store has refused lateStubborn writes or a write's outcome is
 // unknown.
-func (h *processHolder) writeSome(name string, tok token.Token) {
+func (h *processHolder) writeSome(ctx context.Context, name string, tok token.Token) {
 	refused := 0
 	for i, n := 0, 10+rand.IntN(40); i < n; i++ {
 		h.next++
@@ -239,9 +264,14 @@ func (h *processHolder) writeSome(name string, tok token.Token) {
 			refused++
 		default:
 			op.Unknown = true
+			fmt.Fprintf(os.Stderr, "write %s with %s: %v\n", name, tok, err)
 		}
 		h.report(op)
-		if op.Unknown || refused == lateStubborn || h.current() != name {
+		if op.Unknown {
+			h.waitReachable(ctx)
+			return
+		}
+		if refused == lateStubborn || h.current() != name {
 			return
 		}
 		time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
@@ -289,6 +319,11 @@ func (b *storeBackend) tryAcquire(ctx context.Context, name string) (token.Token
 
 func (b *storeBackend) put(ctx context.Context, tok token.Token, name string, val int) error {
 	_, err := b.st.Put(ctx, tok, name, []byte(strconv.Itoa(val)))
+	return err
+}
+
+func (b *storeBackend) read(ctx context.Context, name string) error {
+	_, _, err := b.st.Get(ctx, name)
 	return err
 }
 
@@ -340,6 +375,11 @@ func (b *clientBackend) tryAcquire(ctx context.Context, name string) (token.Toke
 
 func (b *clientBackend) put(ctx context.Context, tok token.Token, name string, val int) error {
 	_, err := b.c.Put(ctx, tok, name, []byte(strconv.Itoa(val)))
+	return err
+}
+
+func (b *clientBackend) read(ctx context.Context, name string) error {
+	_, _, err := b.c.Get(ctx, name)
 	return err
 }
 
