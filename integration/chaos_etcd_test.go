@@ -279,6 +279,15 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 	}
 	exe, err := os.Executable()
 	require.NoError(t, err)
+	logDir := t.TempDir()
+	t.Cleanup(func() {
+		if t.Failed() {
+			for id := 1; id <= 5; id++ {
+				b, _ := os.ReadFile(filepath.Join(logDir, fmt.Sprintf("holder-%d.log", id)))
+				t.Logf("holder %d's errors:\n%s", id, b)
+			}
+		}
+	})
 	for id := 1; id <= 5; id++ {
 		hp := &holderProc{id: id, exited: make(chan struct{})}
 		cfg := holderConfig{ID: id, Prefix: chaosPrefix}
@@ -297,7 +306,7 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 		require.NoError(t, err)
 		hp.cmd = exec.Command(exe)
 		hp.cmd.Env = append(os.Environ(), chaosHolderEnv+"="+string(conf))
-		log, err := os.Create(filepath.Join("/tmp/chaoslogs", fmt.Sprintf("holder-%d.log", id)))
+		log, err := os.Create(filepath.Join(logDir, fmt.Sprintf("holder-%d.log", id)))
 		require.NoError(t, err)
 		t.Cleanup(func() { log.Close() })
 		hp.cmd.Stderr = log
