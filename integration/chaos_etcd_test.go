@@ -176,7 +176,9 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 	if m := os.Getenv(mutant.Env); mutant.Enabled && m != "" {
 		t.Logf("mutant %s: %d violations in %d rounds", m, rep.violations, rep.rounds)
 	}
-	require.Empty(t, failed, "etcd chaos%s", mutantNote())
+	if len(failed) > 0 {
+		t.Fatalf("etcd chaos%s:\n%s", mutantNote(), strings.Join(failed, "\n"))
+	}
 	require.Positive(t, rep.accepted, "no write was accepted")
 	require.GreaterOrEqual(t, rep.writes, perRound*int(numFaults), "too few writes")
 	for f := range numFaults {
