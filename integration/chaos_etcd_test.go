@@ -139,9 +139,11 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 	if !etcdproc.CanIsolate {
 		t.Skip("partitioning a member process needs Linux's /proc")
 	}
-	perRound := 260
+	// The bounded version: 8 rounds of 260 writes, of which 100 late at
+	// least (about 650 are).
+	perRound, wantWrites, wantLate := 260, 2000, 100
 	if *chaosWrites > 0 {
-		perRound = 500
+		perRound, wantWrites, wantLate = 500, *chaosWrites, *chaosLate
 	}
 	c := startEtcdChaos(t)
 	start := time.Now()
@@ -180,7 +182,9 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 		t.Fatalf("etcd chaos%s:\n%s", mutantNote(), strings.Join(failed, "\n"))
 	}
 	require.Positive(t, rep.accepted, "no write was accepted")
-	require.GreaterOrEqual(t, rep.writes, perRound*int(numFaults), "too few writes")
+	require.Zero(t, rep.lateAccepted, "a late write was accepted")
+	require.GreaterOrEqual(t, rep.writes, wantWrites, "too few writes")
+	require.GreaterOrEqual(t, rep.late, wantLate, "too few late writes")
 	for f := range numFaults {
 		require.Positive(t, rep.faults[f.String()], "fault %q never injected", f)
 	}

@@ -278,28 +278,24 @@ func (h *processHolder) writeSome(ctx context.Context, name string, tok token.To
 	}
 }
 
-// storeBackend is a holder on etcdstore.
-type storeBackend struct {
-	st     *etcdstore.Store
-	ttl    time.Duration
-	holder string
-	sess   *etcdstore.Session
+// holderSession is the session of a holder's backend.
+type holderSession interface {
+	*etcdstore.Session | *client.Session
+	Err() error
+	Close(ctx context.Context) error
 }
 
-func (b *storeBackend) newSession(ctx context.Context) error {
-	s, err := b.st.NewSession(ctx, etcdstore.WithTTL(b.ttl), etcdstore.WithHolder(b.holder))
-	b.sess = s
-	return err
-}
+// sessionSlot holds a backend's session; nil: none.
+type sessionSlot[S holderSession] struct{ sess S }
 
-func (b *storeBackend) sessionErr() error {
+func (b *sessionSlot[S]) sessionErr() error {
 	if b.sess == nil {
 		return token.ErrSessionClosed
 	}
 	return b.sess.Err()
 }
 
-func (b *storeBackend) closeSession() {
+func (b *sessionSlot[S]) closeSession() {
 	if b.sess == nil {
 		return
 	}
@@ -307,6 +303,20 @@ func (b *storeBackend) closeSession() {
 	defer cancel()
 	_ = b.sess.Close(ctx)
 	b.sess = nil
+}
+
+// storeBackend is a holder on etcdstore.
+type storeBackend struct {
+	sessionSlot[*etcdstore.Session]
+	st     *etcdstore.Store
+	ttl    time.Duration
+	holder string
+}
+
+func (b *storeBackend) newSession(ctx context.Context) error {
+	s, err := b.st.NewSession(ctx, etcdstore.WithTTL(b.ttl), etcdstore.WithHolder(b.holder))
+	b.sess = s
+	return err
 }
 
 func (b *storeBackend) tryAcquire(ctx context.Context, name string) (token.Token, error) {
@@ -327,42 +337,30 @@ func (b *storeBackend) read(ctx context.Context, name string) error {
 	return err
 }
 
+// release is the holder's clean release (Lease.Release's), or the store's
+// Release if the holder has no session any more.
 func (b *storeBackend) release(ctx context.Context, tok token.Token) error {
-	// Lease.Release for the holder's own lease, as a holder would; the
-	// store's Release if the session no longer has it.
-	_, err := b.st.ReleaseOn(ctx, tok, b.sess.LeaseID())
+	var err error
+	if b.sess != nil {
+		_, err = b.st.ReleaseOn(ctx, tok, b.sess.LeaseID())
+	} else {
+		_, err = b.st.Release(ctx, tok)
+	}
 	return err
 }
 
 // clientBackend is a holder on the Go client, through a fencer serve
 // replica.
 type clientBackend struct {
-	c    *client.Client
-	ttl  time.Duration
-	sess *client.Session
+	sessionSlot[*client.Session]
+	c   *client.Client
+	ttl time.Duration
 }
 
 func (b *clientBackend) newSession(context.Context) error {
 	s, err := b.c.NewSession(client.WithTTL(b.ttl))
 	b.sess = s
 	return err
-}
-
-func (b *clientBackend) sessionErr() error {
-	if b.sess == nil {
-		return token.ErrSessionClosed
-	}
-	return b.sess.Err()
-}
-
-func (b *clientBackend) closeSession() {
-	if b.sess == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	_ = b.sess.Close(ctx)
-	b.sess = nil
 }
 
 func (b *clientBackend) tryAcquire(ctx context.Context, name string) (token.Token, error) {
