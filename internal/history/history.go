@@ -103,11 +103,12 @@ func (h *History) Record(client int, in any, call int64, out any, unknown bool) 
 	h.RecordAt(client, in, call, h.Now(), out, unknown)
 }
 
-// At is time t on the history's clock, in nanoseconds. A t read in
-// another process (with no monotonic reading) is placed by the wall
-// clock, which the processes of one machine share; a step of that clock
-// while the history is recorded misplaces it.
-func (h *History) At(t time.Time) int64 { return t.Sub(h.start).Nanoseconds() }
+// At is time t on the wall clock, in nanoseconds since the history's
+// start: the clock for a history whose operations are timed in several
+// processes, which share the wall clock of their machine. Its operations
+// must all be timed with At, not Now (the monotonic clock); a step of the
+// wall clock while the history is recorded misplaces them.
+func (h *History) At(t time.Time) int64 { return t.Round(0).Sub(h.start.Round(0)).Nanoseconds() }
 
 // RecordAt is Record for an operation that returned at ret on the
 // history's clock (At), such as one timed by another process.
