@@ -316,6 +316,7 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 		require.NoError(t, err)
 		t.Cleanup(func() { log.Close() })
 		hp.cmd.Stderr = log
+		hp.cmd.SysProcAttr = childProcAttr()
 		hp.stdin, err = hp.cmd.StdinPipe()
 		require.NoError(t, err)
 		stdout, err := hp.cmd.StdoutPipe()
@@ -381,6 +382,7 @@ func (c *etcdChaos) spawnServe(s *serveReplica) error {
 	cmd := exec.Command(c.bin, s.args...)
 	cmd.Env = os.Environ()
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = childProcAttr()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
