@@ -140,7 +140,7 @@ func TestChaosEtcdFencedRegister(t *testing.T) {
 		t.Skip("partitioning a member process needs Linux's /proc")
 	}
 	// The bounded version: 8 rounds of 260 writes, of which 100 late at
-	// least (about 650 are).
+	// least (about 600 are).
 	perRound, wantWrites, wantLate := 260, 2000, 100
 	if *chaosWrites > 0 {
 		perRound, wantWrites, wantLate = 500, *chaosWrites, *chaosLate
