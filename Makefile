@@ -65,10 +65,11 @@ test: lint kube-apiserver python-deps
 bench: kube-apiserver
 	./scripts/bench.sh
 
-## chaos: etcd chaos on a 3-member cluster of member processes until CHAOS_OPS operations, with the broken-guard control; prints the counts
-CHAOS_OPS ?= 20000
+## chaos: etcd chaos on a 3-member cluster of member processes, holders as processes, until CHAOS_WRITES writes of which CHAOS_LATE late, with the broken-guard control; prints the counts
+CHAOS_WRITES ?= 20000
+CHAOS_LATE   ?= 1000
 chaos:
-	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.ops=$(CHAOS_OPS)
+	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.writes=$(CHAOS_WRITES) -chaos.late=$(CHAOS_LATE)
 
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:

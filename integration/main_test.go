@@ -15,6 +15,8 @@ func TestMain(m *testing.M) {
 	// The etcd chaos test runs etcd members as re-executions of this
 	// binary.
 	etcdproc.RunIfMember()
+	// ...and the holders of the etcd chaos test.
+	runChaosHolderIfAsked()
 	// client-go's leader election logs every transition through klog; the
 	// tests report what matters themselves.
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)

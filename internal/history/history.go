@@ -100,7 +100,19 @@ func (h *History) Add(client int, in Input, call int64, out Output) {
 // now. An operation of unknown outcome may take effect at any time after
 // its call: Check moves its return after every other.
 func (h *History) Record(client int, in any, call int64, out any, unknown bool) {
-	ret := h.Now()
+	h.RecordAt(client, in, call, h.Now(), out, unknown)
+}
+
+// At is time t on the wall clock, in nanoseconds since the history's
+// start: the clock for a history whose operations are timed in several
+// processes, which share the wall clock of their machine. Its operations
+// must all be timed with At, not Now (the monotonic clock); a step of the
+// wall clock while the history is recorded misplaces them.
+func (h *History) At(t time.Time) int64 { return t.Round(0).Sub(h.start.Round(0)).Nanoseconds() }
+
+// RecordAt is Record for an operation that returned at ret on the
+// history's clock (At), such as one timed by another process.
+func (h *History) RecordAt(client int, in any, call, ret int64, out any, unknown bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if unknown {
@@ -143,7 +155,11 @@ func (h *History) closed() []porcupine.Operation {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ops := append([]porcupine.Operation(nil), h.ops...)
-	end := h.Now() + 1
+	end := h.Now()
+	for _, op := range ops {
+		end = max(end, op.Return)
+	}
+	end++
 	for _, i := range h.unknown {
 		ops[i].Return = end
 	}

@@ -58,3 +58,40 @@ func TestUnknownOutcomeMayLandLate(t *testing.T) {
 		require.Equal(t, want, h.Check(history.FencedRegister, time.Minute), "unknown outcome %v", unknown)
 	}
 }
+
+// TestRecordAtOrdersOperationsOfOtherProcessesByTheWallClock: operations
+// timed in another process (wall-clock times without a monotonic reading)
+// are placed by their times, so a stale write whose call follows a newer
+// write's return is not linearizable, and the same write overlapping it
+// is; an unknown outcome still returns after every other operation, also
+// one recorded later in the history than its own return.
+func TestRecordAtOrdersOperationsOfOtherProcessesByTheWallClock(t *testing.T) {
+	start := time.Now()
+	h := history.New(start)
+	wall := func(ms int) int64 {
+		return h.At(time.Unix(0, start.UnixNano()+int64(ms)*int64(time.Millisecond)))
+	}
+	require.Equal(t, int64(5*time.Millisecond), wall(5))
+	for _, tc := range []struct {
+		name      string
+		staleCall int
+		want      porcupine.CheckResult
+	}{
+		{"the stale write called after the newer one returned", 30, porcupine.Illegal},
+		{"the stale write overlapping the newer one", 15, porcupine.Ok},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := history.New(start)
+			h.RecordAt(2, history.Input{Write: true, Tok: 9, Val: 2}, wall(10), wall(20), history.Output{OK: true}, false)
+			h.RecordAt(1, history.Input{Write: true, Tok: 5, Val: 1}, wall(tc.staleCall), wall(40), history.Output{OK: true}, false)
+			h.RecordAt(3, history.Input{}, wall(50), wall(60), history.Output{OK: true, Val: 2}, false)
+			require.Equal(t, tc.want, h.Check(history.FencedRegister, time.Minute))
+		})
+	}
+	// The history's clock (Now) is still near its start; the read is
+	// timed seconds later.
+	h.RecordAt(1, history.Input{Write: true, Tok: 1, Val: 7}, wall(0), wall(1), history.Output{Unknown: true}, true)
+	h.RecordAt(2, history.Input{}, wall(2), wall(3), history.Output{OK: true}, false)
+	h.RecordAt(2, history.Input{}, wall(3000), wall(4000), history.Output{OK: true, Val: 7}, false)
+	require.Equal(t, porcupine.Ok, h.Check(history.FencedRegister, time.Minute), "the unknown write may land after the first read")
+}
