@@ -31,13 +31,15 @@ func (e *NestedPrefixError) Error() string {
 }
 
 // CheckPrefix returns a *NestedPrefixError if prefix lies inside the
-// data or owner key space of another deployment: if, for a proper ancestor
-// A of prefix at a "/" boundary (for "/a/data/b/": "/" and "/a/"), prefix
-// begins with A+"data/" or A+"owners/", and etcd holds a Store's layout
-// under A, that is any key under its leases/, epochs/, fences/, owners/ or delays/.
-// Those are the key spaces whose keys A's clients choose; a prefix under
-// A's other key spaces (or beside them) is not written by A and is not
-// refused. It reads only key counts, and only what cli's etcd user may
+// data, owner or lock-delay key space of another deployment: if, for a
+// proper ancestor A of prefix at a "/" boundary (for "/a/data/b/": "/" and
+// "/a/"), prefix begins with A+"data/", A+"owners/" or A+"delays/", and
+// etcd holds a Store's layout under A, that is any key under its leases/,
+// epochs/, fences/, owners/ or delays/. Those are the key spaces whose keys
+// A's clients choose with further "/" levels below them: a deployment at
+// A+"delays/" would hold A's lock-delay claim keys (delays/<lease>/claim)
+// among its own keys, and could delete them. A prefix under A's other key
+// spaces (or beside them) is not written by A and is not refused. It reads only key counts, and only what cli's etcd user may
 // read: a range it may not read counts as empty. It cannot catch the
 // reverse order, a deployment started later at an ancestor of prefix, nor
 // a deployment that has not written a key yet, nor one its user cannot
@@ -50,7 +52,7 @@ func CheckPrefix(ctx context.Context, cli *clientv3.Client, prefix string) error
 			continue
 		}
 		outer, rest := prefix[:i+1], prefix[i+1:]
-		if !strings.HasPrefix(rest, "data/") && !strings.HasPrefix(rest, "owners/") {
+		if !strings.HasPrefix(rest, "data/") && !strings.HasPrefix(rest, "owners/") && !strings.HasPrefix(rest, "delays/") {
 			continue
 		}
 		for _, dir := range layoutDirs {

@@ -24,7 +24,7 @@ func TestCheckPrefix(t *testing.T) {
 	for _, dir := range []string{"leases/", "epochs/", "fences/", "owners/"} {
 		_, err := cli.Put(ctx, outer+dir+"x", "1")
 		require.NoError(t, err)
-		for _, inner := range []string{outer + "data/tenant2/", outer + "owners/t/", outer + "data/"} {
+		for _, inner := range []string{outer + "data/tenant2/", outer + "owners/t/", outer + "data/", outer + "delays/", outer + "delays/t/"} {
 			err := etcdstore.CheckPrefix(ctx, cli, inner)
 			var nested *etcdstore.NestedPrefixError
 			require.ErrorAs(t, err, &nested, "%s with a key under %s", inner, dir)
