@@ -94,13 +94,14 @@ func delaySeconds(d time.Duration) int64 {
 // startDelay starts the lock-delay recorded in m for lease name: it grants
 // an etcd lease of the delay's length and, if the marker is still at m's
 // mod revision and the lease still free, puts the claim key on it and
-// names it in the marker. It reports whether it started the delay; when it
-// did not (another acquirer was first, or the lease was acquired), the
+// names it in the marker. It reports whether it started the delay, and
+// then the TTL etcd granted the claim, the time the delay has left; when
+// it did not (another acquirer was first, or the lease was acquired), the
 // caller reads again.
-func (s *Store) startDelay(ctx context.Context, name string, m delayMarker) (bool, error) {
+func (s *Store) startDelay(ctx context.Context, name string, m delayMarker) (time.Duration, bool, error) {
 	g, err := s.cli.Grant(ctx, delaySeconds(m.delay))
 	if err != nil {
-		return false, fmt.Errorf("etcdstore: start lock-delay of %q: %w", name, err)
+		return 0, false, fmt.Errorf("etcdstore: start lock-delay of %q: %w", name, err)
 	}
 	dk := s.delayKey(name)
 	resp, err := s.cli.Txn(ctx).If(
@@ -111,16 +112,16 @@ func (s *Store) startDelay(ctx context.Context, name string, m delayMarker) (boo
 		clientv3.OpPut(dk, encodeMarker(m.delay, g.ID)),
 	).Commit()
 	if err == nil && resp.Succeeded {
-		return true, nil
+		return time.Duration(g.TTL) * time.Second, true, nil
 	}
 	// Not started by this call: the lease goes now, or expires unused.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	_, _ = s.cli.Revoke(rctx, g.ID)
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("etcdstore: start lock-delay of %q: %w", name, err)
+		return 0, false, fmt.Errorf("etcdstore: start lock-delay of %q: %w", name, err)
 	}
-	return false, nil
+	return 0, false, nil
 }
 
 // delayError returns the *token.LockDelayError of a lease whose delay,

@@ -233,7 +233,9 @@ func TestLockDelayInStatus(t *testing.T) {
 	require.NoError(t, err)
 	want("a", testDelay, false) // free, pending: the next acquirer starts it
 	_, err = other.TryAcquire(ctx, "a")
-	require.ErrorIs(t, err, token.ErrLockDelay)
+	var de *token.LockDelayError
+	require.ErrorAs(t, err, &de)
+	require.GreaterOrEqual(t, de.Remaining, testDelay, "the refusal that starts the delay says how long it has left")
 	want("a", testDelay, true) // running
 	want("a-b", 2*testDelay, false)
 

@@ -225,12 +225,12 @@ func (s *Store) acquire(ctx context.Context, id clientv3.LeaseID, holder, name s
 		case markNow.present && markNow.claim == 0:
 			// The last acquisition ended without a clean release and
 			// nobody has started its delay yet: start it.
-			started, err := s.startDelay(ctx, name, markNow)
+			left, started, err := s.startDelay(ctx, name, markNow)
 			if err != nil {
 				return token.Token{}, 0, err
 			}
 			if started {
-				return token.Token{}, resp.Header.Revision, s.delayError(ctx, name, markNow)
+				return token.Token{}, resp.Header.Revision, &token.LockDelayError{Lease: name, Delay: markNow.delay, Remaining: left}
 			}
 			seen, mark = now, delayMarker{} // read again
 			continue
