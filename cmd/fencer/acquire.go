@@ -58,12 +58,13 @@ the gaps that remain):
     acquire exits 9 once it runs again. If the watchdog dies, fencer kills
     the group, releases the lease and exits 10;
   - when CMD exits, what it left running in its process group is killed;
-  - the lease is acquired with a lock-delay, --grace + 1s unless
+  - the lease is acquired with a lock-delay, --ttl + --grace + 1s unless
     --lock-delay says otherwise: if it ends other than by this acquire's
     own release (its token released by another process, its holder key
     deleted, its session expired), the store refuses it to every acquirer
-    until the delay has passed, so CMD's grace ends before a successor's
-    CMD can start. While a lease is in its lock-delay, acquire waits it
+    until the delay has passed, so CMD is stopped before a successor's CMD
+    can start, even when fencer cannot hear of the end and stops CMD only
+    at its session's deadline, a TTL after its last renewal. While a lease is in its lock-delay, acquire waits it
     out, as it waits for a holder (--wait=false: exit code 5).
 When standard input is the terminal, CMD runs in the foreground, so
 interactive commands and commands that read standard input work.
@@ -110,8 +111,8 @@ func (a *app) acquireCmd() *cobra.Command {
 				f.grace = f.ttl / 4
 			}
 			if !cmd.Flags().Changed("lock-delay") {
-				// A --grace out of range is refused with its own message.
-				f.lockDelay = min(max(f.grace, 0)+lockDelayMargin, time.Hour)
+				// A --ttl or --grace out of range is refused with its own message.
+				f.lockDelay = min(max(f.ttl, 0)+max(f.grace, 0)+lockDelayMargin, time.Hour)
 			}
 			if f.lockDelay < 0 || f.lockDelay > time.Hour {
 				return usagef("--lock-delay %s is out of range: give 0 (none) to 1h", f.lockDelay)
@@ -126,7 +127,7 @@ func (a *app) acquireCmd() *cobra.Command {
 	fs.BoolVar(&f.wait, "wait", true, "wait while another holder holds the lease (false: fail at once, exit code 5)")
 	fs.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, with exit code 5 while the lease is held (0: wait for ever)")
 	fs.DurationVar(&f.grace, "grace", 0, "after SIGTERM (or the signal passed on), how long CMD has before SIGKILL; less than 2/3 of --ttl, less 200ms (default --ttl/4)")
-	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "after the lease ends other than by this acquire's release, how long the store refuses it to every acquirer (whole seconds, rounded up; 0: none; default --grace + 1s)")
+	fs.DurationVar(&f.lockDelay, "lock-delay", 0, "after the lease ends other than by this acquire's release, how long the store refuses it to every acquirer (whole seconds, rounded up; 0: none; default --ttl + --grace + 1s)")
 	reconnectFlag(fs, &f.reconnectTimeout)
 	envFlag(fs, "ttl", "FENCER_TTL")
 	envFlag(fs, "lock-delay", "FENCER_LOCK_DELAY")
@@ -135,9 +136,11 @@ func (a *app) acquireCmd() *cobra.Command {
 	return cmd
 }
 
-// lockDelayMargin is what the default --lock-delay adds to --grace: time
-// for the SIGKILL that ends CMD's grace to take effect, and for fencer to
-// notice the loss (the server's watch) after the lease ended.
+// lockDelayMargin is what the default --lock-delay adds to --ttl + --grace.
+// A lease can end where this acquire cannot hear of it (its server
+// partitioned away, frozen or restarting): it then stops CMD at its
+// session's deadline at the latest, at most a TTL after the end, and CMD's
+// grace follows. The margin is time for the SIGKILL to take effect.
 const lockDelayMargin = time.Second
 
 // killMargin is how long before the lease's local deadline the SIGKILL

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +118,58 @@ func TestLockDelayNoWaitExitsHeld(t *testing.T) {
 	code, _, stderr = s.fencer(nil, "acquire", "--wait-timeout", "15s", "dirty", "--", "true")
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stderr, "waiting for dirty: lease \"dirty\" is in its lock-delay")
+}
+
+// TestLockDelayCoversAHolderThatCannotHear: the holder's acquire reaches
+// the store through a replica that freezes (SIGSTOP: a partition between
+// them) just before another process releases its token through another
+// replica. The holder cannot learn of the end; it stops its stubborn
+// command only at its session's deadline, a TTL after its last renewal,
+// and the watchdog kills it --grace later. The default lock-delay
+// (--ttl + --grace + 1s) keeps a waiting successor out until then; the
+// former default of --grace + 1s (here 2s) did not.
+func TestLockDelayCoversAHolderThatCannotHear(t *testing.T) {
+	member := etcdtest.Start(t)
+	s := startServeProc(t, "--etcd-endpoints", member.Endpoint())
+	frozen := startServeProc(t, "--etcd-endpoints", member.Endpoint())
+	for _, tc := range []struct {
+		delay   string
+		overlap bool
+	}{{"", false}, {"2s", true}} {
+		t.Run("lock-delay="+tc.delay, func(t *testing.T) {
+			name := "unheard" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+			dir := t.TempDir()
+			oldLog, newLog := filepath.Join(dir, "old"), filepath.Join(dir, "new")
+			flags := []string{"--ttl", "4s", "--grace", "1s"}
+			if tc.delay != "" {
+				flags = append(flags, "--lock-delay", tc.delay)
+			}
+			old, _, tok := rtCommand(t, frozen, nil, flags, name,
+				`trap '' TERM; echo $$ $FENCER_TOKEN; while :; do date +%s%N >> `+oldLog+`; sleep 0.05; done`)
+			succ := s.startFencer(nil, "acquire", "--ttl", "4s", name, "--", "sh", "-c", `date +%s%N >> `+newLog)
+			require.Eventually(t, func() bool { return strings.Contains(succ.stderr.String(), "waiting for "+name) }, printBound, 10*time.Millisecond, succ.stderr.String())
+
+			require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGSTOP))
+			thawed := false
+			thaw := func() {
+				if !thawed {
+					thawed = true
+					_ = frozen.cmd.Process.Signal(syscall.SIGCONT)
+				}
+			}
+			defer thaw()
+			code, _, stderr := s.fencer(nil, "release", "--token", tok)
+			require.Equal(t, 0, code, stderr)
+			require.Equal(t, 0, succ.wait(t, 20*time.Second), succ.stderr.String())
+			require.Equal(t, rtExitLeaseLost, old.wait(t, 20*time.Second), old.stderr.String())
+			thaw()
+
+			lastOld, firstNew := stamps(t, oldLog, true), stamps(t, newLog, false)
+			if tc.overlap {
+				require.Less(t, firstNew, lastOld, "with a lock-delay shorter than the TTL the successor was expected to overlap the unhearing holder's command")
+				return
+			}
+			require.Greater(t, firstNew, lastOld, "the successor's command ran %s before the old command's last write", time.Duration(lastOld-firstNew))
+		})
+	}
 }

@@ -76,9 +76,9 @@ func TestVerbs(t *testing.T) {
 		require.True(t, strings.HasPrefix(out, "orders "), out)
 		var rows []statusRow
 		require.NoError(t, json.Unmarshal([]byte(run(nil, "status", "-o", "json")), &rows))
-		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, Held: true, Holder: rows[0].Holder, Token: held.Token, LockDelay: "4s", LockDelayState: "armed"}}, rows,
-			"acquire's default lock-delay: --grace 3s + 1s")
-		require.Contains(t, out, " 4s armed\n")
+		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, Held: true, Holder: rows[0].Holder, Token: held.Token, LockDelay: "14s", LockDelayState: "armed"}}, rows,
+			"acquire's default lock-delay: --ttl 10s + --grace + 1s, in whole seconds")
+		require.Contains(t, out, " 14s armed\n")
 	})
 
 	t.Run("health", func(t *testing.T) {
@@ -96,7 +96,7 @@ func TestVerbs(t *testing.T) {
 		require.Equal(t, held.Token+" had already ended\n", run(tok, "release"))
 		var rows []statusRow
 		require.NoError(t, json.Unmarshal([]byte(run(nil, "status", "-o", "json", "orders")), &rows))
-		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, LockDelay: "4s", LockDelayState: "pending"}}, rows, "a release by token is not clean")
+		require.Equal(t, []statusRow{{Name: "orders", Epoch: 1, LockDelay: "14s", LockDelayState: "pending"}}, rows, "a release by token is not clean")
 		require.Equal(t, exitLeaseLost, holder.wait(t, 10*time.Second), holder.stderr.String())
 		require.Equal(t, exitNotFound, w.wait(t, 10*time.Second), "watch ends with the session: %s", w.stderr)
 	})
