@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -521,6 +522,9 @@ func (c *Client) readChecked(ctx context.Context, obj client.Object, want string
 	}
 	if err != nil {
 		return tok, nil, err
+	}
+	if mutant.On(mutant.KubeTrustCallerMarks) && obj.GetResourceVersion() != "" {
+		cur = obj.DeepCopyObject().(client.Object)
 	}
 	if cur.GetResourceVersion() == "" {
 		return tok, nil, fmt.Errorf("%w: the object read has no resourceVersion to write conditionally on", ErrUnsupported)
