@@ -186,6 +186,9 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 		}
 		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
 		obj.SetResourceVersion(cur.GetResourceVersion())
+		if mutant.On(mutant.KubeTrustCallerVersion) {
+			obj.SetResourceVersion(callerRV)
+		}
 		if callerUID == "" {
 			// Some kinds' PUT creates an absent object whatever
 			// resourceVersion it carries; with the UID checked it cannot.
