@@ -39,7 +39,7 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.ReleaseAnyHolder, pkg: "etcdstore", tests: []string{"TestRetriedReleaseKeepsNewerHolder"}},
 	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
 	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
-	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/kubetest", tests: []string{"TestPolicyDifferential"}, kube: true},
+	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
 	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter", tests: []string{"TestFutureRenewTimeIgnored"}},
 }
 
