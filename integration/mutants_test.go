@@ -91,7 +91,7 @@ func TestMutantsAreCaught(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), mutantBuildTimeout)
 		defer cancel()
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, goCommand(), "test", "-c", "-tags", mutant.Tag, "-o", out, "./"+pkg)
+		cmd := exec.CommandContext(ctx, goForMutants(), "test", "-c", "-tags", mutant.Tag, "-o", out, "./"+pkg)
 		cmd.Dir = repo
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go test -c -tags %s ./%s: %v\n%s", mutant.Tag, pkg, err, b)
@@ -120,7 +120,7 @@ func TestMutantsAreCaught(t *testing.T) {
 						all = append(all, o.tests...)
 					}
 				}
-				res := runTests(t, bin, filepath.Join(repo, c.pkg), "", all)
+				res := runMutantTests(t, bin, filepath.Join(repo, c.pkg), "", all)
 				if res.err != nil || len(res.failed) > 0 {
 					t.Fatalf("./%s with no mutant: %v, failed %v (a mutant's failure below would prove nothing):\n%s", c.pkg, res.err, res.failed, res.tail())
 				}
@@ -129,7 +129,7 @@ func TestMutantsAreCaught(t *testing.T) {
 				}
 				passed[c.pkg] = true
 			}
-			res := runTests(t, bin, filepath.Join(repo, c.pkg), c.mutant, c.tests)
+			res := runMutantTests(t, bin, filepath.Join(repo, c.pkg), c.mutant, c.tests)
 			r := row{mutant: string(c.mutant), seconds: res.seconds}
 			var caught []string
 			for _, f := range res.failed {
@@ -159,8 +159,8 @@ func TestMutantsAreCaught(t *testing.T) {
 	t.Log(b.String())
 }
 
-// testRun is the outcome of one run of a test binary.
-type testRun struct {
+// mutantRun is the outcome of one run of a test binary.
+type mutantRun struct {
 	out            []byte
 	err            error    // the binary's exit status, nil when it passed
 	passed, failed []string // top-level tests, by their --- PASS and --- FAIL lines
@@ -169,7 +169,7 @@ type testRun struct {
 }
 
 // tail returns the end of the run's output, for a failure message.
-func (r testRun) tail() string {
+func (r mutantRun) tail() string {
 	const n = 4000
 	if len(r.out) > n {
 		return "…" + string(r.out[len(r.out)-n:])
@@ -178,14 +178,14 @@ func (r testRun) tail() string {
 }
 
 var (
-	resultLine = regexp.MustCompile(`(?m)^--- (PASS|FAIL): (\S+)`)
-	logLine    = regexp.MustCompile(`^\s+\S+_test\.go:\d+: (.+)$`)
+	testResultLine = regexp.MustCompile(`(?m)^--- (PASS|FAIL): (\S+)`)
+	testLogLine    = regexp.MustCompile(`^\s+\S+_test\.go:\d+: (.+)$`)
 )
 
-// runTests runs tests from the test binary bin in dir, as go test runs a
+// runMutantTests runs tests from the test binary bin in dir, as go test runs a
 // package's tests, with FENCER_MUTANT set to m ("" for none), for at most
 // mutantRunTimeout.
-func runTests(t *testing.T, bin, dir string, m mutant.Name, tests []string) testRun {
+func runMutantTests(t *testing.T, bin, dir string, m mutant.Name, tests []string) mutantRun {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), mutantRunTimeout)
 	defer cancel()
@@ -195,23 +195,23 @@ func runTests(t *testing.T, bin, dir string, m mutant.Name, tests []string) test
 	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
-	r := testRun{out: out, err: err, seconds: time.Since(start).Seconds()}
-	for _, m := range resultLine.FindAllSubmatch(out, -1) {
+	r := mutantRun{out: out, err: err, seconds: time.Since(start).Seconds()}
+	for _, m := range testResultLine.FindAllSubmatch(out, -1) {
 		if string(m[1]) == "PASS" {
 			r.passed = append(r.passed, string(m[2]))
 		} else {
 			r.failed = append(r.failed, string(m[2]))
 		}
 	}
-	r.how = firstFailure(out)
+	r.how = firstFailedAssertion(out)
 	return r
 }
 
-// firstFailure returns the message of the first failed assertion in a
+// firstFailedAssertion returns the message of the first failed assertion in a
 // test binary's output, on one line: a testify failure's Error (with the
 // lines that continue it, such as expected and actual) and Messages; else
 // the first line a test logged; else the first panic.
-func firstFailure(out []byte) string {
+func firstFailedAssertion(out []byte) string {
 	lines := strings.Split(string(out), "\n")
 	field := func(l string) (name, value string) {
 		for _, f := range []string{"Error Trace", "Error", "Test", "Messages", "Diff"} {
@@ -243,23 +243,23 @@ func firstFailure(out []byte) string {
 		if m := msg["Messages"]; len(m) > 0 {
 			how += " (" + strings.Join(m, " ") + ")"
 		}
-		return clip(how)
+		return tableCell(how)
 	}
 	for _, l := range lines {
-		if m := logLine.FindStringSubmatch(l); m != nil {
-			return clip(m[1])
+		if m := testLogLine.FindStringSubmatch(l); m != nil {
+			return tableCell(m[1])
 		}
 	}
 	for _, l := range lines {
 		if strings.HasPrefix(l, "panic:") {
-			return clip(l)
+			return tableCell(l)
 		}
 	}
 	return ""
 }
 
-// clip shortens s to one table cell.
-func clip(s string) string {
+// tableCell shortens s to one table cell.
+func tableCell(s string) string {
 	const n = 160
 	if len(s) > n {
 		return s[:n] + "…"
@@ -289,9 +289,9 @@ func declaredMutants(t *testing.T, repo string) []string {
 	return names
 }
 
-// goCommand returns the go command to build with: the one on PATH, else
+// goForMutants returns the go command to build with: the one on PATH, else
 // the one of the toolchain that built this test.
-func goCommand() string {
+func goForMutants() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
