@@ -26,7 +26,7 @@ import (
 type mutantCase struct {
 	mutant mutant.Name
 	pkg    string   // the package's directory in the repository
-	tests  []string // top-level tests of pkg, each of which fails under the mutant
+	tests  []string // top-level tests of pkg that catch the mutant; one failing is enough
 	kube   bool     // the tests need the kube-apiserver
 }
 
