@@ -72,7 +72,7 @@ chaos:
 
 ## mutants: run each deliberately wrong guard (internal/mutant, build tag fencer_mutants) against the tests that must catch it, and print the table
 mutants: kube-apiserver
-	FENCER_REQUIRE_KUBE=1 $(GO) test -count=1 -timeout 20m -run '^TestMutantsAreCaught$$' -v ./integration
+	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m -run '^TestMutantsAreCaught$$' -v ./integration
 
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:

@@ -94,12 +94,13 @@ func TestMutantsAreCaught(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), mutantBuildTimeout)
 		defer cancel()
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, goForMutants(), "test", "-c", "-tags", mutant.Tag, "-o", out, "./"+pkg)
+		args := slices.Concat([]string{"test", "-c", "-tags", mutant.Tag}, mutantBuildFlags, []string{"-o", out, "./" + pkg})
+		cmd := exec.CommandContext(ctx, goForMutants(), args...)
 		cmd.Dir = repo
 		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go test -c -tags %s ./%s: %v\n%s", mutant.Tag, pkg, err, b)
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
 		}
-		t.Logf("built ./%s with -tags %s in %.1fs", pkg, mutant.Tag, time.Since(start).Seconds())
+		t.Logf("built ./%s with %s in %.1fs", pkg, strings.Join(args[2:len(args)-3], " "), time.Since(start).Seconds())
 		built[pkg] = out
 		return out
 	}
