@@ -8,7 +8,7 @@ LIGHT_MODULES := token proto client
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build release test bench chaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build release test bench chaos mutants lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 
@@ -70,6 +70,10 @@ CHAOS_WRITES ?= 20000
 CHAOS_LATE   ?= 1000
 chaos:
 	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.writes=$(CHAOS_WRITES) -chaos.late=$(CHAOS_LATE)
+
+## mutants: run each deliberately wrong guard (internal/mutant, build tag fencer_mutants) against the tests that must catch it, and print the table
+mutants: kube-apiserver
+	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m -run '^TestMutantsAreCaught$$' -v ./integration
 
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:

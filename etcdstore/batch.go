@@ -10,6 +10,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/fencer-dev/fencer/internal/mutant"
 )
 
 // Limits of one shared Txn, within etcd's defaults: --max-txn-ops 128
@@ -274,7 +276,11 @@ func (b *batcher) run(batch []*call) {
 	}
 	ops := make([]clientv3.Op, len(batch))
 	for i, c := range batch {
-		ops[i] = clientv3.OpTxn(c.cmps, c.then, c.els)
+		cmps := c.cmps
+		if mutant.On(mutant.BatchSharedGuard) {
+			cmps = batch[0].cmps
+		}
+		ops[i] = clientv3.OpTxn(cmps, c.then, c.els)
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil && rejectedWhole(err) {

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/internal/holderkey"
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -40,6 +41,9 @@ func (s *Store) Guard(tok token.Token) ([]clientv3.Cmp, error) {
 
 // guard is Guard for a valid token.
 func (s *Store) guard(tok token.Token) []clientv3.Cmp {
+	if mutant.On(mutant.EpochCompareDropped) {
+		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)}
+	}
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
 		clientv3.Compare(clientv3.Value(s.epochKey(tok.Lease)), "=", formatEpoch(tok.Epoch)),
@@ -262,7 +266,7 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 		op := clientv3.OpTxn(cmps,
 			slices.Concat(then, s.claims(tok, thenKeys, claim)),
 			slices.Concat(els, s.claims(tok, elsKeys, claim)))
-		checked := !o.takeOver && len(keys) > 0
+		checked := !o.takeOver && len(keys) > 0 && !mutant.On(mutant.OwnerCompareDropped)
 		if checked {
 			owned := make([]clientv3.Cmp, len(keys))
 			reads := make([]clientv3.Op, len(keys))
@@ -355,6 +359,9 @@ func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseI
 	if id != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))
 		ops = append(ops, clientv3.OpDelete(s.delayKey(tok.Lease)))
+	}
+	if mutant.On(mutant.ReleaseAnyHolder) {
+		cmps = nil
 	}
 	resp, err := s.commit(ctx, cmps, ops, nil)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -193,6 +194,8 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 		var then []clientv3.Op
 		nested := false
 		switch {
+		case mutant.On(mutant.OwnerCompareDropped):
+			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		case seen == mine && !takeOver:
 			cmps = []clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -185,6 +186,9 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 		}
 		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
 		obj.SetResourceVersion(cur.GetResourceVersion())
+		if mutant.On(mutant.KubeTrustCallerVersion) {
+			obj.SetResourceVersion(callerRV)
+		}
 		if callerUID == "" {
 			// Some kinds' PUT creates an absent object whatever
 			// resourceVersion it carries; with the UID checked it cannot.
@@ -521,6 +525,9 @@ func (c *Client) readChecked(ctx context.Context, obj client.Object, want string
 	}
 	if err != nil {
 		return tok, nil, err
+	}
+	if mutant.On(mutant.KubeTrustCallerMarks) && obj.GetResourceVersion() != "" {
+		cur = obj.DeepCopyObject().(client.Object)
 	}
 	if cur.GetResourceVersion() == "" {
 		return tok, nil, fmt.Errorf("%w: the object read has no resourceVersion to write conditionally on", ErrUnsupported)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -797,6 +798,9 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		if !ok || seen.rv != m.ResourceVersion {
 			seen = seenAt{rv: m.ResourceVersion, at: now}
 			s.seen[name] = seen
+		}
+		if mutant.On(mutant.SharderTrustsRenewTime) && m.Spec.RenewTime != nil {
+			seen.at = m.Spec.RenewTime.Time
 		}
 		holder := holderOf(&m.Spec)
 		switch {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -83,6 +84,9 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 		send := func(ctx context.Context, tok token.Token, cur, o client.Object, opts ...client.SubResourceUpdateOption) error {
 			o.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
 			o.SetResourceVersion(cur.GetResourceVersion())
+			if mutant.On(mutant.KubeTrustCallerVersion) {
+				o.SetResourceVersion(callerRV)
+			}
 			return s.c.inner.Status().Update(ctx, o, opts...)
 		}
 		tok, cur, err := s.c.readChecked(ctx, obj, callerRV, first)

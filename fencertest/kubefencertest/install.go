@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-dev/fencer/deploy"
+	"github.com/fencer-dev/fencer/internal/mutant"
 )
 
 // ErrManifest reports a manifest of package deploy that holds an object
@@ -130,6 +132,17 @@ func createPolicy(ctx context.Context, cs kubernetes.Interface, path string, doc
 	case "ValidatingAdmissionPolicy":
 		var p admissionv1.ValidatingAdmissionPolicy
 		if err = yaml.UnmarshalStrict(doc, &p); err == nil {
+			if mutant.On(mutant.PolicyNoMarkRule) {
+				// Drop the rule that refuses a token of a lease below
+				// that lease's own mark.
+				n := len(p.Spec.Validations)
+				p.Spec.Validations = slices.DeleteFunc(p.Spec.Validations, func(v admissionv1.Validation) bool {
+					return strings.Contains(v.Expression, "int(variables.newToken) >= int(variables.new[variables.newMarkKey])")
+				})
+				if len(p.Spec.Validations) != n-1 {
+					return fmt.Errorf("kubefencertest: mutant %s: %s has no single mark rule", mutant.PolicyNoMarkRule, path)
+				}
+			}
 			_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
 		}
 	case "ValidatingAdmissionPolicyBinding":

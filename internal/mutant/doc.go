@@ -14,7 +14,8 @@
 package mutant
 
 // Name names one mutant. Each is a constant in names.go, and the mutant
-// table names the tests that must catch it.
+// table (TestMutantsAreCaught, integration/mutants_test.go; make mutants)
+// names the tests that must catch it.
 type Name string
 
 // Env is the environment variable that names the mutant switched on in a

@@ -3,12 +3,13 @@ package mutant
 // The mutants. Each is one plausible wrong guard; the comment says what
 // the mutated code does instead of the right thing.
 const (
-	// EpochCompareDropped: a guarded write compares the holder key's
-	// revision but not the lease's epoch key.
+	// EpochCompareDropped: the guard of every guarded call (writes,
+	// Check, Release, Advance, Store.Guard) compares the holder key's
+	// create revision but not the lease's epoch key.
 	EpochCompareDropped Name = "epoch-compare-dropped"
-	// OwnerCompareDropped: a guarded write does not compare the data
-	// key's owner record, so an older token can overwrite a key that a
-	// newer one has claimed.
+	// OwnerCompareDropped: Put, Delete and Txn do not compare the data
+	// keys' owner records, so the holder of any lease can overwrite, and
+	// claim, a key that another lease owns.
 	OwnerCompareDropped Name = "owner-compare-dropped"
 	// BatchSharedGuard: a batch of writes from several tokens is checked
 	// against the guard of its first write only.
@@ -18,10 +19,20 @@ const (
 	ReleaseAnyHolder Name = "release-any-holder"
 	// KubeTrustCallerMarks: the Kubernetes fenced write trusts the
 	// caller's object (its fencing annotations and resourceVersion)
-	// instead of the stored object read in the same write.
+	// instead of the stored object read in the same write, whenever the
+	// caller's object carries a resourceVersion: it checks the caller's
+	// stamp, stamps over the caller's marks and writes conditional on the
+	// caller's resourceVersion.
 	KubeTrustCallerMarks Name = "kube-trust-caller-marks"
-	// PolicyNoMarkRule: the admission policy lacks its per-lease mark
-	// rule.
+	// KubeTrustCallerVersion: the Kubernetes fenced Update and status
+	// update check the stamp of the stored object they read, but write
+	// conditional on the caller's resourceVersion (none, for an object
+	// the caller built) instead of the version they checked, so a newer
+	// holder's write between the check and the write is overwritten.
+	KubeTrustCallerVersion Name = "kube-trust-caller-version"
+	// PolicyNoMarkRule: the admission policy, as kubefencertest installs
+	// it, lacks its per-lease mark rule: the one that refuses a token of
+	// a lease below the mark that lease left on the object.
 	PolicyNoMarkRule Name = "policy-no-mark-rule"
 	// SharderTrustsRenewTime: the Sharder judges a member alive by its
 	// Lease's renewTime against the local clock.
