@@ -31,11 +31,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -58,7 +60,21 @@ type memberSpec struct {
 	Identity  string
 	Shards    []string
 	ValBase   int // the member writes values ValBase+1, ValBase+2, …
+	// ClockOffset is added to the wall clock of the member's Sharder, so
+	// that the renewTime it writes is off by as much. Durations are
+	// unchanged.
+	ClockOffset time.Duration
 }
+
+// skewedClock is the real clock with its wall time off by offset: a
+// machine whose clock is wrong. Since and timers measure real durations.
+type skewedClock struct {
+	clock.RealClock
+	offset time.Duration
+}
+
+func (c skewedClock) Now() time.Time                  { return time.Now().Add(c.offset) }
+func (c skewedClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
 // memberEvent is one JSON line that a member process writes on its
 // standard output. Times are wall-clock Unix nanoseconds, so that the
@@ -140,6 +156,9 @@ func runShardMember(specPath string) error {
 	}
 	cfg := fastShardConfig(spec.Namespace, spec.Ring, spec.Identity)
 	cfg.Watcher = w
+	if spec.ClockOffset != 0 {
+		cfg.Clock = skewedClock{offset: spec.ClockOffset}
+	}
 	s, err := kubeadapter.NewSharder(cs.CoordinationV1(), cfg)
 	if err != nil {
 		return err
@@ -190,7 +209,7 @@ func runShardMember(specPath string) error {
 				if !ok {
 					return fmt.Errorf("late %s: never held revision %d", f[1], rev)
 				}
-				mw.late(ctx, f[1], tok, "partition")
+				mw.late(ctx, f[1], tok, "partition", nil)
 			default:
 				return fmt.Errorf("unknown command %q", f)
 			}
@@ -223,14 +242,27 @@ func runShardMember(specPath string) error {
 			case pause[sh]:
 				delete(pause, sh)
 				tok := hd.Token()
+				// The worker reads before its pause; after it, it writes
+				// what it computed then, without a resourceVersion (an
+				// unconditional update, as of desired state), so that
+				// only the stamp stored on the object can refuse it.
+				pre := map[string]*corev1.ConfigMap{}
+				for _, reg := range []string{"fenced-" + sh, "plain-" + sh} {
+					var cm corev1.ConfigMap
+					if err := crc.Get(ctx, client.ObjectKey{Namespace: spec.Namespace, Name: reg}, &cm); err != nil {
+						return err
+					}
+					cm.ResourceVersion = ""
+					pre[reg] = &cm
+				}
 				mw.emit(memberEvent{Ev: "mark", What: "pausing", Reg: sh, Tok: tok.Revision})
 				if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
 					return err
 				}
-				mw.late(ctx, sh, tok, "pause")
+				mw.late(ctx, sh, tok, "pause", pre)
 			case killpoint[sh]:
 				delete(killpoint, sh)
-				mw.writeOne(ctx, "fenced-"+sh, hd.Token().Revision, "", func() {
+				mw.writeOne(ctx, "fenced-"+sh, hd.Token().Revision, "", nil, func() {
 					mw.emit(memberEvent{Ev: "mark", What: "update-next", Reg: sh})
 					<-goCh
 				}, mw.fenced(hd))
@@ -282,31 +314,34 @@ func (w *memberWriter) plain(ctx context.Context, cm *corev1.ConfigMap) error {
 // write writes both registers of shard with holder's token.
 func (w *memberWriter) write(ctx context.Context, shard string, holder kubeadapter.Holder, late string) {
 	tok := holder.Token().Revision
-	w.writeOne(ctx, "fenced-"+shard, tok, late, nil, w.fenced(holder))
-	w.writeOne(ctx, "plain-"+shard, tok, late, nil, w.plain)
+	w.writeOne(ctx, "fenced-"+shard, tok, late, nil, nil, w.fenced(holder))
+	w.writeOne(ctx, "plain-"+shard, tok, late, nil, nil, w.plain)
 }
 
-// late makes the late writes of a worker that still has tok for shard:
-// each register is written until the write is not refused by a conflict
-// with a concurrent writer (at most 10 times), so that the baseline's late
-// write lands and the fenced one meets the newer stamp.
-func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, why string) {
+// late makes the late writes of a worker that still has tok for shard.
+// With pre, the objects it read before (by register), it writes each
+// once. Without, it reads and writes each register until the write is not
+// refused by a conflict with a concurrent writer (at most 10 times), so
+// that the baseline's late write lands and the fenced one meets the newer
+// stamp.
+func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, why string, pre map[string]*corev1.ConfigMap) {
 	for _, reg := range []struct {
 		name   string
 		update func(context.Context, *corev1.ConfigMap) error
 	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
 		for range 10 {
-			if out := w.writeOne(ctx, reg.name, tok.Revision, why, nil, reg.update); out.Err == "" || !strings.Contains(out.Err, "conflict") {
+			if out := w.writeOne(ctx, reg.name, tok.Revision, why, pre[reg.name], nil, reg.update); pre != nil || !strings.Contains(out.Err, "conflict") {
 				break
 			}
 		}
 	}
 }
 
-// writeOne reads reg, sets its value and token, calls hook (when not nil)
-// and writes it with update, reporting the call before the read and the
-// outcome after the write. A failed read is a write refused.
-func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late string, hook func(), update func(context.Context, *corev1.ConfigMap) error) memberEvent {
+// writeOne reads reg (or takes pre, when not nil, as read), sets its value
+// and token, calls hook (when not nil) and writes it with update,
+// reporting the call before the read and the outcome after the write. A
+// failed read is a write refused.
+func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late string, pre *corev1.ConfigMap, hook func(), update func(context.Context, *corev1.ConfigMap) error) memberEvent {
 	w.id++
 	w.val++
 	call := memberEvent{Ev: "call", ID: w.id, Reg: reg, Tok: tok, Val: w.val, Late: late}
@@ -315,7 +350,9 @@ func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var cm corev1.ConfigMap
-	if err := w.crc.Get(ctx, client.ObjectKey{Namespace: w.spec.Namespace, Name: reg}, &cm); err != nil {
+	if pre != nil {
+		pre.DeepCopyInto(&cm)
+	} else if err := w.crc.Get(ctx, client.ObjectKey{Namespace: w.spec.Namespace, Name: reg}, &cm); err != nil {
 		ret.Err = "read: " + err.Error()
 		w.emit(ret)
 		return ret
@@ -394,6 +431,7 @@ type shardProcs struct {
 	reads  []porcupine.Operation // by register name in Input... see readsOf
 	regOf  []string              // register of each read
 	faults map[string]int
+	skew   map[string]time.Duration // clock offset by identity
 	readWG sync.WaitGroup
 }
 
@@ -411,7 +449,7 @@ func (p *shardProcs) start(identity string) *memberProc {
 	spec := memberSpec{
 		Host: "https://" + proxy.Addr(), Token: admin.BearerToken, CA: admin.CAData,
 		Namespace: p.ns, Ring: "procs", Identity: identity, Shards: p.shards,
-		ValBase: (n + 1) * 10_000_000,
+		ValBase: (n + 1) * 10_000_000, ClockOffset: p.skew[identity],
 	}
 	raw, err := json.Marshal(spec)
 	require.NoError(t, err)
@@ -527,33 +565,67 @@ func (p *shardProcs) owner(shard string) (*memberProc, int64) {
 	var who *memberProc
 	var rev int64
 	ok := waitFor(30*time.Second, func() bool {
-		events := p.snapshot()
-		p.mu.Lock()
-		live := slices.Collect(maps.Values(p.live))
-		p.mu.Unlock()
-		who = nil
-		for _, m := range live {
-			var owns map[string]int64
-			for _, e := range events {
-				if e.proc == m && e.Ev == "own" {
-					owns = e.Owns
-				}
-			}
-			r, ok := owns[shard]
-			if !ok {
-				continue
-			}
-			if who != nil {
-				return false
-			}
-			who, rev = m, r
-		}
-		return who != nil && slices.ContainsFunc(events, func(e procEvent) bool {
-			return e.proc == who && e.Ev == "ret" && e.Reg == "fenced-"+shard && e.OK && e.Tok == rev
-		})
+		who, rev = p.ownerNow(shard)
+		return who != nil
 	})
 	require.True(t, ok, "no single member process owns %s and writes it", shard)
 	return who, rev
+}
+
+// ownerNow is owner without the wait: nil when shard has no single owner
+// that has written it.
+func (p *shardProcs) ownerNow(shard string) (*memberProc, int64) {
+	events := p.snapshot()
+	p.mu.Lock()
+	live := slices.Collect(maps.Values(p.live))
+	p.mu.Unlock()
+	var who *memberProc
+	var rev int64
+	for _, m := range live {
+		var owns map[string]int64
+		for _, e := range events {
+			if e.proc == m && e.Ev == "own" {
+				owns = e.Owns
+			}
+		}
+		r, ok := owns[shard]
+		if !ok {
+			continue
+		}
+		if who != nil {
+			return nil, 0
+		}
+		who, rev = m, r
+	}
+	if who == nil || !slices.ContainsFunc(events, func(e procEvent) bool {
+		return e.proc == who && e.Ev == "ret" && e.Reg == "fenced-"+shard && e.OK && e.Tok == rev
+	}) {
+		return nil, 0
+	}
+	return who, rev
+}
+
+// settled waits until every live member has joined and each shard is
+// owned and written by its rendezvous owner among them.
+func (p *shardProcs) settled() {
+	t := p.t
+	t.Helper()
+	p.mu.Lock()
+	var ms []rendezvous.Member
+	for id := range p.live {
+		ms = append(ms, rendezvous.Member{Name: id, Weight: 1})
+	}
+	p.mu.Unlock()
+	ok := waitFor(30*time.Second, func() bool {
+		for _, sh := range p.shards {
+			want, _ := rendezvous.Owner(sh, ms)
+			if m, _ := p.ownerNow(sh); m == nil || m.identity != want {
+				return false
+			}
+		}
+		return true
+	})
+	require.True(t, ok, "the ring of member processes did not settle")
 }
 
 // mark waits until m reports the mark what, after the first n events.
@@ -734,14 +806,19 @@ func TestShardProcesses(t *testing.T) {
 	for _, reg := range regs {
 		require.NoError(t, crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: reg}}))
 	}
-	p := &shardProcs{t: t, env: env, ns: ns, shards: shards, dir: t.TempDir(), crc: crc, live: map[string]*memberProc{}, faults: map[string]int{}}
+	p := &shardProcs{t: t, env: env, ns: ns, shards: shards, dir: t.TempDir(), crc: crc, live: map[string]*memberProc{}, faults: map[string]int{},
+		skew: map[string]time.Duration{"p-2": -90 * time.Second}}
 	start := time.Now().UnixNano()
 	for i := range 3 {
 		p.start(fmt.Sprintf("p-%d", i))
 	}
-	for _, sh := range shards {
-		p.owner(sh)
-	}
+	p.settled()
+	// A steady ring stays as it is, though p-2's clock is 90s behind (so
+	// is the renewTime it writes): no heartbeat or shard Lease changes
+	// holder or counts a new acquisition.
+	before := ringLeases(t, cs, ns)
+	time.Sleep(3 * fastShardConfig(ns, "procs", "x").LeaseDuration)
+	require.Equal(t, before, ringLeases(t, cs, ns), "a steady ring with one member's clock behind changed its holders")
 	stopReads := make(chan struct{})
 	p.readWG.Go(func() {
 		for {
@@ -802,9 +879,7 @@ func TestShardProcesses(t *testing.T) {
 		p.faults["sigkill mid-write"]++
 		p.start(m.identity)
 		p.faults["restart under the same identity"]++
-		for _, sh := range shards {
-			p.owner(sh)
-		}
+		p.settled()
 	}
 	time.Sleep(200 * time.Millisecond)
 	close(stopReads)
@@ -825,6 +900,27 @@ func TestShardProcesses(t *testing.T) {
 		}
 	}
 	t.Logf("wall time %v", time.Since(began).Round(time.Millisecond))
+}
+
+// ringLeases returns the holder and acquisition count of every Lease in
+// ns.
+func ringLeases(t *testing.T, cs *kubernetes.Clientset, ns string) map[string]string {
+	t.Helper()
+	list, err := cs.CoordinationV1().Leases(ns).List(t.Context(), metav1.ListOptions{})
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, l := range list.Items {
+		var holder string
+		var transitions int32
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		if l.Spec.LeaseTransitions != nil {
+			transitions = *l.Spec.LeaseTransitions
+		}
+		out[l.Name] = fmt.Sprintf("%s #%d", holder, transitions)
+	}
+	return out
 }
 
 // checkLate requires m's late writes for why to shard: the fenced one
