@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -893,10 +894,10 @@ func TestShardProcesses(t *testing.T) {
 		t.Logf("%s: %d writes (%d accepted, %d refused, %d unknown, %d open at a kill; %d late, %d of them accepted), %d reads: %s",
 			reg, c.writes, c.accepted, c.refused, c.unknown, c.open, c.late, c.lateAccepted, c.reads, res)
 		if strings.HasPrefix(reg, "fenced-") {
-			require.Equal(t, porcupine.Ok, res, "the fenced history of %s is not a fenced register", reg)
-			require.Zero(t, c.lateAccepted, "%s: a late write was accepted", reg)
+			assert.Equal(t, porcupine.Ok, res, "the fenced history of %s is not a fenced register", reg)
+			assert.Zero(t, c.lateAccepted, "%s: a late write was accepted", reg)
 		} else {
-			require.Equal(t, porcupine.Illegal, res, "the tokenless baseline's history of %s passed: the check does not bite", reg)
+			assert.Equal(t, porcupine.Illegal, res, "the tokenless baseline's history of %s passed: the check does not bite", reg)
 		}
 	}
 	t.Logf("wall time %v", time.Since(began).Round(time.Millisecond))
@@ -924,12 +925,14 @@ func ringLeases(t *testing.T, cs *kubernetes.Clientset, ns string) map[string]st
 }
 
 // checkLate requires m's late writes for why to shard: the fenced one
-// refused as stale, and the baseline's landed.
+// refused as stale, and the baseline's landed. A late write that went
+// the other way fails the test but lets it go on, so that the histories
+// are checked too.
 func (p *shardProcs) checkLate(m *memberProc, shard, why string) {
 	t := p.t
 	t.Helper()
 	fenced, plain := p.lateRets(m, shard, why)
 	last := fenced[len(fenced)-1]
-	require.True(t, last.Stale, "%s: the late fenced write to %s was not refused as stale: %+v", why, shard, last)
-	require.True(t, plain[len(plain)-1].OK, "%s: the baseline's late write to %s did not land: %+v", why, shard, plain[len(plain)-1])
+	assert.True(t, last.Stale, "%s: the late fenced write to %s was not refused as stale: %+v", why, shard, last)
+	assert.True(t, plain[len(plain)-1].OK, "%s: the baseline's late write to %s did not land: %+v", why, shard, plain[len(plain)-1])
 }
