@@ -70,6 +70,11 @@ CHAOS_OPS ?= 20000
 chaos:
 	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.ops=$(CHAOS_OPS)
 
+## shardchaos: shard members as processes (SIGSTOP, partition, SIGKILL mid-write, restart) for SHARD_ROUNDS rounds; prints the counts
+SHARD_ROUNDS ?= 5
+shardchaos: kube-apiserver
+	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v ./kubeadapter -shard-process-rounds=$(SHARD_ROUNDS)
+
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^tools/') 2>&1)"; \

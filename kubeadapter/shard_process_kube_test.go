@@ -698,6 +698,7 @@ func (p *shardProcs) read(ctx context.Context, start int64) {
 // regCounts are the operations on one register, by kind.
 type regCounts struct {
 	reads, writes, accepted, refused, unknown, open, late, lateAccepted int
+	openSeen                                                            int // open writes whose value a read returned: they landed
 }
 
 // history returns the operations on reg, for history.FencedRegister, with
@@ -720,6 +721,7 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 	end := time.Now().UnixNano() - start + 1
 	var ops []porcupine.Operation
 	var c regCounts
+	open := map[int]bool{}
 	for _, e := range events {
 		if e.Ev != "call" || e.Reg != reg {
 			continue
@@ -730,6 +732,7 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 		switch {
 		case !ok:
 			c.open++
+			open[e.Val] = true
 			op.Output, op.Return = history.Output{Unknown: true}, end
 		case ret.Unknown:
 			c.unknown++
@@ -755,6 +758,10 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 		if p.regOf[i] == reg {
 			ops = append(ops, op)
 			c.reads++
+			if v := op.Output.(history.Output).Val; open[v] {
+				c.openSeen++
+				delete(open, v)
+			}
 		}
 	}
 	p.mu.Unlock()
@@ -891,8 +898,8 @@ func TestShardProcesses(t *testing.T) {
 	for _, reg := range regs {
 		ops, c := p.history(reg, start)
 		res := porcupine.CheckOperationsTimeout(history.FencedRegister, ops, 30*time.Second)
-		t.Logf("%s: %d writes (%d accepted, %d refused, %d unknown, %d open at a kill; %d late, %d of them accepted), %d reads: %s",
-			reg, c.writes, c.accepted, c.refused, c.unknown, c.open, c.late, c.lateAccepted, c.reads, res)
+		t.Logf("%s: %d writes (%d accepted, %d refused, %d unknown, %d open at a kill of which %d seen landed; %d late, %d of them accepted), %d reads: %s",
+			reg, c.writes, c.accepted, c.refused, c.unknown, c.open, c.openSeen, c.late, c.lateAccepted, c.reads, res)
 		if strings.HasPrefix(reg, "fenced-") {
 			assert.Equal(t, porcupine.Ok, res, "the fenced history of %s is not a fenced register", reg)
 			assert.Zero(t, c.lateAccepted, "%s: a late write was accepted", reg)
