@@ -8,7 +8,7 @@ LIGHT_MODULES := token proto client
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build release test bench chaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build release test bench chaos shardchaos lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 

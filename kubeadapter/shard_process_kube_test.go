@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -101,8 +103,8 @@ type memberEvent struct {
 	// Owns maps each shard the member owns to its token's revision.
 	Owns map[string]int64 `json:"owns,omitempty"`
 	// What names a mark: "pausing" (the member stops itself next),
-	// "update-next" (the write's read is done and the member waits for
-	// "go" to send its update).
+	// "update-next" (the member waits for "go" to send the PUT of a
+	// write, its read and check done).
 	What string `json:"what,omitempty"`
 }
 
@@ -119,9 +121,9 @@ type memberEvent struct {
 //     that token (the late write of a paused worker);
 //   - "late SHARD REV": write both registers now with the token of
 //     revision REV that it held for SHARD;
-//   - "killpoint SHARD": at its next write of SHARD, read the fenced
-//     register, report "update-next", and send the update only on "go"
-//     (so that the test can hold it in flight and kill the process).
+//   - "killpoint SHARD": at its next update of SHARD's fenced register,
+//     report "update-next" and send the PUT only on "go" (so that the
+//     test can hold it in flight and kill the process).
 //
 // It leaves the ring gracefully and returns 0 when its standard input is
 // closed or it receives SIGTERM.
@@ -143,6 +145,20 @@ func runShardMember(specPath string) error {
 		return err
 	}
 	rc := &rest.Config{Host: spec.Host, BearerToken: spec.Token, TLSClientConfig: rest.TLSClientConfig{CAData: spec.CA}, QPS: -1}
+	// killpoint names the register whose next PUT waits for "go" once it
+	// has reported "update-next"; empty when none.
+	var killpoint atomic.Pointer[string]
+	goCh := make(chan struct{}, 1)
+	var mw *memberWriter
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if reg := killpoint.Load(); reg != nil && req.Method == http.MethodPut && strings.HasSuffix(req.URL.Path, "/configmaps/"+*reg) && killpoint.CompareAndSwap(reg, nil) {
+				mw.emit(memberEvent{Ev: "mark", What: "update-next", Reg: *reg})
+				<-goCh
+			}
+			return rt.RoundTrip(req)
+		})
+	})
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
@@ -173,7 +189,7 @@ func runShardMember(specPath string) error {
 	var startErr error
 	wg.Go(func() { startErr = s.Start(ctx) })
 
-	cmds, goCh := make(chan []string, 16), make(chan struct{}, 1)
+	cmds := make(chan []string, 16)
 	go func() { // ends with the process
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
@@ -189,8 +205,8 @@ func runShardMember(specPath string) error {
 		cancel()
 	}()
 
-	mw := &memberWriter{spec: spec, crc: crc, enc: json.NewEncoder(os.Stdout), val: spec.ValBase, toks: map[string]map[int64]token.Token{}}
-	pause, killpoint := map[string]bool{}, map[string]bool{}
+	mw = &memberWriter{spec: spec, crc: crc, enc: json.NewEncoder(os.Stdout), val: spec.ValBase, toks: map[string]map[int64]token.Token{}}
+	pause := map[string]bool{}
 	var owns map[string]int64
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -203,7 +219,8 @@ func runShardMember(specPath string) error {
 			case f[0] == "pause" && len(f) == 2:
 				pause[f[1]] = true
 			case f[0] == "killpoint" && len(f) == 2:
-				killpoint[f[1]] = true
+				reg := "fenced-" + f[1]
+				killpoint.Store(&reg)
 			case f[0] == "late" && len(f) == 3:
 				rev, _ := strconv.ParseInt(f[2], 10, 64)
 				tok, ok := mw.toks[f[1]][rev]
@@ -261,12 +278,6 @@ func runShardMember(specPath string) error {
 					return err
 				}
 				mw.late(ctx, sh, tok, "pause", pre)
-			case killpoint[sh]:
-				delete(killpoint, sh)
-				mw.writeOne(ctx, "fenced-"+sh, hd.Token().Revision, "", nil, func() {
-					mw.emit(memberEvent{Ev: "mark", What: "update-next", Reg: sh})
-					<-goCh
-				}, mw.fenced(hd))
 			default:
 				mw.write(ctx, sh, hd, "")
 			}
@@ -279,6 +290,7 @@ func runShardMember(specPath string) error {
 // memberWriter makes and reports a member process's writes. It is used by
 // one goroutine.
 type memberWriter struct {
+	mu   sync.Mutex // serializes emit
 	spec memberSpec
 	crc  client.Client
 	enc  *json.Encoder
@@ -291,6 +303,8 @@ func (w *memberWriter) emit(e memberEvent) {
 	if e.At == 0 {
 		e.At = time.Now().UnixNano()
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	_ = w.enc.Encode(e) // one write(2) per line: a kill loses no line written
 }
 
@@ -315,8 +329,8 @@ func (w *memberWriter) plain(ctx context.Context, cm *corev1.ConfigMap) error {
 // write writes both registers of shard with holder's token.
 func (w *memberWriter) write(ctx context.Context, shard string, holder kubeadapter.Holder, late string) {
 	tok := holder.Token().Revision
-	w.writeOne(ctx, "fenced-"+shard, tok, late, nil, nil, w.fenced(holder))
-	w.writeOne(ctx, "plain-"+shard, tok, late, nil, nil, w.plain)
+	w.writeOne(ctx, "fenced-"+shard, tok, late, nil, w.fenced(holder))
+	w.writeOne(ctx, "plain-"+shard, tok, late, nil, w.plain)
 }
 
 // late makes the late writes of a worker that still has tok for shard.
@@ -331,7 +345,7 @@ func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, 
 		update func(context.Context, *corev1.ConfigMap) error
 	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
 		for range 10 {
-			if out := w.writeOne(ctx, reg.name, tok.Revision, why, pre[reg.name], nil, reg.update); pre != nil || !strings.Contains(out.Err, "conflict") {
+			if out := w.writeOne(ctx, reg.name, tok.Revision, why, pre[reg.name], reg.update); pre != nil || !strings.Contains(out.Err, "conflict") {
 				break
 			}
 		}
@@ -339,10 +353,10 @@ func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, 
 }
 
 // writeOne reads reg (or takes pre, when not nil, as read), sets its value
-// and token, calls hook (when not nil) and writes it with update,
+// and token and writes it with update,
 // reporting the call before the read and the outcome after the write. A
 // failed read is a write refused.
-func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late string, pre *corev1.ConfigMap, hook func(), update func(context.Context, *corev1.ConfigMap) error) memberEvent {
+func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late string, pre *corev1.ConfigMap, update func(context.Context, *corev1.ConfigMap) error) memberEvent {
 	w.id++
 	w.val++
 	call := memberEvent{Ev: "call", ID: w.id, Reg: reg, Tok: tok, Val: w.val, Late: late}
@@ -359,9 +373,6 @@ func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late
 		return ret
 	}
 	cm.Data = map[string]string{"v": strconv.Itoa(w.val), "tok": strconv.FormatInt(tok, 10)}
-	if hook != nil {
-		hook()
-	}
 	err := update(ctx, &cm)
 	ret.OK = err == nil
 	switch {
@@ -885,6 +896,20 @@ func TestShardProcesses(t *testing.T) {
 		p.kill(m)
 		m.proxy.Resume()
 		p.faults["sigkill mid-write"]++
+		// No other member writes reg-a before the restart: whether the
+		// dead member's update landed is read off the register.
+		var killedVal int
+		for _, e := range p.snapshot() {
+			if e.proc == m && e.Ev == "call" && e.Reg == "fenced-reg-a" {
+				killedVal = e.Val
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		var cm corev1.ConfigMap
+		require.NoError(t, crc.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fenced-reg-a"}, &cm))
+		if cm.Data["v"] == strconv.Itoa(killedVal) {
+			p.faults["sigkill mid-write: the update landed after the process died"]++
+		}
 		p.start(m.identity)
 		p.faults["restart under the same identity"]++
 		p.settled()
