@@ -787,20 +787,26 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 // member writes two registers (ConfigMaps) per shard it owns: through the
 // fenced client, and with a plain Update carrying no token (the tokenless
 // baseline), and reports each write with wall-clock call and return
-// times. Each round has these faults, each made deterministically:
+// times. First, a steady ring in which p-2's clock is 90s behind keeps
+// every holder for three lease durations (a Sharder that judged members by
+// the renewTime they write would declare p-2 dead). Then each round has
+// these faults, each made deterministically:
 //
-//   - SIGSTOP past the lease duration: the owner of reg-a takes its token
-//     for a write and stops itself; the test waits until another member's
-//     writes with a greater token were accepted in both registers, then
-//     sends SIGCONT, and the member writes with the token it had;
+//   - SIGSTOP past the lease duration: the owner of reg-a reads both
+//     registers, takes its token and stops itself; the test waits until
+//     another member's writes with a greater token were accepted in both,
+//     then sends SIGCONT, and the member writes what it had read, without
+//     a resourceVersion, with the token it had (so only the stamp stored
+//     on the object can refuse it);
 //   - a partition: the proxy between the owner of reg-b and the API server
 //     cuts every connection until another member's writes with a greater
 //     token were accepted; then it heals, and the member writes with the
 //     token it had;
 //   - SIGKILL mid-write and a restart under the same identity: the owner of
-//     reg-a reads the register and sends its update while its proxy holds
-//     every byte; it is killed, the update is then delivered, and the same
-//     identity starts again at once, while its old heartbeat is live.
+//     reg-a sends the PUT of a fenced write, its read and check done, while
+//     its proxy holds every byte; it is killed, the PUT is then delivered,
+//     and the same identity starts again at once, while its old heartbeat
+//     is live. The write has no return: its outcome is unknown.
 //
 // The histories are checked with porcupine against history.FencedRegister:
 // the fenced registers' must be linearizable, and the baseline's must not
