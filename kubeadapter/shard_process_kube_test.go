@@ -40,6 +40,7 @@ import (
 	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
@@ -102,7 +103,10 @@ type memberEvent struct {
 	Late string `json:"late,omitempty"`
 	// Owns maps each shard the member owns to its token's revision.
 	Owns map[string]int64 `json:"owns,omitempty"`
-	// What names a mark: "pausing" (the member stops itself next),
+	// Mutant is the mutant on in the member (mutant.Env, in a
+	// fencer_mutants build), in its "started" mark.
+	Mutant string `json:"mutant,omitempty"`
+	// What names a mark: "started" (its first line), "pausing" (the member stops itself next),
 	// "update-next" (the member waits for "go" to send the PUT of a
 	// write, its read and check done).
 	What string `json:"what,omitempty"`
@@ -206,6 +210,11 @@ func runShardMember(specPath string) error {
 	}()
 
 	mw = &memberWriter{spec: spec, crc: crc, enc: json.NewEncoder(os.Stdout), val: spec.ValBase, toks: map[string]map[int64]token.Token{}}
+	started := memberEvent{Ev: "mark", What: "started"}
+	if mutant.Enabled {
+		started.Mutant = os.Getenv(mutant.Env)
+	}
+	mw.emit(started)
 	pause := map[string]bool{}
 	var owns map[string]int64
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -925,7 +934,13 @@ func TestShardProcesses(t *testing.T) {
 	p.readWG.Wait()
 	p.stopAll()
 
-	t.Logf("member processes: %d started, %v", len(p.procs), p.faults)
+	mutants := map[string]int{}
+	for _, e := range p.snapshot() {
+		if e.Ev == "mark" && e.What == "started" {
+			mutants[e.Mutant]++
+		}
+	}
+	t.Logf("member processes: %d started (by the mutant each ran, \"\" for none: %v), %v", len(p.procs), mutants, p.faults)
 	for _, reg := range regs {
 		ops, c := p.history(reg, start)
 		res := porcupine.CheckOperationsTimeout(history.FencedRegister, ops, 30*time.Second)
