@@ -94,10 +94,11 @@ type memberEvent struct {
 	Val int    `json:"val,omitempty"`
 	At  int64  `json:"at"`
 	// OK, Unknown: the write's outcome. Stale: it was refused as stale
-	// (token.ErrStale).
-	OK      bool   `json:"ok,omitempty"`
-	Unknown bool   `json:"unknown,omitempty"`
-	Stale   bool   `json:"stale,omitempty"`
+	// (token.ErrStale); Conflict: by a conflict on its resourceVersion.
+	OK       bool `json:"ok,omitempty"`
+	Unknown  bool `json:"unknown,omitempty"`
+	Stale    bool `json:"stale,omitempty"`
+	Conflict bool `json:"conflict,omitempty"`
 	Err     string `json:"err,omitempty"`
 	// Late names the fault whose late write this is.
 	Late string `json:"late,omitempty"`
@@ -269,17 +270,14 @@ func runShardMember(specPath string) error {
 			case pause[sh]:
 				delete(pause, sh)
 				tok := hd.Token()
-				// The worker reads before its pause; after it, it writes
-				// what it computed then, without a resourceVersion (an
-				// unconditional update, as of desired state), so that
-				// only the stamp stored on the object can refuse it.
+				// The worker reads before its pause and writes what it
+				// read after it (see late).
 				pre := map[string]*corev1.ConfigMap{}
 				for _, reg := range []string{"fenced-" + sh, "plain-" + sh} {
 					var cm corev1.ConfigMap
 					if err := crc.Get(ctx, client.ObjectKey{Namespace: spec.Namespace, Name: reg}, &cm); err != nil {
 						return err
 					}
-					cm.ResourceVersion = ""
 					pre[reg] = &cm
 				}
 				mw.emit(memberEvent{Ev: "mark", What: "pausing", Reg: sh, Tok: tok.Revision})
@@ -342,20 +340,31 @@ func (w *memberWriter) write(ctx context.Context, shard string, holder kubeadapt
 	w.writeOne(ctx, "plain-"+shard, tok, late, nil, w.plain)
 }
 
-// late makes the late writes of a worker that still has tok for shard.
-// With pre, the objects it read before (by register), it writes each
-// once. Without, it reads and writes each register until the write is not
-// refused by a conflict with a concurrent writer (at most 10 times), so
-// that the baseline's late write lands and the fenced one meets the newer
-// stamp.
+// late makes the late writes of a worker that still has tok for shard,
+// each register written until the write is not refused by a conflict (at
+// most 10 times), so that the baseline's late write lands and the fenced
+// one meets the newer stamp. Without pre, each attempt reads the
+// register afresh. With pre, the objects the worker read before (by
+// register), it writes its own object, and on a conflict it takes only the
+// latest resourceVersion and writes its object again, annotations and all
+// (a careless retry on conflict): the fenced client must check the stamp
+// stored on the object, not the one the caller sends.
 func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, why string, pre map[string]*corev1.ConfigMap) {
 	for _, reg := range []struct {
 		name   string
 		update func(context.Context, *corev1.ConfigMap) error
 	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
+		own := pre[reg.name]
 		for range 10 {
-			if out := w.writeOne(ctx, reg.name, tok.Revision, why, pre[reg.name], reg.update); pre != nil || !strings.Contains(out.Err, "conflict") {
+			out := w.writeOne(ctx, reg.name, tok.Revision, why, own, reg.update)
+			if !out.Conflict {
 				break
+			}
+			if own != nil {
+				var cur corev1.ConfigMap
+				if err := w.crc.Get(ctx, client.ObjectKey{Namespace: w.spec.Namespace, Name: reg.name}, &cur); err == nil {
+					own.ResourceVersion = cur.ResourceVersion
+				}
 			}
 		}
 	}
@@ -388,7 +397,9 @@ func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late
 	case err == nil:
 	case errors.Is(err, token.ErrStale):
 		ret.Stale = true
-	case errors.Is(err, token.ErrNotHeld), apierrors.IsConflict(err), apierrors.IsForbidden(err):
+	case apierrors.IsConflict(err):
+		ret.Conflict = true
+	case errors.Is(err, token.ErrNotHeld), apierrors.IsForbidden(err):
 	default:
 		ret.Unknown = true
 	}
@@ -686,7 +697,7 @@ func (p *shardProcs) lateRets(m *memberProc, shard, why string) (fenced, plain [
 				plain = append(plain, e.memberEvent)
 				// The last plain attempt is the one not refused by a
 				// conflict.
-				done = e.OK || !strings.Contains(e.Err, "conflict")
+				done = !e.Conflict
 			}
 		}
 		return len(fenced) > 0 && done
@@ -804,9 +815,10 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 //   - SIGSTOP past the lease duration: the owner of reg-a reads both
 //     registers, takes its token and stops itself; the test waits until
 //     another member's writes with a greater token were accepted in both,
-//     then sends SIGCONT, and the member writes what it had read, without
-//     a resourceVersion, with the token it had (so only the stamp stored
-//     on the object can refuse it);
+//     then sends SIGCONT, and the member writes the object it had read
+//     with the token it had, and on a conflict takes only the latest
+//     resourceVersion and writes its object again (so only the stamp
+//     stored on the object can refuse it);
 //   - a partition: the proxy between the owner of reg-b and the API server
 //     cuts every connection until another member's writes with a greater
 //     token were accepted; then it heals, and the member writes with the
