@@ -345,9 +345,9 @@ func (w *memberWriter) write(ctx context.Context, shard string, holder kubeadapt
 // most 10 times), so that the baseline's late write lands and the fenced
 // one meets the newer stamp. Without pre, each attempt reads the
 // register afresh. With pre, the objects the worker read before (by
-// register), it writes its own object, and on a conflict it takes only the
-// latest resourceVersion and writes its object again, annotations and all
-// (a careless retry on conflict): the fenced client must check the stamp
+// register), each attempt writes the worker's own object with only its
+// resourceVersion brought up to date, annotations and all (a careless
+// "apply to the latest version"): the fenced client must check the stamp
 // stored on the object, not the one the caller sends.
 func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, why string, pre map[string]*corev1.ConfigMap) {
 	for _, reg := range []struct {
@@ -356,15 +356,14 @@ func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, 
 	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
 		own := pre[reg.name]
 		for range 10 {
-			out := w.writeOne(ctx, reg.name, tok.Revision, why, own, reg.update)
-			if !out.Conflict {
-				break
-			}
 			if own != nil {
 				var cur corev1.ConfigMap
 				if err := w.crc.Get(ctx, client.ObjectKey{Namespace: w.spec.Namespace, Name: reg.name}, &cur); err == nil {
 					own.ResourceVersion = cur.ResourceVersion
 				}
+			}
+			if out := w.writeOne(ctx, reg.name, tok.Revision, why, own, reg.update); !out.Conflict {
+				break
 			}
 		}
 	}
@@ -815,10 +814,9 @@ func (p *shardProcs) history(reg string, start int64) ([]porcupine.Operation, re
 //   - SIGSTOP past the lease duration: the owner of reg-a reads both
 //     registers, takes its token and stops itself; the test waits until
 //     another member's writes with a greater token were accepted in both,
-//     then sends SIGCONT, and the member writes the object it had read
-//     with the token it had, and on a conflict takes only the latest
-//     resourceVersion and writes its object again (so only the stamp
-//     stored on the object can refuse it);
+//     then sends SIGCONT, and the member writes the object it had read,
+//     with the token it had and only its resourceVersion brought up to
+//     date (so only the stamp stored on the object can refuse it);
 //   - a partition: the proxy between the owner of reg-b and the API server
 //     cuts every connection until another member's writes with a greater
 //     token were accepted; then it heals, and the member writes with the
