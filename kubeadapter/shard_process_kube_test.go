@@ -94,11 +94,10 @@ type memberEvent struct {
 	Val int    `json:"val,omitempty"`
 	At  int64  `json:"at"`
 	// OK, Unknown: the write's outcome. Stale: it was refused as stale
-	// (token.ErrStale); Conflict: by a conflict on its resourceVersion.
-	OK       bool `json:"ok,omitempty"`
-	Unknown  bool `json:"unknown,omitempty"`
-	Stale    bool `json:"stale,omitempty"`
-	Conflict bool `json:"conflict,omitempty"`
+	// (token.ErrStale).
+	OK      bool `json:"ok,omitempty"`
+	Unknown bool `json:"unknown,omitempty"`
+	Stale   bool `json:"stale,omitempty"`
 	Err     string `json:"err,omitempty"`
 	// Late names the fault whose late write this is.
 	Late string `json:"late,omitempty"`
@@ -340,29 +339,34 @@ func (w *memberWriter) write(ctx context.Context, shard string, holder kubeadapt
 	w.writeOne(ctx, "plain-"+shard, tok, late, nil, w.plain)
 }
 
-// late makes the late writes of a worker that still has tok for shard,
-// each register written until the write is not refused by a conflict (at
-// most 10 times), so that the baseline's late write lands and the fenced
-// one meets the newer stamp. Without pre, each attempt reads the
-// register afresh. With pre, the objects the worker read before (by
-// register), each attempt writes the worker's own object with only its
-// resourceVersion brought up to date, annotations and all (a careless
-// "apply to the latest version"): the fenced client must check the stamp
-// stored on the object, not the one the caller sends.
+// lateAttempts bounds the late writes to each register in one late.
+const lateAttempts = 10
+
+// late makes the late writes of a worker that still has tok for shard:
+// it writes each register until the write is accepted, at most
+// lateAttempts times (a worker that keeps retrying), so that the
+// baseline's late write lands past conflicts with the new owner's writes
+// and a fenced client with a hole has many chances to let one through.
+// Without pre, each attempt reads the register afresh. With pre, the
+// objects the worker read before (by register), each attempt writes the
+// worker's own object with only its resourceVersion brought up to date,
+// annotations and all (a careless "apply to the latest version"): the
+// fenced client must check the stamp stored on the object, not the one
+// the caller sends.
 func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, why string, pre map[string]*corev1.ConfigMap) {
 	for _, reg := range []struct {
 		name   string
 		update func(context.Context, *corev1.ConfigMap) error
 	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
 		own := pre[reg.name]
-		for range 10 {
+		for range lateAttempts {
 			if own != nil {
 				var cur corev1.ConfigMap
 				if err := w.crc.Get(ctx, client.ObjectKey{Namespace: w.spec.Namespace, Name: reg.name}, &cur); err == nil {
 					own.ResourceVersion = cur.ResourceVersion
 				}
 			}
-			if out := w.writeOne(ctx, reg.name, tok.Revision, why, own, reg.update); !out.Conflict {
+			if out := w.writeOne(ctx, reg.name, tok.Revision, why, own, reg.update); out.OK {
 				break
 			}
 		}
@@ -396,9 +400,7 @@ func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late
 	case err == nil:
 	case errors.Is(err, token.ErrStale):
 		ret.Stale = true
-	case apierrors.IsConflict(err):
-		ret.Conflict = true
-	case errors.Is(err, token.ErrNotHeld), apierrors.IsForbidden(err):
+	case errors.Is(err, token.ErrNotHeld), apierrors.IsConflict(err), apierrors.IsForbidden(err):
 	default:
 		ret.Unknown = true
 	}
@@ -693,10 +695,9 @@ func (p *shardProcs) lateRets(m *memberProc, shard, why string) (fenced, plain [
 			case "fenced-" + shard:
 				fenced = append(fenced, e.memberEvent)
 			case "plain-" + shard:
+				// The plain register is written last, until accepted.
 				plain = append(plain, e.memberEvent)
-				// The last plain attempt is the one not refused by a
-				// conflict.
-				done = !e.Conflict
+				done = e.OK || len(plain) == lateAttempts
 			}
 		}
 		return len(fenced) > 0 && done
@@ -987,15 +988,18 @@ func ringLeases(t *testing.T, cs *kubernetes.Clientset, ns string) map[string]st
 	return out
 }
 
-// checkLate requires m's late writes for why to shard: the fenced one
-// refused as stale, and the baseline's landed. A late write that went
-// the other way fails the test but lets it go on, so that the histories
-// are checked too.
+// checkLate requires m's late writes for why to shard: every fenced one
+// refused, the last as stale, and the baseline's landed. A late write
+// that went the other way fails the test but lets it go on, so that the
+// histories are checked too.
 func (p *shardProcs) checkLate(m *memberProc, shard, why string) {
 	t := p.t
 	t.Helper()
 	fenced, plain := p.lateRets(m, shard, why)
 	last := fenced[len(fenced)-1]
+	t.Logf("%s: %d late fenced writes to %s, the last: ok=%v %s; %d late baseline writes, the last: ok=%v %s",
+		why, len(fenced), shard, last.OK, last.Err, len(plain), plain[len(plain)-1].OK, plain[len(plain)-1].Err)
+	assert.False(t, slices.ContainsFunc(fenced, func(e memberEvent) bool { return e.OK }), "%s: a late fenced write to %s was accepted", why, shard)
 	assert.True(t, last.Stale, "%s: the late fenced write to %s was not refused as stale: %+v", why, shard, last)
 	assert.True(t, plain[len(plain)-1].OK, "%s: the baseline's late write to %s did not land: %+v", why, shard, plain[len(plain)-1])
 }
