@@ -679,15 +679,16 @@ func (p *shardProcs) mark(m *memberProc, what string, n int) memberEvent {
 	return got
 }
 
-// lateRets waits until m has reported the outcome of its late writes for
-// why to both registers of shard, and returns them.
-func (p *shardProcs) lateRets(m *memberProc, shard, why string) (fenced, plain []memberEvent) {
+// lateRets waits until m has reported, after the first n events, the
+// outcome of its late writes for why to both registers of shard, and
+// returns them.
+func (p *shardProcs) lateRets(m *memberProc, shard, why string, n int) (fenced, plain []memberEvent) {
 	t := p.t
 	t.Helper()
 	ok := waitFor(30*time.Second, func() bool {
 		fenced, plain = nil, nil
 		done := false
-		for _, e := range p.snapshot() {
+		for _, e := range p.snapshot()[n:] {
 			if e.proc != m || e.Ev != "ret" || e.Late != why {
 				continue
 			}
@@ -896,7 +897,7 @@ func TestShardProcesses(t *testing.T) {
 		}), "sigstop: no new owner wrote reg-a")
 		require.NoError(t, m.cmd.Process.Signal(syscall.SIGCONT))
 		p.faults["sigstop past the lease, then sigcont"]++
-		p.checkLate(m, "reg-a", "pause")
+		p.checkLate(m, "reg-a", "pause", n)
 
 		// A partition between one member and the API server.
 		m, old = p.owner("reg-b")
@@ -906,8 +907,9 @@ func TestShardProcesses(t *testing.T) {
 		}), "partition: no new owner wrote reg-b")
 		m.proxy.Heal()
 		p.faults["partition, healed"]++
+		n = len(p.snapshot())
 		m.send(t, fmt.Sprintf("late reg-b %d", old))
-		p.checkLate(m, "reg-b", "partition")
+		p.checkLate(m, "reg-b", "partition", n)
 
 		// SIGKILL mid-write, and a restart under the same identity.
 		m, _ = p.owner("reg-a")
@@ -988,14 +990,15 @@ func ringLeases(t *testing.T, cs *kubernetes.Clientset, ns string) map[string]st
 	return out
 }
 
-// checkLate requires m's late writes for why to shard: every fenced one
+// checkLate requires m's late writes for why to shard, reported after the
+// first n events: every fenced one
 // refused, the last as stale, and the baseline's landed. A late write
 // that went the other way fails the test but lets it go on, so that the
 // histories are checked too.
-func (p *shardProcs) checkLate(m *memberProc, shard, why string) {
+func (p *shardProcs) checkLate(m *memberProc, shard, why string, n int) {
 	t := p.t
 	t.Helper()
-	fenced, plain := p.lateRets(m, shard, why)
+	fenced, plain := p.lateRets(m, shard, why, n)
 	last := fenced[len(fenced)-1]
 	t.Logf("%s: %d late fenced writes to %s, the last: ok=%v %s; %d late baseline writes, the last: ok=%v %s",
 		why, len(fenced), shard, last.OK, last.Err, len(plain), plain[len(plain)-1].OK, plain[len(plain)-1].Err)
