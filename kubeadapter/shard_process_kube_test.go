@@ -95,9 +95,9 @@ type memberEvent struct {
 	At  int64  `json:"at"`
 	// OK, Unknown: the write's outcome. Stale: it was refused as stale
 	// (token.ErrStale).
-	OK      bool `json:"ok,omitempty"`
-	Unknown bool `json:"unknown,omitempty"`
-	Stale   bool `json:"stale,omitempty"`
+	OK      bool   `json:"ok,omitempty"`
+	Unknown bool   `json:"unknown,omitempty"`
+	Stale   bool   `json:"stale,omitempty"`
 	Err     string `json:"err,omitempty"`
 	// Late names the fault whose late write this is.
 	Late string `json:"late,omitempty"`
@@ -106,9 +106,9 @@ type memberEvent struct {
 	// Mutant is the mutant on in the member (mutant.Env, in a
 	// fencer_mutants build), in its "started" mark.
 	Mutant string `json:"mutant,omitempty"`
-	// What names a mark: "started" (its first line), "pausing" (the member stops itself next),
-	// "update-next" (the member waits for "go" to send the PUT of a
-	// write, its read and check done).
+	// What names a mark: "started" (its first line), "pausing" (the
+	// member stops itself next), "update-next" (the member waits for "go"
+	// to send the PUT of a write, its read and check done).
 	What string `json:"what,omitempty"`
 }
 
@@ -120,9 +120,10 @@ type memberEvent struct {
 // baseline), and reports each write as JSON lines on standard output. It
 // reads commands, one a line, on standard input:
 //
-//   - "pause SHARD": at its next write of SHARD, take the token, stop
-//     itself with SIGSTOP, and once continued write both registers with
-//     that token (the late write of a paused worker);
+//   - "pause SHARD": at its next write of SHARD, take the token, read both
+//     registers, stop itself with SIGSTOP, and once continued write what
+//     it read with that token (the late writes of a paused worker, see
+//     memberWriter.late);
 //   - "late SHARD REV": write both registers now with the token of
 //     revision REV that it held for SHARD;
 //   - "killpoint SHARD": at its next update of SHARD's fenced register,
@@ -150,7 +151,7 @@ func runShardMember(specPath string) error {
 	}
 	rc := &rest.Config{Host: spec.Host, BearerToken: spec.Token, TLSClientConfig: rest.TLSClientConfig{CAData: spec.CA}, QPS: -1}
 	// killpoint names the register whose next PUT waits for "go" once it
-	// has reported "update-next"; empty when none.
+	// has reported "update-next"; nil when none.
 	var killpoint atomic.Pointer[string]
 	goCh := make(chan struct{}, 1)
 	var mw *memberWriter
@@ -267,18 +268,21 @@ func runShardMember(specPath string) error {
 			}
 			switch {
 			case pause[sh]:
-				delete(pause, sh)
 				tok := hd.Token()
 				// The worker reads before its pause and writes what it
-				// read after it (see late).
+				// read after it (see late). A failed read tries again at
+				// the next tick.
 				pre := map[string]*corev1.ConfigMap{}
 				for _, reg := range []string{"fenced-" + sh, "plain-" + sh} {
 					var cm corev1.ConfigMap
-					if err := crc.Get(ctx, client.ObjectKey{Namespace: spec.Namespace, Name: reg}, &cm); err != nil {
-						return err
+					if err := crc.Get(ctx, client.ObjectKey{Namespace: spec.Namespace, Name: reg}, &cm); err == nil {
+						pre[reg] = &cm
 					}
-					pre[reg] = &cm
 				}
+				if len(pre) < 2 {
+					continue
+				}
+				delete(pause, sh)
 				mw.emit(memberEvent{Ev: "mark", What: "pausing", Reg: sh, Tok: tok.Revision})
 				if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
 					return err
@@ -293,8 +297,8 @@ func runShardMember(specPath string) error {
 	return startErr
 }
 
-// memberWriter makes and reports a member process's writes. It is used by
-// one goroutine.
+// memberWriter makes and reports a member process's writes, from one
+// goroutine; emit is safe for concurrent use.
 type memberWriter struct {
 	mu   sync.Mutex // serializes emit
 	spec memberSpec
@@ -374,9 +378,8 @@ func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, 
 }
 
 // writeOne reads reg (or takes pre, when not nil, as read), sets its value
-// and token and writes it with update,
-// reporting the call before the read and the outcome after the write. A
-// failed read is a write refused.
+// and token and writes it with update, reporting the call before the read
+// and the outcome after the write. A failed read is a write refused.
 func (w *memberWriter) writeOne(ctx context.Context, reg string, tok int64, late string, pre *corev1.ConfigMap, update func(context.Context, *corev1.ConfigMap) error) memberEvent {
 	w.id++
 	w.val++
@@ -420,7 +423,6 @@ type memberProc struct {
 	proxy    *faultproxy.Proxy
 	exited   chan struct{}
 	stderr   string // path of its standard error
-	killed   bool   // the test sent it SIGKILL
 }
 
 // send writes a command line to the member.
@@ -461,8 +463,8 @@ type shardProcs struct {
 	procs  []*memberProc
 	live   map[string]*memberProc // by identity
 	events []procEvent
-	reads  []porcupine.Operation // by register name in Input... see readsOf
-	regOf  []string              // register of each read
+	reads  []porcupine.Operation // the test's reads, of every register
+	regOf  []string              // the register of each read
 	faults map[string]int
 	skew   map[string]time.Duration // clock offset by identity
 	readWG sync.WaitGroup
@@ -534,7 +536,6 @@ func (p *shardProcs) start(identity string) *memberProc {
 // kill sends SIGKILL to m and waits until it has exited.
 func (p *shardProcs) kill(m *memberProc) {
 	p.t.Helper()
-	m.killed = true
 	require.NoError(p.t, m.cmd.Process.Signal(syscall.SIGKILL))
 	select {
 	case <-m.exited:
@@ -561,12 +562,12 @@ func (p *shardProcs) stopAll() {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("member %s did not leave within 30s", m.identity)
 		}
-		require.Equal(t, 0, m.cmd.ProcessState.ExitCode(), "member %s: %s", m.identity, tail(m.stderr))
+		require.Equal(t, 0, m.cmd.ProcessState.ExitCode(), "member %s: %s", m.identity, stderrTail(m.stderr))
 	}
 }
 
-// tail returns the end of the file at path, for failure messages.
-func tail(path string) string {
+// stderrTail returns the end of the file at path, for failure messages.
+func stderrTail(path string) string {
 	raw, _ := os.ReadFile(path)
 	if len(raw) > 4000 {
 		raw = raw[len(raw)-4000:]
@@ -675,7 +676,7 @@ func (p *shardProcs) mark(m *memberProc, what string, n int) memberEvent {
 		}
 		return false
 	})
-	require.True(t, ok, "member %s did not report %q: %s", m.identity, what, tail(m.stderr))
+	require.True(t, ok, "member %s did not report %q: %s", m.identity, what, stderrTail(m.stderr))
 	return got
 }
 
@@ -703,7 +704,7 @@ func (p *shardProcs) lateRets(m *memberProc, shard, why string, n int) (fenced, 
 		}
 		return len(fenced) > 0 && done
 	})
-	require.True(t, ok, "member %s made no late write for %s: %s", m.identity, why, tail(m.stderr))
+	require.True(t, ok, "member %s made no late write for %s: %s", m.identity, why, stderrTail(m.stderr))
 	return fenced, plain
 }
 
