@@ -860,6 +860,17 @@ func TestShardProcesses(t *testing.T) {
 		p.start(fmt.Sprintf("p-%d", i))
 	}
 	p.settled()
+	// Every member has joined (a member that owns no shard can join after
+	// the ring has settled).
+	require.True(t, waitFor(30*time.Second, func() bool {
+		leases := ringLeases(t, cs, ns)
+		for i := range 3 {
+			if !strings.HasPrefix(leases[fmt.Sprintf("procs-m-p-%d", i)], fmt.Sprintf("p-%d_", i)) {
+				return false
+			}
+		}
+		return true
+	}), "not every member process joined the ring")
 	// A steady ring stays as it is, though p-2's clock is 90s behind (so
 	// is the renewTime it writes): no heartbeat or shard Lease changes
 	// holder or counts a new acquisition.
