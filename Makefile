@@ -8,7 +8,7 @@ LIGHT_MODULES := token proto client
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
-.PHONY: all run demo build release test bench chaos mutants lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
+.PHONY: all run demo build release test bench chaos shardchaos mutants lint fuzz proto proto-lint proto-check python-deps kube-apiserver clean
 
 all: lint test
 
@@ -74,6 +74,11 @@ chaos:
 ## mutants: run each deliberately wrong guard (internal/mutant, build tag fencer_mutants) against the tests that must catch it, and print the table
 mutants: kube-apiserver
 	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m -run '^TestMutantsAreCaught$$' -v ./integration
+
+## shardchaos: shard members as processes (SIGSTOP, partition, SIGKILL mid-write, restart) for SHARD_ROUNDS rounds; prints the counts
+SHARD_ROUNDS ?= 5
+shardchaos: kube-apiserver
+	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v ./kubeadapter -shard-process-rounds=$(SHARD_ROUNDS)
 
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:
