@@ -65,11 +65,12 @@ test: lint kube-apiserver python-deps
 bench: kube-apiserver
 	./scripts/bench.sh
 
-## chaos: etcd chaos on a 3-member cluster of member processes, holders as processes, until CHAOS_WRITES writes of which CHAOS_LATE late, with the broken-guard control; prints the counts
+## chaos: etcd chaos on a 3-member cluster of member processes, holders as processes, until CHAOS_WRITES writes of which CHAOS_LATE late, with the broken-guard control; prints the counts; then the mutant table, with the chaos test run under the mutants it must catch
 CHAOS_WRITES ?= 20000
 CHAOS_LATE   ?= 1000
 chaos:
 	$(GO) test -count=1 -timeout 60m -run '^TestChaosEtcdFencedRegister$$' -v ./integration -chaos.writes=$(CHAOS_WRITES) -chaos.late=$(CHAOS_LATE)
+	$(GO) test -count=1 -timeout 30m -run '^TestMutantsAreCaught$$' -v ./integration -mutants.chaos
 
 ## mutants: run each deliberately wrong guard (internal/mutant, build tag fencer_mutants) against the tests that must catch it, and print the table
 mutants: kube-apiserver

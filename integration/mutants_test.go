@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -28,7 +29,12 @@ type mutantCase struct {
 	pkg    string   // the package's directory in the repository
 	tests  []string // top-level tests of pkg that catch the mutant; one failing is enough
 	kube   bool     // the tests need the kube-apiserver
+	chaos  bool     // the etcd chaos test: minutes, so only with -mutants.chaos
 }
+
+// mutantsChaos adds the etcd chaos test's rows to the mutant table. make
+// chaos sets it; make test leaves them to the faster tests of each row.
+var mutantsChaos = flag.Bool("mutants.chaos", false, "also run the etcd chaos test under the mutants it must catch (minutes; make chaos sets it)")
 
 // mutantCases are the mutants of internal/mutant/names.go, each with the
 // fastest of fencer's tests that catch it. A mutant may have more than one
@@ -43,6 +49,13 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
 	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
 	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter", tests: []string{"TestFutureRenewTimeIgnored"}},
+	// The etcd chaos test's forged and foreign writes at each takeover
+	// make these two guards' absence a linearizability violation. It does
+	// not catch batch-shared-guard (each holder process batches only its
+	// own token's writes) nor release-any-holder (a wrong release costs
+	// exclusivity, not fencing: the register stays linearizable).
+	{mutant: mutant.EpochCompareDropped, pkg: "integration", tests: []string{"TestChaosEtcdFencedRegister"}, chaos: true},
+	{mutant: mutant.OwnerCompareDropped, pkg: "integration", tests: []string{"TestChaosEtcdFencedRegister"}, chaos: true},
 }
 
 // Bounds of the mutant table's commands.
@@ -116,11 +129,14 @@ func TestMutantsAreCaught(t *testing.T) {
 			if c.kube {
 				kubetest.BinaryForTest(t)
 			}
+			if c.chaos && !*mutantsChaos {
+				t.Skip("the etcd chaos test runs under mutants with -mutants.chaos (make chaos)")
+			}
 			bin := binary(t, c.pkg)
 			if !passed[c.pkg] {
 				var all []string
 				for _, o := range mutantCases {
-					if o.pkg == c.pkg && (!o.kube || kubeOK) {
+					if o.pkg == c.pkg && (!o.kube || kubeOK) && (!o.chaos || *mutantsChaos) {
 						all = append(all, o.tests...)
 					}
 				}

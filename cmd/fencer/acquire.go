@@ -112,7 +112,8 @@ func (a *app) acquireCmd() *cobra.Command {
 			}
 			if !cmd.Flags().Changed("lock-delay") {
 				// A --ttl or --grace out of range is refused with its own message.
-				f.lockDelay = min(max(f.ttl, 0)+max(f.grace, 0)+lockDelayMargin, time.Hour)
+				clamp := func(d time.Duration) time.Duration { return min(max(d, 0), time.Hour) }
+				f.lockDelay = min(clamp(f.ttl)+clamp(f.grace)+lockDelayMargin, time.Hour)
 			}
 			if f.lockDelay < 0 || f.lockDelay > time.Hour {
 				return usagef("--lock-delay %s is out of range: give 0 (none) to 1h", f.lockDelay)

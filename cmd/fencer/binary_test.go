@@ -226,9 +226,10 @@ func TestAcquireChildDiesWithFencer(t *testing.T) {
 				require.Eventually(t, func() bool { return !alive(pid) }, ttl, 10*time.Millisecond,
 					"the %s outlived fencer acquire, killed with %s", tc.name, sig)
 
-				// The lease is free within the TTL (at once, after a signal
-				// fencer handled, which released it).
-				code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "5s", name, "--", "true")
+				// The lease is free at once after a signal fencer handled,
+				// which released it; after SIGKILL, once the session's TTL
+				// and then the lock-delay (--ttl + --grace + 1s) have passed.
+				code, _, stderr := s.fencer(nil, "acquire", "--wait-timeout", "15s", name, "--", "true")
 				require.Equal(t, 0, code, stderr)
 			})
 		}
