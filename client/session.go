@@ -330,6 +330,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 		first = 0
 	}
 	tick := s.c.clock.NewTimer(first)
+	until := deadline // when expire fires
 	expire := s.c.clock.NewTimer(deadline.Sub(s.c.clock.Now()))
 	defer func() {
 		tick.Stop()
@@ -370,6 +371,19 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 		}
 		retry.Reset()
 		if failed {
+			// The watch may have been down as long as the renewals were,
+			// and may stay down (a restarted server's watch reconnects
+			// later): check every held lease before this renewal extends
+			// the deadline, so that one ended meanwhile (its token
+			// released by another caller) ends now, not when the watch
+			// comes back. Without an answer the deadline stays.
+			cctx, cancel := context.WithTimeout(s.ctx, until.Sub(s.c.clock.Now()))
+			err := s.checkAll(cctx)
+			cancel()
+			if err != nil {
+				tick.Reset(min(retry.NextBackOff(), interval))
+				continue
+			}
 			failed = false
 			select {
 			case s.renewed <- struct{}{}:
@@ -377,6 +391,7 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 			}
 		}
 		end := sent.Add(ttl - s.early)
+		until = end
 		expire.Stop()
 		expire.Reset(end.Sub(s.c.clock.Now()))
 		if f := s.onDeadline; f != nil {
@@ -574,7 +589,7 @@ func (s *Session) checkAll(ctx context.Context) error {
 		case errors.Is(err, token.ErrStale):
 			s.lose(l.tok, fmt.Errorf("%w: %w", token.ErrLeaseLost, err))
 		case err != nil && failed == nil:
-			failed = fmt.Errorf("client: check %s after the watch was compacted: %w", l.tok, err)
+			failed = fmt.Errorf("client: check %s: %w", l.tok, err)
 		}
 	}
 	return failed

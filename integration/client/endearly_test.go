@@ -62,6 +62,14 @@ func TestEndEarly(t *testing.T) {
 // the real clock.
 func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testclock.FakeClock, *client.Client) {
 	t.Helper()
+	return faultService(t, true)
+}
+
+// faultService serves a store on the shared etcd member and returns a
+// client of it whose calls go through in, on a fake clock if fake (nil
+// otherwise), and a plain client on the real clock.
+func faultService(t *testing.T, fake bool) (*client.Client, *rpcfault.Injector, *testclock.FakeClock, *client.Client) {
+	t.Helper()
 	addr, _ := servicetest.Serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.Anonymous("tester")})
 	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
 		cc, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
@@ -70,6 +78,9 @@ func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testcl
 		return cc
 	}
 	in := rpcfault.New()
+	if !fake {
+		return client.New(dial(in.DialOptions()...)), in, nil, client.New(dial())
+	}
 	clk := testclock.NewFakeClock(time.Now())
 	return client.New(dial(in.DialOptions()...), client.WithClock(clientClock{clk})), in, clk, client.New(dial())
 }
