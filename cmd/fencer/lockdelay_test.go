@@ -127,7 +127,7 @@ func TestLockDelayNoWaitExitsHeld(t *testing.T) {
 // command only at its session's deadline, a TTL after its last renewal,
 // and the watchdog kills it --grace later. The default lock-delay
 // (--ttl + --grace + 1s) keeps a waiting successor out until then; the
-// former default of --grace + 1s (here 2s) did not.
+// former default of --grace + 1s (here 2s) did not, by up to the TTL.
 func TestLockDelayCoversAHolderThatCannotHear(t *testing.T) {
 	member := etcdtest.Start(t)
 	s := startServeProc(t, "--etcd-endpoints", member.Endpoint())
@@ -140,7 +140,7 @@ func TestLockDelayCoversAHolderThatCannotHear(t *testing.T) {
 			name := "unheard" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
 			dir := t.TempDir()
 			oldLog, newLog := filepath.Join(dir, "old"), filepath.Join(dir, "new")
-			flags := []string{"--ttl", "4s", "--grace", "1s"}
+			flags := []string{"--ttl", "8s", "--grace", "1s"}
 			if tc.delay != "" {
 				flags = append(flags, "--lock-delay", tc.delay)
 			}
@@ -160,8 +160,8 @@ func TestLockDelayCoversAHolderThatCannotHear(t *testing.T) {
 			defer thaw()
 			code, _, stderr := s.fencer(nil, "release", "--token", tok)
 			require.Equal(t, 0, code, stderr)
-			require.Equal(t, 0, succ.wait(t, 20*time.Second), succ.stderr.String())
-			require.Equal(t, rtExitLeaseLost, old.wait(t, 20*time.Second), old.stderr.String())
+			require.Equal(t, 0, succ.wait(t, 30*time.Second), succ.stderr.String())
+			require.Equal(t, rtExitLeaseLost, old.wait(t, 30*time.Second), old.stderr.String())
 			thaw()
 
 			lastOld, firstNew := stamps(t, oldLog, true), stamps(t, newLog, false)
