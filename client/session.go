@@ -143,6 +143,13 @@ func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
 	return s, nil
 }
 
+// proof returns the session's id and secret, which make a release clean.
+func (s *Session) proof() (int64, []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.id, s.secret
+}
+
 // ID returns the session's id, or 0 before its first acquisition.
 func (s *Session) ID() int64 {
 	s.mu.Lock()
@@ -736,9 +743,7 @@ func (l *Lease) Err() error {
 func (l *Lease) Release(ctx context.Context) error {
 	l.sess.forget(l)
 	l.end(token.ErrReleased)
-	l.sess.mu.Lock()
-	id, secret := l.sess.id, l.sess.secret
-	l.sess.mu.Unlock()
+	id, secret := l.sess.proof()
 	_, err := l.sess.c.rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: l.tok.String()}, HolderSessionId: id, HolderSessionSecret: secret})
 	if err := fromStatus(err); err != nil {
 		return fmt.Errorf("client: release %s: %w", l.tok, err)

@@ -166,14 +166,18 @@ func sessionOwner(kvs []*mvccpb.KeyValue, principal string) error {
 	return nil
 }
 
-// checkSecret verifies that secret is the secret of session id, which
-// checkSession has found to be the caller's.
-func (s *Server) checkSecret(ctx context.Context, id clientv3.LeaseID, secret []byte) error {
-	resp, err := s.cli.Get(ctx, s.secretKey(id))
+// checkHolderSession verifies, in one read, that session id exists, is
+// principal's, and has secret as its secret: the proof of a clean release.
+func (s *Server) checkHolderSession(ctx context.Context, id clientv3.LeaseID, principal string, secret []byte) error {
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.sessionKey(id)), clientv3.OpGet(s.secretKey(id))).Commit()
 	if err != nil {
-		return fmt.Errorf("server: read session secret: %w", err)
+		return fmt.Errorf("server: read session: %w", err)
 	}
-	if len(resp.Kvs) == 0 || subtle.ConstantTimeCompare(resp.Kvs[0].Value, []byte(hashSecret(secret))) != 1 {
+	if err := sessionOwner(resp.Responses[0].GetResponseRange().Kvs, principal); err != nil {
+		return err
+	}
+	kvs := resp.Responses[1].GetResponseRange().Kvs
+	if len(kvs) == 0 || subtle.ConstantTimeCompare(kvs[0].Value, []byte(hashSecret(secret))) != 1 {
 		return fmt.Errorf("%w: holder_session_secret is not the secret of session %d", ErrPermissionDenied, int64(id))
 	}
 	return nil
@@ -331,12 +335,9 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 	release := s.store.Release
 	if id := clientv3.LeaseID(req.GetHolderSessionId()); id != 0 {
 		// The holder's clean release: it skips the lock-delay.
-		if _, err := s.checkSession(ctx, id, p); errors.Is(err, ErrSessionNotFound) {
+		if err := s.checkHolderSession(ctx, id, p, req.GetHolderSessionSecret()); errors.Is(err, ErrSessionNotFound) {
 			return &fencerv1.ReleaseResponse{}, nil // its holder keys went with it
 		} else if err != nil {
-			return nil, err
-		}
-		if err := s.checkSecret(ctx, id, req.GetHolderSessionSecret()); err != nil {
 			return nil, err
 		}
 		release = func(ctx context.Context, tok token.Token) (bool, error) { return s.store.ReleaseOn(ctx, tok, id) }
