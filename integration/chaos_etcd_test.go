@@ -829,6 +829,8 @@ type chaosReport struct {
 	testWrites, testAccepted                 int // forged, foreign and control writes
 	lateAccepted, lateRefused, lateUnknown   int
 	violations, controlViolations, undecided int
+	leftOut                                  int           // unknown operations that cannot change a verdict
+	checking                                 time.Duration // porcupine's time, every round
 	faults                                   map[string]int
 }
 
@@ -836,7 +838,12 @@ type chaosReport struct {
 func (c *etcdChaos) check() chaosReport {
 	rep := chaosReport{faults: c.faults}
 	for _, r := range c.rounds {
-		r.verdict = r.h.Check(leasedRegister, 2*time.Minute)
+		closed := r.h.Closed()
+		decided := withoutNoOps(closed)
+		rep.leftOut += len(closed) - len(decided)
+		began := time.Now()
+		r.verdict = porcupine.CheckOperationsTimeout(leasedRegister, decided, 2*time.Minute)
+		rep.checking += time.Since(began)
 		ops := r.h.Ops()
 		_, unknown := r.h.Len()
 		rep.ops += len(ops)
@@ -893,7 +900,8 @@ func (c *etcdChaos) check() chaosReport {
 		case porcupine.Illegal:
 			rep.violations++
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("fencer-chaos-round-%d.html", r.n))
-			if err := r.h.Visualize(leasedRegister, path); err == nil {
+			_, info := porcupine.CheckOperationsVerbose(leasedRegister, decided, time.Minute)
+			if err := porcupine.VisualizePath(leasedRegister, info, path); err == nil {
 				r.viz = "; see " + path
 			}
 		case porcupine.Unknown:
@@ -920,7 +928,8 @@ func (rep chaosReport) String() string {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "    %5d  %s\n", rep.faults[k], k)
 	}
-	fmt.Fprintf(&b, "  porcupine:     %d violations in %d rounds (%d undecided)%s\n", rep.violations, rep.rounds, rep.undecided, mutantNote())
+	fmt.Fprintf(&b, "  porcupine:     %d violations in %d rounds (%d undecided)%s; checked in %s, %d unknown operations that cannot change a verdict left out\n",
+		rep.violations, rep.rounds, rep.undecided, mutantNote(), rep.checking.Round(time.Millisecond), rep.leftOut)
 	fmt.Fprintf(&b, "  broken-guard control: %d of %d rounds with a violation\n", rep.controlViolations, rep.controls)
 	return b.String()
 }

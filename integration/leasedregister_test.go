@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -220,4 +222,137 @@ func TestLeasedRegisterModel(t *testing.T) {
 			require.Equal(t, tc.want, porcupine.CheckOperations(leasedRegister, tc.ops()))
 		})
 	}
+}
+
+// withoutNoOps returns the closed history ops (every unknown return moved
+// to the end) without the operations of unknown outcome that cannot change
+// the verdict, so that porcupine decides a round with many timeouts in
+// seconds rather than searching every subset of them. Each unknown
+// operation has its return at the end and a step that is always legal, so
+// placing it last is always possible; it may be dropped if, in any legal
+// order, it can be moved last without making another operation illegal:
+//
+//   - an unknown acquire or release: either only ends the current token
+//     (sets an unknown one, or none). Until the next known acquire no write
+//     can then be accepted, so the operations in between are reads,
+//     refusals, releases that do nothing, and unknown operations (also
+//     moved last). Moving them all last leaves every read's value and the
+//     state at the next acquire as they were;
+//   - an unknown write whose token no known acquire returned, or whose
+//     token a known acquire had superseded before the write's call: its
+//     token can never be current where it could be placed, so it changes
+//     nothing.
+//
+// TestWithoutNoOpsKeepsTheVerdict checks this against porcupine on random
+// histories.
+func withoutNoOps(ops []porcupine.Operation) []porcupine.Operation {
+	type acq struct {
+		tok leaseTok
+		ret int64
+	}
+	var acqs []acq
+	for _, op := range ops {
+		if in, out := op.Input.(leaseInput), op.Output.(leaseOutput); in.kind == opAcquire && out.ok && !out.unknown {
+			acqs = append(acqs, acq{out.tok, op.Return})
+		}
+	}
+	canBeCurrent := func(op porcupine.Operation) bool {
+		tok, issued := op.Input.(leaseInput).tok, false
+		for _, a := range acqs {
+			switch {
+			case a.tok == tok:
+				issued = true
+			case a.tok.rev > tok.rev && a.ret < op.Call:
+				return false
+			}
+		}
+		return issued
+	}
+	kept := make([]porcupine.Operation, 0, len(ops))
+	for _, op := range ops {
+		if op.Output.(leaseOutput).unknown {
+			if k := op.Input.(leaseInput).kind; k != opWrite || !canBeCurrent(op) {
+				continue
+			}
+		}
+		kept = append(kept, op)
+	}
+	return kept
+}
+
+// TestWithoutNoOpsKeepsTheVerdict: on random histories of concurrent
+// holders with many operations of unknown outcome, porcupine's verdict on
+// the history and on withoutNoOps of it are the same, and both kinds of
+// verdict occur.
+func TestWithoutNoOpsKeepsTheVerdict(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	verdicts := map[bool]int{}
+	for i := range 3000 {
+		ops := randomLeaseHistory(rng)
+		want := porcupine.CheckOperations(leasedRegister, ops)
+		pruned := withoutNoOps(ops)
+		require.Equal(t, want, porcupine.CheckOperations(leasedRegister, pruned), "history %d:\n%s", i, describeLeaseOps(ops))
+		verdicts[want]++
+	}
+	require.Positive(t, verdicts[true], "no legal history generated")
+	require.Positive(t, verdicts[false], "no illegal history generated")
+	t.Logf("verdicts: %d legal, %d illegal", verdicts[true], verdicts[false])
+}
+
+// randomLeaseHistory returns a short closed history: three clients that
+// acquire, write, release and read one lease, with overlapping calls,
+// random outcomes (including unknown ones, returned at the end) and tokens
+// that are sometimes superseded or never issued.
+func randomLeaseHistory(rng *rand.Rand) []porcupine.Operation {
+	var ops []porcupine.Operation
+	var toks []leaseTok
+	rev, epoch, val := int64(0), uint64(0), 0
+	at := int64(0)
+	end := int64(1 << 40)
+	for range 4 + rng.IntN(7) {
+		call := at
+		at += 1 + int64(rng.IntN(3))
+		ret := call + 1 + int64(rng.IntN(6))
+		client := rng.IntN(3)
+		var in leaseInput
+		var out leaseOutput
+		pickTok := func() leaseTok {
+			if len(toks) == 0 || rng.IntN(8) == 0 {
+				return leaseTok{rev: int64(rng.IntN(20)), epoch: uint64(rng.IntN(5))}
+			}
+			return toks[rng.IntN(len(toks))]
+		}
+		switch rng.IntN(4) {
+		case 0:
+			in.kind = opAcquire
+			rev += 1 + int64(rng.IntN(3))
+			epoch++
+			out = leaseOutput{ok: true, tok: leaseTok{rev: rev, epoch: epoch}}
+			toks = append(toks, out.tok)
+		case 1:
+			val++
+			in = leaseInput{kind: opWrite, tok: pickTok(), val: val}
+			out.ok = rng.IntN(2) == 0
+		case 2:
+			in = leaseInput{kind: opRelease, tok: pickTok()}
+			out.ok = true
+		default:
+			in.kind = opRead
+			out = leaseOutput{ok: true, val: rng.IntN(val + 1)}
+		}
+		if in.kind != opRead && rng.IntN(3) == 0 {
+			out = leaseOutput{unknown: true}
+			ret = end
+		}
+		ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
+	}
+	return ops
+}
+
+func describeLeaseOps(ops []porcupine.Operation) string {
+	var b strings.Builder
+	for _, op := range ops {
+		fmt.Fprintf(&b, "  [%d,%d] client %d: %s\n", op.Call, op.Return, op.ClientId, leasedRegister.DescribeOperation(op.Input, op.Output))
+	}
+	return b.String()
 }

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -178,5 +180,43 @@ func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
 		lost := nextLost(t, stream)
 		require.Equal(t, a.GetToken(), lost.GetToken())
 		require.Equal(t, "deleted", lost.GetReason())
+	}
+}
+
+// TestSessionEndIsNotReportedAsALoss ends a session holding a lease, by
+// the Release RPC and by an operator's etcd lease revoke, many times: the
+// session's WatchLease stream ends with SESSION_NOT_FOUND every time, and
+// never first reports the lease LOST as if its holder key alone had been
+// deleted (the holder key and the session key go in the same revision, and
+// the stream must not say which of its two watches saw it first).
+func TestSessionEndIsNotReportedAsALoss(t *testing.T) {
+	ctx := etcdtest.Context(t)
+	st := etcdtest.Store(t)
+	addr, _ := startServer(t, st)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	for i := range 40 {
+		a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "ends"})
+		require.NoError(t, err)
+		wctx, cancel := context.WithCancel(ctx)
+		stream, err := rpc.WatchLease(wctx, &fencerv1.WatchLeaseRequest{SessionId: a.GetSessionId()})
+		require.NoError(t, err)
+		synced, err := stream.Recv()
+		require.NoError(t, err)
+		require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, synced.GetType())
+		if i%2 == 0 {
+			_, err = rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: a.GetSessionId()}})
+		} else {
+			_, err = st.Client().Revoke(ctx, clientv3.LeaseID(a.GetSessionId()))
+		}
+		require.NoError(t, err)
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				require.Equal(t, codes.NotFound, status.Code(err), "round %d: %v", i, err)
+				break
+			}
+			require.NotEqual(t, fencerv1.WatchLeaseResponse_TYPE_LOST, ev.GetType(), "round %d: the session's end reported as a loss: %v", i, ev)
+		}
+		cancel()
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -27,8 +28,8 @@ const progressEvery = time.Second
 // from a watch on the session key. A holder key whose previous value was
 // attached to the session and that is deleted, or rewritten under another
 // etcd lease or create revision, is reported LOST. When the session key is
-// deleted the stream ends with SESSION_NOT_FOUND; LOST events for the same
-// revision may not have been sent first. A start revision beyond the
+// deleted the stream ends with SESSION_NOT_FOUND, without LOST events for
+// the holder keys deleted in the same revision (see sessionEndedBy). A start revision beyond the
 // store's next revision is refused with INVALID_ARGUMENT (cause
 // future_revision); one up to it is accepted, even if the shared watch has
 // not reached it yet.
@@ -77,6 +78,9 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 		case <-feed.gone:
 			return feed.err
 		case msg := <-feed.ch:
+			if ended, err := s.sessionEndedBy(ctx, id, msg); err != nil || ended {
+				return err
+			}
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
@@ -85,6 +89,32 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			}
 		}
 	}
+}
+
+// sessionEndedBy reports whether the LOST event msg, of session id, is the
+// session's own end: a holder key deleted in the revision that deleted the
+// session key, as etcd deletes every key of a lease that expires or is
+// revoked. The stream then ends with SESSION_NOT_FOUND alone, whichever of
+// its two watches saw the revision first, so that a client says the
+// session ended rather than that someone deleted its holder key. The read
+// is linearizable: etcd may send a watch event before its revision can be
+// read from the same member. Past a compaction it reads the current state
+// instead, in which a session that ended by then is reported ended.
+func (s *Server) sessionEndedBy(ctx context.Context, id clientv3.LeaseID, msg *fencerv1.WatchLeaseResponse) (bool, error) {
+	if msg.GetType() != fencerv1.WatchLeaseResponse_TYPE_LOST || msg.GetReason() != "deleted" {
+		return false, nil
+	}
+	resp, err := s.cli.Get(ctx, s.sessionKey(id), clientv3.WithRev(msg.GetRevision()), clientv3.WithCountOnly())
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		resp, err = s.cli.Get(ctx, s.sessionKey(id), clientv3.WithCountOnly())
+	}
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("server: read session %d: %w", id, err)
+	case resp.Count == 0:
+		return true, fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, msg.GetRevision())
+	}
+	return false, nil
 }
 
 // progressRevision is the revision up to which wr shows every change: its

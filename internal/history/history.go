@@ -139,19 +139,13 @@ func (h *History) Ops() []porcupine.Operation {
 // Check returns porcupine's verdict on the history as model, within
 // timeout (Unknown past it).
 func (h *History) Check(model porcupine.Model, timeout time.Duration) porcupine.CheckResult {
-	return porcupine.CheckOperationsTimeout(model, h.closed(), timeout)
+	return porcupine.CheckOperationsTimeout(model, h.Closed(), timeout)
 }
 
-// Visualize writes porcupine's visualization of the history as model to
-// the HTML file path.
-func (h *History) Visualize(model porcupine.Model, path string) error {
-	_, info := porcupine.CheckOperationsVerbose(model, h.closed(), time.Minute)
-	return porcupine.VisualizePath(model, info, path)
-}
-
-// closed returns the operations with every return of unknown outcome
-// moved to after every other.
-func (h *History) closed() []porcupine.Operation {
+// Closed returns a copy of the operations with every return of unknown
+// outcome moved to after every other: the history Check checks, for a
+// caller that simplifies it first.
+func (h *History) Closed() []porcupine.Operation {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ops := append([]porcupine.Operation(nil), h.ops...)
