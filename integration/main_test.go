@@ -5,7 +5,9 @@ import (
 	"io"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fencer-dev/fencer/internal/etcdproc"
 	"github.com/fencer-dev/fencer/internal/etcdtest"
@@ -22,6 +24,8 @@ func TestMain(m *testing.M) {
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	_ = fs.Set("logtostderr", "false")
+	_ = fs.Set("stderrthreshold", "FATAL")
 	klog.SetOutput(io.Discard)
+	ctrllog.SetLogger(logr.Discard())
 	etcdtest.Main(m)
 }

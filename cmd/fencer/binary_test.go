@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -175,6 +176,25 @@ func (p *proc) wait(t *testing.T, within time.Duration) int {
 	}
 }
 
+// printed waits up to printBound for p to print a line on stdout, and
+// fails with what p printed, and whether it exited, if it does not.
+func (p *proc) printed(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(printBound)
+	for !strings.Contains(p.stdout.String(), "\n") {
+		if time.Now().After(deadline) {
+			exited := "still runs"
+			select {
+			case <-p.exited:
+				exited = fmt.Sprintf("exited %d", p.code)
+			default:
+			}
+			t.Fatalf("fencer %v printed no line within %s (%s)\nstdout: %s\nstderr: %s", p.cmd.Args[1:], printBound, exited, p.stdout, p.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // fencer runs the fencer binary with args against s and returns its
 // exit code and output.
 func (s *serveProc) fencer(env []string, args ...string) (code int, stdout, stderr string) {
@@ -326,7 +346,7 @@ func TestAcquireGivesATerminalToItsCommand(t *testing.T) {
 func TestAcquireSaysTheServerEndedItsSession(t *testing.T) {
 	s := startServeProc(t)
 	p := s.startFencer(nil, "acquire", "--ttl", "10s", "--grace", "1s", "revoked", "--", "sh", "-c", "echo $FENCER_SESSION; exec sleep 30")
-	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
+	p.printed(t)
 	id, err := strconv.ParseInt(strings.TrimSpace(p.stdout.String()), 10, 64)
 	require.NoError(t, err)
 

@@ -45,7 +45,7 @@ func rtCommand(t *testing.T, s *serveProc, env []string, flags []string, name, s
 	t.Helper()
 	args := append(append([]string{"acquire"}, flags...), name, "--", "sh", "-c", script)
 	p := s.startFencer(env, args...)
-	require.Eventually(t, func() bool { return strings.Contains(p.stdout.String(), "\n") }, printBound, 10*time.Millisecond, p.stderr.String())
+	p.printed(t)
 	f := strings.Fields(strings.SplitN(p.stdout.String(), "\n", 2)[0])
 	require.Len(t, f, 2, p.stdout.String())
 	pid, err := strconv.Atoi(f[0])
@@ -280,7 +280,11 @@ func (b *blackhole) pipe(dst, src net.Conn, delay time.Duration) {
 // rtPartition runs a command under acquire through a proxy, cuts the
 // proxy, and has a second acquire (straight to the server) take the lease
 // and record in a file whether the first command still ran at that moment.
-// grace "" leaves --grace at its default.
+// grace "" leaves --grace at its default. The holder's calls time out
+// after 5s: with replies delay late, a shorter timeout can expire on a
+// loaded machine before the first Acquire's reply, and the holder then
+// waits out the session that Acquire opened before it runs its command.
+// Its renewals are bounded by the TTL, not by the timeout.
 func rtPartition(t *testing.T, grace, script string, delay time.Duration) {
 	s := startServeProc(t)
 	b := startBlackhole(t, s.addr, delay)
@@ -288,7 +292,7 @@ func rtPartition(t *testing.T, grace, script string, delay time.Duration) {
 	if grace != "" {
 		flags = append(flags, "--grace", grace)
 	}
-	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String(), "FENCER_TIMEOUT=2s"}, flags, "partitioned", script)
+	p, pid, _ := rtCommand(t, s, []string{"FENCER_SERVER=" + b.ln.Addr().String(), "FENCER_TIMEOUT=5s"}, flags, "partitioned", script)
 	if delay > 0 {
 		time.Sleep(3 * time.Second) // renewals answered late, then the cut
 	}
