@@ -332,7 +332,7 @@ class Client:
         interval = self.ttl / 3.0
         retry = _Backoff(0.2, max(self.ttl / 10.0, 0.2))
         delay = interval
-        stream = None
+        stream, failed = None, False
         try:
             while not self._closed.wait(min(delay, max(deadline - time.monotonic(), 0))):
                 sent = time.monotonic()
@@ -348,10 +348,21 @@ class Client:
                         self._end("the session expired")
                         return
                     stream.close()
-                    stream, delay = None, min(retry.next(), interval)
+                    stream, delay, failed = None, min(retry.next(), interval), True
                     continue
-                deadline = sent + ttl
                 retry.reset()
+                if failed:
+                    # The watch may have been down as long as the renewals
+                    # were, and may stay down (a restarted server's watch
+                    # reconnects later): check every held lease before this
+                    # renewal extends the deadline, so that one ended
+                    # meanwhile ends now. Without an answer the deadline
+                    # stays.
+                    if not self._check_all(deadline - time.monotonic()):
+                        delay = min(retry.next(), interval)
+                        continue
+                    failed = False
+                deadline = sent + ttl
                 delay = interval
         finally:
             if stream is not None:
@@ -396,16 +407,23 @@ class Client:
                     del self._held[name]
                     lease._lose(reason)
 
-    def _check_all(self):
+    def _check_all(self, within=None):
+        """Marks lost every held lease whose token is no longer current, each
+        check bounded by within seconds (the client's timeout if None).
+        Returns whether every check had an answer."""
         with self._mu:
             leases = list(self._held.values())
+        answered = True
         for lease in leases:
             try:
-                self.check(lease.token)
-            except errors.StaleError:
-                self._lost(lease.token, "stale")
-            except errors.FencerError:
-                pass
+                self._stub.Check(fencer_pb2.CheckRequest(token=lease.token), metadata=self._md,
+                                 timeout=self.timeout if within is None else max(within, 0.05))
+            except grpc.RpcError as e:
+                if isinstance(errors.from_rpc_error(e), errors.StaleError):
+                    self._lost(lease.token, "stale")
+                else:
+                    answered = False
+        return answered
 
     def close(self):
         """Releases the session on the server (ending every lease it holds),

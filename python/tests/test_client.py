@@ -73,6 +73,26 @@ class ClientTest(unittest.TestCase):
             lease.check()
         self.assertEqual(calls.count("KeepAlive"), 2, calls.calls)
 
+    def test_renewal_after_an_outage_checks_the_leases(self):
+        # Renewals and the watch fail together, as when the server
+        # restarts; the token is released meanwhile by another caller.
+        # When renewals come back but the watch stays away, the lease must
+        # end then (its token checked), not when the watch returns or the
+        # TTL runs out.
+        cut = _CuttingInterceptor()
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, cut))
+        lease = self.a.acquire(name("unheard"))
+        cut.cut({"KeepAlive", "WatchLease"})
+        self.assertTrue(self.b.release(lease.token))
+        deadline = time.monotonic() + 10
+        while cut.count("KeepAlive") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertGreaterEqual(cut.count("KeepAlive"), 2, "no renewal was tried in the outage")
+        self.assertFalse(lease.lost.is_set(), "the lease cannot have heard of its release yet: %s" % lease.lost_reason)
+        cut.cut({"WatchLease"})  # renewals come back; the watch stays away
+        self.assertTrue(lease.lost.wait(self.a.ttl / 2.0), "the lease outlived its released token after renewals came back")
+        self.assertEqual(lease.lost_reason, "stale")
+
     def test_stale_write_after_the_lease_is_taken(self):
         lease_name = name("stale")
         key = lease_name + "/total"
@@ -349,6 +369,108 @@ class _CountingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryUnaryCl
     intercept_unary_unary = _count
     intercept_unary_stream = _count
     intercept_stream_stream = _count
+
+
+class _Unavailable(grpc.RpcError, grpc.Call):
+    """The error of a call cut off by _CuttingInterceptor, as a lost
+    connection ends it."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "cut off"
+
+    def trailing_metadata(self):
+        return ()
+
+    def initial_metadata(self):
+        return ()
+
+    def is_active(self):
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def cancel(self):
+        return False
+
+    def add_callback(self, callback):
+        return False
+
+
+class _CutCall:
+    """A streaming call that _CuttingInterceptor can cut: its reader then
+    gets UNAVAILABLE."""
+
+    def __init__(self, call):
+        self._call, self._cut = call, call is None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._cut:
+            raise _Unavailable()
+        try:
+            return next(self._call)
+        except grpc.RpcError:
+            if self._cut:
+                raise _Unavailable() from None
+            raise
+
+    def cut(self):
+        self._cut = True
+        if self._call is not None:
+            self._call.cancel()
+
+    def cancel(self):
+        if self._call is not None:
+            self._call.cancel()
+
+    def __getattr__(self, attr):
+        return getattr(self._call, attr)
+
+
+class _CuttingInterceptor(grpc.StreamStreamClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Lets a test cut off the streaming calls of some methods, open or yet
+    to come, as a partition from the server would, while the channel's
+    other calls go through."""
+
+    def __init__(self):
+        self._mu = threading.Lock()
+        self._methods = set()
+        self._open = []  # (method, _CutCall)
+        self.calls = []
+
+    def count(self, method):
+        with self._mu:
+            return sum(1 for m in self.calls if m.endswith("/" + method))
+
+    def cut(self, methods):
+        """Cuts the open calls of methods, and every later one until the
+        next cut, which replaces the set."""
+        with self._mu:
+            self._methods = set(methods)
+            for m, c in self._open:
+                if m.rsplit("/", 1)[-1] in self._methods:
+                    c.cut()
+
+    def _intercept(self, continuation, details, request):
+        with self._mu:
+            self.calls.append(details.method)
+            if details.method.rsplit("/", 1)[-1] in self._methods:
+                return _CutCall(None)
+        c = _CutCall(continuation(details, request))
+        with self._mu:
+            self._open.append((details.method, c))
+            if details.method.rsplit("/", 1)[-1] in self._methods:
+                c.cut()  # cut while it started
+        return c
+
+    intercept_unary_stream = _intercept
+    intercept_stream_stream = _intercept
 
 
 if __name__ == "__main__":
