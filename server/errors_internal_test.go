@@ -66,13 +66,7 @@ func TestEtcdErrorsMapToCodes(t *testing.T) {
 			t.Run(rpctypes.ErrorDesc(tc.err)+"/"+form, func(t *testing.T) {
 				st := status.Convert(toStatus(fmt.Errorf("etcdstore: put: %w", err)))
 				require.Equal(t, tc.code, st.Code())
-				var info *errdetails.ErrorInfo
-				for _, d := range st.Details() {
-					if ei, ok := d.(*errdetails.ErrorInfo); ok {
-						info = ei
-					}
-				}
-				require.NotNil(t, info)
+				info := statusInfo(t, st)
 				require.Equal(t, tc.reason, info.GetReason())
 				require.Equal(t, tc.cause, info.GetMetadata()["cause"])
 				require.Equal(t, rpctypes.ErrorDesc(tc.err), info.GetMetadata()["etcd_error"])
@@ -168,13 +162,7 @@ func TestEveryReasonIsClassified(t *testing.T) {
 			require.Equal(t, tc.want, reason)
 			produced[reason] = true
 			st := status.Convert(toStatus(wrapped))
-			var info *errdetails.ErrorInfo
-			for _, d := range st.Details() {
-				if ei, ok := d.(*errdetails.ErrorInfo); ok {
-					info = ei
-				}
-			}
-			require.NotNil(t, info)
+			info := statusInfo(t, st)
 			require.Equal(t, fencerv1.ErrorDomain, info.GetDomain())
 			require.Equal(t, reason.Reason(), info.GetReason())
 			require.Equal(t, reason, fencerv1.ParseReason(info.GetReason()))
@@ -221,4 +209,16 @@ func errorReasonDocs(t *testing.T, path string) map[string]string {
 		comment = nil
 	}
 	return docs
+}
+
+// statusInfo returns st's ErrorInfo, failing the test if it has none.
+func statusInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
+	t.Helper()
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei
+		}
+	}
+	t.Fatalf("status %v carries no ErrorInfo", st)
+	return nil
 }
