@@ -51,15 +51,15 @@ func fromStatus(err error) error {
 		return fmt.Errorf("client: %w", err)
 	}
 	md := info.GetMetadata()
-	switch info.GetReason() {
-	case fencerv1.ReasonStaleToken:
+	switch fencerv1.ParseReason(info.GetReason()) {
+	case fencerv1.ErrorReason_ERROR_REASON_STALE_TOKEN:
 		e := &token.StaleError{}
 		e.Token, _ = token.Parse(md["token"])
 		e.Newer, _ = token.Parse(md["newer_token"])
 		return e
-	case fencerv1.ReasonHeldByAnother:
+	case fencerv1.ErrorReason_ERROR_REASON_HELD_BY_ANOTHER:
 		return &token.HeldError{Lease: md["lease"], Holder: md["holder"]}
-	case fencerv1.ReasonLockDelay:
+	case fencerv1.ErrorReason_ERROR_REASON_LOCK_DELAY:
 		e := &token.LockDelayError{Lease: md["lease"]}
 		if ms, err := strconv.ParseInt(md["delay_ms"], 10, 64); err == nil {
 			e.Delay = time.Duration(ms) * time.Millisecond
@@ -68,38 +68,42 @@ func fromStatus(err error) error {
 			e.Remaining = time.Duration(ms) * time.Millisecond
 		}
 		return e
-	case fencerv1.ReasonForeignLease:
+	case fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE:
 		return &token.ForeignLeaseError{Want: md["want"], Got: md["got"]}
-	case fencerv1.ReasonLeaseNotHeld:
+	case fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD:
 		return fmt.Errorf("client: %s: %w", st.Message(), token.ErrNotHeld)
-	case fencerv1.ReasonInvalidToken:
+	case fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN:
 		return &token.MalformedError{Field: md["token_field"], Input: md["input"], Reason: md["reason"]}
-	case fencerv1.ReasonInvalidArgument:
+	case fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT:
 		return &token.ArgumentError{Arg: md["field"], Value: md["input"], Reason: md["reason"]}
-	case fencerv1.ReasonSessionNotFound:
+	case fencerv1.ErrorReason_ERROR_REASON_SESSION_NOT_FOUND:
 		return fmt.Errorf("%w: %s: %w", ErrSessionNotFound, st.Message(), token.ErrSessionExpired)
-	case fencerv1.ReasonPermissionDenied:
+	case fencerv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED:
 		return fmt.Errorf("client: %s: %w", st.Message(), ErrPermissionDenied)
-	case fencerv1.ReasonUnauthenticated:
+	case fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED:
 		return fmt.Errorf("client: %s: %w", st.Message(), ErrUnauthenticated)
-	case fencerv1.ReasonWatchCompacted:
+	case fencerv1.ErrorReason_ERROR_REASON_WATCH_COMPACTED:
 		return fmt.Errorf("client: %s: %w", st.Message(), errWatchCompacted)
 	}
 	return fmt.Errorf("client: %w", err)
 }
 
-// Reason returns the fencer.dev ErrorInfo reason (one of fencerv1's
-// Reason constants) carried by an error a Client method returned, or ""
-// when it carries none, as transport errors do. Callers that need to tell
-// a server that cannot reach etcd (ReasonStoreUnavailable) from one that
-// is shutting down (ReasonShuttingDown) use it; the typed errors above
-// cover every other reason.
-func Reason(err error) string {
+// Reason returns the reason of the fencer.dev ErrorInfo carried by an
+// error a Client method returned, as the fencerv1.ErrorReason enum. It
+// returns fencerv1.ErrorReason_ERROR_REASON_UNSPECIFIED when the error
+// carries none, as transport errors do, and when the reason is one this
+// version of the enum does not know (a newer server's): the error's gRPC
+// code (status.Code) still tells what kind of failure it was. Callers that
+// need to tell a server that cannot reach etcd
+// (ERROR_REASON_STORE_UNAVAILABLE) from one that is shutting down
+// (ERROR_REASON_SHUTTING_DOWN) use it; the typed errors above cover every
+// other reason.
+func Reason(err error) fencerv1.ErrorReason {
 	st, ok := status.FromError(err)
 	if !ok {
-		return ""
+		return fencerv1.ErrorReason_ERROR_REASON_UNSPECIFIED
 	}
-	return errorInfo(st).GetReason()
+	return fencerv1.ParseReason(errorInfo(st).GetReason())
 }
 
 // errorInfo returns st's ErrorInfo in the fencer.dev domain, or nil.

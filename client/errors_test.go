@@ -31,35 +31,35 @@ func TestFromStatus(t *testing.T) {
 		is    error
 		check func(t *testing.T, err error)
 	}{
-		{"stale", withInfo(codes.FailedPrecondition, fencerv1.ReasonStaleToken, map[string]string{"token": old.String(), "newer_token": newer.String()}), token.ErrStale,
+		{"stale", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_STALE_TOKEN.Reason(), map[string]string{"token": old.String(), "newer_token": newer.String()}), token.ErrStale,
 			func(t *testing.T, err error) {
 				var e *token.StaleError
 				require.ErrorAs(t, err, &e)
 				require.Equal(t, old, e.Token)
 				require.Equal(t, newer, e.Newer)
 			}},
-		{"held", withInfo(codes.FailedPrecondition, fencerv1.ReasonHeldByAnother, map[string]string{"lease": "jobs", "holder": "bob/1"}), token.ErrHeldByAnother,
+		{"held", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_HELD_BY_ANOTHER.Reason(), map[string]string{"lease": "jobs", "holder": "bob/1"}), token.ErrHeldByAnother,
 			func(t *testing.T, err error) {
 				var e *token.HeldError
 				require.ErrorAs(t, err, &e)
 				require.Equal(t, "bob/1", e.Holder)
 			}},
-		{"lock-delay", withInfo(codes.FailedPrecondition, fencerv1.ReasonLockDelay, map[string]string{"lease": "jobs", "delay_ms": "2000", "remaining_ms": "1000"}), token.ErrLockDelay,
+		{"lock-delay", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LOCK_DELAY.Reason(), map[string]string{"lease": "jobs", "delay_ms": "2000", "remaining_ms": "1000"}), token.ErrLockDelay,
 			func(t *testing.T, err error) {
 				var e *token.LockDelayError
 				require.ErrorAs(t, err, &e)
 				require.Equal(t, token.LockDelayError{Lease: "jobs", Delay: 2 * time.Second, Remaining: time.Second}, *e)
 				require.NotErrorIs(t, err, token.ErrHeldByAnother)
 			}},
-		{"foreign", withInfo(codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": "a", "got": "b"}), token.ErrForeignLease, nil},
-		{"not held", withInfo(codes.FailedPrecondition, fencerv1.ReasonLeaseNotHeld, nil), token.ErrNotHeld, nil},
-		{"malformed", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidToken, map[string]string{"token_field": "revision"}), token.ErrMalformed, nil},
-		{"argument", withInfo(codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"field": "key"}), token.ErrInvalidArgument, nil},
-		{"session", withInfo(codes.NotFound, fencerv1.ReasonSessionNotFound, nil), token.ErrSessionExpired,
+		{"foreign", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE.Reason(), map[string]string{"want": "a", "got": "b"}), token.ErrForeignLease, nil},
+		{"not held", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD.Reason(), nil), token.ErrNotHeld, nil},
+		{"malformed", withInfo(codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN.Reason(), map[string]string{"token_field": "revision"}), token.ErrMalformed, nil},
+		{"argument", withInfo(codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), map[string]string{"field": "key"}), token.ErrInvalidArgument, nil},
+		{"session", withInfo(codes.NotFound, fencerv1.ErrorReason_ERROR_REASON_SESSION_NOT_FOUND.Reason(), nil), token.ErrSessionExpired,
 			func(t *testing.T, err error) { require.ErrorIs(t, err, ErrSessionNotFound) }},
-		{"permission", withInfo(codes.PermissionDenied, fencerv1.ReasonPermissionDenied, nil), ErrPermissionDenied, nil},
-		{"unauthenticated", withInfo(codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil), ErrUnauthenticated, nil},
-		{"compacted", withInfo(codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil), errWatchCompacted, nil},
+		{"permission", withInfo(codes.PermissionDenied, fencerv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED.Reason(), nil), ErrPermissionDenied, nil},
+		{"unauthenticated", withInfo(codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED.Reason(), nil), ErrUnauthenticated, nil},
+		{"compacted", withInfo(codes.OutOfRange, fencerv1.ErrorReason_ERROR_REASON_WATCH_COMPACTED.Reason(), nil), errWatchCompacted, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,7 +71,7 @@ func TestFromStatus(t *testing.T) {
 		})
 	}
 	t.Run("other statuses keep their code", func(t *testing.T) {
-		err := fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil))
+		err := fromStatus(withInfo(codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), nil))
 		require.Equal(t, codes.Unavailable, status.Code(err))
 		require.Equal(t, codes.Unavailable, status.Code(fromStatus(status.Error(codes.Unavailable, "x"))))
 		require.NoError(t, fromStatus(nil))
@@ -80,9 +80,14 @@ func TestFromStatus(t *testing.T) {
 }
 
 func TestReason(t *testing.T) {
-	require.Equal(t, fencerv1.ReasonShuttingDown, Reason(fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonShuttingDown, nil))))
-	require.Equal(t, fencerv1.ReasonStoreUnavailable, Reason(fromStatus(withInfo(codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil))))
-	require.Empty(t, Reason(fromStatus(status.Error(codes.Unavailable, "connection refused"))))
-	require.Empty(t, Reason(errors.New("plain")))
-	require.Empty(t, Reason(nil))
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN, Reason(fromStatus(withInfo(codes.Unavailable, "SHUTTING_DOWN", nil))))
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, Reason(fromStatus(withInfo(codes.Unavailable, "STORE_UNAVAILABLE", nil))))
+	unspecified := fencerv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	require.Equal(t, unspecified, Reason(fromStatus(status.Error(codes.Unavailable, "connection refused"))))
+	require.Equal(t, unspecified, Reason(errors.New("plain")))
+	require.Equal(t, unspecified, Reason(nil))
+	// A reason of a newer server: the code still tells what it was.
+	newer := fromStatus(withInfo(codes.Unavailable, "SOMETHING_NEWER", nil))
+	require.Equal(t, unspecified, Reason(newer))
+	require.Equal(t, codes.Unavailable, status.Code(newer))
 }

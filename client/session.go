@@ -9,6 +9,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/fencer-dev/fencer/client/internal/seam"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -40,14 +41,16 @@ func newBackOff(maxInterval time.Duration) backoff.BackOff {
 	}
 }
 
-// SessionOption configures a Session.
-type SessionOption func(*Session)
+// SessionOption configures a Session. Options are built by this
+// package's With functions (and, for tests, by package clienttest); the
+// settings they set are not part of the API.
+type SessionOption func(*seam.SessionConfig)
 
 // WithTTL sets the session's TTL, a whole number of seconds from 1 to 3600
 // (default token.DefaultTTL). The session's leases vanish this long
 // after the last successful renewal, and the session fails closed locally
 // no later than that.
-func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl = ttl } }
+func WithTTL(ttl time.Duration) SessionOption { return func(c *seam.SessionConfig) { c.TTL = ttl } }
 
 // WithEndEarly makes the session end d before its local deadline: at the
 // send time of the last successful renewal plus the TTL, minus d. A
@@ -63,7 +66,9 @@ func WithTTL(ttl time.Duration) SessionOption { return func(s *Session) { s.ttl 
 // thirds of the TTL (default 0).
 // Ending early changes only the client's deadline, not the server's
 // expiry, and gives no bound on how late the program's own stop is.
-func WithEndEarly(d time.Duration) SessionOption { return func(s *Session) { s.early = d } }
+func WithEndEarly(d time.Duration) SessionOption {
+	return func(c *seam.SessionConfig) { c.EndEarly = d }
+}
 
 // WithDeadlineFunc has f called with the time at which the session will
 // end unless a renewal succeeds first (see WithEndEarly), each time that
@@ -72,7 +77,7 @@ func WithEndEarly(d time.Duration) SessionOption { return func(s *Session) { s.e
 // goroutines, one call at a time, and must return promptly: the session
 // does not renew while f runs. It is not called when the session ends.
 func WithDeadlineFunc(f func(end time.Time)) SessionOption {
-	return func(s *Session) { s.onDeadline = f }
+	return func(c *seam.SessionConfig) { c.OnDeadline = f }
 }
 
 // Session is a remote session: an etcd lease that a server granted for
@@ -97,8 +102,8 @@ type Session struct {
 	wg     sync.WaitGroup
 
 	retry   func(maxInterval time.Duration) backoff.BackOff // newBackOff unless a test says otherwise
-	hooks   sessionHooks
-	renewed chan struct{} // a renewal succeeded after one failed: the servers are back; see pause
+	hooks   seam.Hooks                                      // nil hooks outside tests; see clienttest
+	renewed chan struct{}                                   // a renewal succeeded after one failed: the servers are back; see pause
 
 	open    sync.Mutex // serializes the acquisition that opens the session
 	mu      sync.Mutex
@@ -116,22 +121,16 @@ type pendingName struct {
 	recheck bool            // the watch re-checked the held leases meanwhile
 }
 
-// sessionHooks let the package's tests stop a session at the points where
-// a loss could slip between an acquisition and the watch, and fail the
-// watch's checks. Each is nil outside tests.
-type sessionHooks struct {
-	acquired func(token.Token)                        // the Acquire call returned; before the Lease is registered
-	watch    func(from int64)                         // before each WatchLease call
-	received func(*fencerv1.WatchLeaseResponse)       // a message from the watch has been applied
-	check    func(context.Context, token.Token) error // instead of Client.Check, for the watch's checks
-}
-
 // NewSession returns a session that opens on its first acquisition. It
 // does no I/O. Close must be called to release its goroutines.
 func (c *Client) NewSession(opts ...SessionOption) (*Session, error) {
-	s := &Session{c: c, ttl: token.DefaultTTL, retry: newBackOff, held: map[string]*Lease{}, pending: map[string]*pendingName{}, renewed: make(chan struct{}, 1)}
+	cfg := seam.SessionConfig{TTL: token.DefaultTTL, Retry: newBackOff}
 	for _, o := range opts {
-		o(s)
+		o(&cfg)
+	}
+	s := &Session{
+		c: c, ttl: cfg.TTL, early: cfg.EndEarly, onDeadline: cfg.OnDeadline, retry: cfg.Retry, hooks: cfg.Hooks,
+		held: map[string]*Lease{}, pending: map[string]*pendingName{}, renewed: make(chan struct{}, 1),
 	}
 	if s.ttl < time.Second || s.ttl > time.Hour || s.ttl%time.Second != 0 {
 		return nil, &token.ArgumentError{Arg: "ttl", Value: s.ttl.String(), Reason: "must be a whole number of seconds from 1s to 1h"}
@@ -236,7 +235,7 @@ func (s *Session) acquire(ctx context.Context, name string, wait bool, opts []Ac
 		s.register(name, nil)
 		return nil, fmt.Errorf("client: acquire %q: server sent %w", name, err)
 	}
-	if h := s.hooks.acquired; h != nil {
+	if h := s.hooks.Acquired; h != nil {
 		h(tok)
 	}
 	if id == 0 {
@@ -526,7 +525,7 @@ func (s *Session) pause(d time.Duration) bool {
 func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.BackOff) error {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	if h := s.hooks.watch; h != nil {
+	if h := s.hooks.Watch; h != nil {
 		h(*from)
 	}
 	stream, err := s.c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id, StartRevision: *from})
@@ -561,7 +560,7 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 				s.lose(tok, fmt.Errorf("%w: %s (%s)", token.ErrLeaseLost, tok, ev.GetReason()))
 			}
 		}
-		if h := s.hooks.received; h != nil {
+		if h := s.hooks.Received; h != nil {
 			h(ev)
 		}
 	}
@@ -569,7 +568,7 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 
 // check asks the server whether tok is current.
 func (s *Session) check(ctx context.Context, tok token.Token) error {
-	if h := s.hooks.check; h != nil {
+	if h := s.hooks.Check; h != nil {
 		return h(ctx, tok)
 	}
 	return s.c.Check(ctx, tok)

@@ -102,7 +102,7 @@ func TestServicePythonWriterIsFenced(t *testing.T) {
 	late := readStep()
 	require.Equal(t, "late", late["step"])
 	require.Equal(t, "FAILED_PRECONDITION", late["code"])
-	require.Equal(t, fencerv1.ReasonStaleToken, late["reason"])
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_STALE_TOKEN.Reason(), late["reason"])
 	require.Equal(t, lease.Token().String(), late["newer_token"])
 	require.NoError(t, cmd.Wait())
 

@@ -139,7 +139,7 @@ func TestServiceKeysBelongToLeases(t *testing.T) {
 	_, err = rawBob.Put(ctx, &fencerv1.PutRequest{Token: lb.Token().String(), Key: "orders/total", Value: []byte("x")})
 	require.Equal(t, codes.FailedPrecondition, status.Code(err))
 	info := errorInfo(t, err)
-	require.Equal(t, fencerv1.ReasonForeignLease, info.GetReason())
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE.Reason(), info.GetReason())
 	require.Equal(t, map[string]string{"want": "billing", "got": "orders"}, info.GetMetadata())
 
 	// Stale and forged takeovers are refused and change nothing.

@@ -65,7 +65,7 @@ func toStatus(err error) error {
 	}
 	code, reason, md := classify(err)
 	st := status.New(code, userMessage(err))
-	details := []*errdetails.ErrorInfo{{Reason: reason, Domain: fencerv1.ErrorDomain, Metadata: md}}
+	details := []*errdetails.ErrorInfo{{Reason: reason.Reason(), Domain: fencerv1.ErrorDomain, Metadata: md}}
 	var fe *fieldError
 	if errors.As(err, &fe) {
 		desc := err.Error()
@@ -144,8 +144,10 @@ func userMessage(err error) string {
 	return err.Error()
 }
 
-// classify picks the code, reason and metadata for err.
-func classify(err error) (codes.Code, string, map[string]string) {
+// classify picks the code, reason and metadata for err. Every
+// ErrorReason but UNSPECIFIED comes out of it for some error
+// (TestEveryReasonIsClassified).
+func classify(err error) (codes.Code, fencerv1.ErrorReason, map[string]string) {
 	var (
 		stale     *token.StaleError
 		held      *token.HeldError
@@ -165,9 +167,9 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		if !stale.Newer.IsZero() {
 			md["newer_token"] = stale.Newer.String()
 		}
-		return codes.FailedPrecondition, fencerv1.ReasonStaleToken, md
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_STALE_TOKEN, md
 	case errors.As(err, &held):
-		return codes.FailedPrecondition, fencerv1.ReasonHeldByAnother, map[string]string{"lease": held.Lease, "holder": held.Holder}
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_HELD_BY_ANOTHER, map[string]string{"lease": held.Lease, "holder": held.Holder}
 	case errors.As(err, &delay):
 		md := map[string]string{"lease": delay.Lease}
 		if delay.Delay > 0 {
@@ -176,40 +178,40 @@ func classify(err error) (codes.Code, string, map[string]string) {
 		if delay.Remaining > 0 {
 			md["remaining_ms"] = strconv.FormatInt(delay.Remaining.Milliseconds(), 10)
 		}
-		return codes.FailedPrecondition, fencerv1.ReasonLockDelay, md
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LOCK_DELAY, md
 	case errors.As(err, &foreign):
-		return codes.FailedPrecondition, fencerv1.ReasonForeignLease, map[string]string{"want": foreign.Want, "got": foreign.Got}
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE, map[string]string{"want": foreign.Want, "got": foreign.Got}
 	case errors.Is(err, token.ErrNotHeld):
-		return codes.FailedPrecondition, fencerv1.ReasonLeaseNotHeld, nil
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD, nil
 	case errors.As(err, &malformed):
 		if field == "" {
 			field = malformed.Field
 		}
-		return codes.InvalidArgument, fencerv1.ReasonInvalidToken, map[string]string{"field": field, "token_field": malformed.Field, "input": malformed.Input, "reason": malformed.Reason}
+		return codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN, map[string]string{"field": field, "token_field": malformed.Field, "input": malformed.Input, "reason": malformed.Reason}
 	case errors.As(err, &arg):
 		if field == "" {
 			field = arg.Arg
 		}
-		return codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"field": field, "input": arg.Value, "reason": arg.Reason}
+		return codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, map[string]string{"field": field, "input": arg.Value, "reason": arg.Reason}
 	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return codes.NotFound, fencerv1.ReasonSessionNotFound, nil
+		return codes.NotFound, fencerv1.ErrorReason_ERROR_REASON_SESSION_NOT_FOUND, nil
 	case errors.Is(err, ErrPermissionDenied):
-		return codes.PermissionDenied, fencerv1.ReasonPermissionDenied, nil
+		return codes.PermissionDenied, fencerv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED, nil
 	case errors.Is(err, ErrUnauthenticated):
-		return codes.Unauthenticated, fencerv1.ReasonUnauthenticated, nil
+		return codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED, nil
 	case errors.Is(err, ErrWatchCompacted), errors.Is(err, rpctypes.ErrCompacted):
-		return codes.OutOfRange, fencerv1.ReasonWatchCompacted, nil
+		return codes.OutOfRange, fencerv1.ErrorReason_ERROR_REASON_WATCH_COMPACTED, nil
 	case errors.Is(err, ErrEtcdUnreachable):
-		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, map[string]string{"cause": "etcd_unreachable"}
+		return codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, map[string]string{"cause": "etcd_unreachable"}
 	}
 	if etcdstore.OverSendLimit(err) {
 		// Like etcd's own "request is too large", one step earlier.
-		return codes.InvalidArgument, fencerv1.ReasonInvalidArgument, map[string]string{"cause": "request_too_large", "field": "request", "reason": status.Convert(err).Message()}
+		return codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, map[string]string{"cause": "request_too_large", "field": "request", "reason": status.Convert(err).Message()}
 	}
 	if c, etcdErr, ok := classifyEtcd(err); ok {
 		desc := rpctypes.ErrorDesc(etcdErr)
 		md := map[string]string{"cause": c.cause, "etcd_error": desc}
-		if c.reason == fencerv1.ReasonInvalidArgument {
+		if c.reason == fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT {
 			if field == "" {
 				field = "request"
 			}
@@ -219,41 +221,41 @@ func classify(err error) (codes.Code, string, map[string]string) {
 	}
 	switch {
 	case errors.Is(err, errStoreUnavailable):
-		return codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil
+		return codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, nil
 	case errors.Is(err, ErrShuttingDown):
-		return codes.Unavailable, fencerv1.ReasonShuttingDown, nil
+		return codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN, nil
 	case errors.Is(err, context.Canceled):
-		return codes.Canceled, fencerv1.ReasonStoreUnavailable, nil
+		return codes.Canceled, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, nil
 	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded, fencerv1.ReasonStoreUnavailable, nil
+		return codes.DeadlineExceeded, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, nil
 	}
 	if st, ok := status.FromError(err); ok {
 		switch st.Code() {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
-			return codes.Unavailable, fencerv1.ReasonStoreUnavailable, nil
+			return codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, nil
 		}
 	}
-	return codes.Internal, fencerv1.ReasonInternal, nil
+	return codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL, nil
 }
 
 // etcdClass is how the service reports one class of etcd error: a code, an
 // ErrorInfo reason, and a cause in the ErrorInfo metadata.
 type etcdClass struct {
 	code   codes.Code
-	reason string
+	reason fencerv1.ErrorReason
 	cause  string
 }
 
 func unavailable(cause string) etcdClass {
-	return etcdClass{code: codes.Unavailable, reason: fencerv1.ReasonStoreUnavailable, cause: cause}
+	return etcdClass{code: codes.Unavailable, reason: fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE, cause: cause}
 }
 
 func invalid(cause string) etcdClass {
-	return etcdClass{code: codes.InvalidArgument, reason: fencerv1.ReasonInvalidArgument, cause: cause}
+	return etcdClass{code: codes.InvalidArgument, reason: fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, cause: cause}
 }
 
 func internal(cause string) etcdClass {
-	return etcdClass{code: codes.Internal, reason: fencerv1.ReasonInternal, cause: cause}
+	return etcdClass{code: codes.Internal, reason: fencerv1.ErrorReason_ERROR_REASON_INTERNAL, cause: cause}
 }
 
 // etcdClasses maps etcd's typed errors to what clients see. UNAVAILABLE

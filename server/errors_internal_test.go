@@ -1,7 +1,10 @@
 package server
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -24,27 +27,27 @@ func TestEtcdErrorsMapToCodes(t *testing.T) {
 		reason string
 		cause  string
 	}{
-		{rpctypes.ErrTimeout, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
-		{rpctypes.ErrTimeoutDueToLeaderFail, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
-		{rpctypes.ErrTimeoutDueToConnectionLost, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
-		{rpctypes.ErrTimeoutWaitAppliedIndex, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout"},
-		{rpctypes.ErrNoLeader, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader"},
-		{rpctypes.ErrNotLeader, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader"},
-		{rpctypes.ErrLeaderChanged, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "leader_changed"},
-		{rpctypes.ErrNoSpace, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_space"},
-		{rpctypes.ErrStopped, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "stopped"},
-		{rpctypes.ErrUnhealthy, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "unhealthy"},
-		{rpctypes.ErrTooManyRequests, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "too_many_requests"},
-		{rpctypes.ErrInvalidAuthToken, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "auth_token_expired"},
-		{rpctypes.ErrRequestTooLarge, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large"},
-		{rpctypes.ErrTooManyOps, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "too_many_ops"},
-		{rpctypes.ErrDuplicateKey, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "duplicate_key"},
-		{rpctypes.ErrLeaseTTLTooLarge, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "ttl_too_large"},
-		{rpctypes.ErrFutureRev, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "future_revision"},
-		{rpctypes.ErrPermissionDenied, codes.Internal, fencerv1.ReasonInternal, "etcd_permission_denied"},
-		{rpctypes.ErrAuthFailed, codes.Internal, fencerv1.ReasonInternal, "etcd_auth_failed"},
-		{rpctypes.ErrCorrupt, codes.Internal, fencerv1.ReasonInternal, "corrupt"},
-		{rpctypes.ErrMemberNotFound, codes.Internal, fencerv1.ReasonInternal, "etcd_error"},
+		{rpctypes.ErrTimeout, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "timeout"},
+		{rpctypes.ErrTimeoutDueToLeaderFail, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "timeout"},
+		{rpctypes.ErrTimeoutDueToConnectionLost, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "timeout"},
+		{rpctypes.ErrTimeoutWaitAppliedIndex, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "timeout"},
+		{rpctypes.ErrNoLeader, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_leader"},
+		{rpctypes.ErrNotLeader, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_leader"},
+		{rpctypes.ErrLeaderChanged, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "leader_changed"},
+		{rpctypes.ErrNoSpace, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_space"},
+		{rpctypes.ErrStopped, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "stopped"},
+		{rpctypes.ErrUnhealthy, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "unhealthy"},
+		{rpctypes.ErrTooManyRequests, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "too_many_requests"},
+		{rpctypes.ErrInvalidAuthToken, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "auth_token_expired"},
+		{rpctypes.ErrRequestTooLarge, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "request_too_large"},
+		{rpctypes.ErrTooManyOps, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "too_many_ops"},
+		{rpctypes.ErrDuplicateKey, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "duplicate_key"},
+		{rpctypes.ErrLeaseTTLTooLarge, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "ttl_too_large"},
+		{rpctypes.ErrFutureRev, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "future_revision"},
+		{rpctypes.ErrPermissionDenied, codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL.Reason(), "etcd_permission_denied"},
+		{rpctypes.ErrAuthFailed, codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL.Reason(), "etcd_auth_failed"},
+		{rpctypes.ErrCorrupt, codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL.Reason(), "corrupt"},
+		{rpctypes.ErrMemberNotFound, codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL.Reason(), "etcd_error"},
 	} {
 		raw := rpctypes.ErrGRPCTimeout
 		for _, g := range []error{
@@ -63,13 +66,7 @@ func TestEtcdErrorsMapToCodes(t *testing.T) {
 			t.Run(rpctypes.ErrorDesc(tc.err)+"/"+form, func(t *testing.T) {
 				st := status.Convert(toStatus(fmt.Errorf("etcdstore: put: %w", err)))
 				require.Equal(t, tc.code, st.Code())
-				var info *errdetails.ErrorInfo
-				for _, d := range st.Details() {
-					if ei, ok := d.(*errdetails.ErrorInfo); ok {
-						info = ei
-					}
-				}
-				require.NotNil(t, info)
+				info := statusInfo(t, st)
 				require.Equal(t, tc.reason, info.GetReason())
 				require.Equal(t, tc.cause, info.GetMetadata()["cause"])
 				require.Equal(t, rpctypes.ErrorDesc(tc.err), info.GetMetadata()["etcd_error"])
@@ -86,7 +83,7 @@ func TestOverTheClientsSendLimitIsTooLarge(t *testing.T) {
 	err := status.Error(codes.ResourceExhausted, "trying to send message larger than max (2103933 vs. 2097152)")
 	code, reason, md := classify(fmt.Errorf("etcdstore: txn: %w", err))
 	require.Equal(t, codes.InvalidArgument, code)
-	require.Equal(t, fencerv1.ReasonInvalidArgument, reason)
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, reason)
 	require.Equal(t, "request_too_large", md["cause"])
 	require.Equal(t, "request", md["field"])
 }
@@ -132,4 +129,96 @@ func TestStatusMessagesAreForUsers(t *testing.T) {
 			require.Equal(t, tc.want, status.Convert(toStatus(tc.err)).Message())
 		})
 	}
+}
+
+// TestEveryReasonIsClassified checks that every value of the ErrorReason
+// enum comes out of classify for some error, unless fencer.proto
+// documents it as reserved, that every value is documented, and that the
+// reason string toStatus sends parses back to the value classify chose.
+func TestEveryReasonIsClassified(t *testing.T) {
+	produced := map[fencerv1.ErrorReason]bool{}
+	for _, tc := range []struct {
+		err  error
+		want fencerv1.ErrorReason
+	}{
+		{&token.StaleError{}, fencerv1.ErrorReason_ERROR_REASON_STALE_TOKEN},
+		{token.ErrNotHeld, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD},
+		{&token.HeldError{Lease: "jobs"}, fencerv1.ErrorReason_ERROR_REASON_HELD_BY_ANOTHER},
+		{&token.LockDelayError{Lease: "jobs"}, fencerv1.ErrorReason_ERROR_REASON_LOCK_DELAY},
+		{&token.ForeignLeaseError{Want: "a", Got: "b"}, fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE},
+		{inField("token", &token.MalformedError{Field: "version"}), fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN},
+		{inField("key", token.InvalidArgument("key", "", "empty")), fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT},
+		{ErrSessionNotFound, fencerv1.ErrorReason_ERROR_REASON_SESSION_NOT_FOUND},
+		{ErrPermissionDenied, fencerv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED},
+		{ErrUnauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED},
+		{ErrWatchCompacted, fencerv1.ErrorReason_ERROR_REASON_WATCH_COMPACTED},
+		{errStoreUnavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE},
+		{ErrShuttingDown, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN},
+		{errors.New("something else"), fencerv1.ErrorReason_ERROR_REASON_INTERNAL},
+	} {
+		t.Run(tc.want.String(), func(t *testing.T) {
+			wrapped := fmt.Errorf("etcdstore: put: %w", tc.err)
+			_, reason, _ := classify(wrapped)
+			require.Equal(t, tc.want, reason)
+			produced[reason] = true
+			st := status.Convert(toStatus(wrapped))
+			info := statusInfo(t, st)
+			require.Equal(t, fencerv1.ErrorDomain, info.GetDomain())
+			require.Equal(t, reason.Reason(), info.GetReason())
+			require.Equal(t, reason, fencerv1.ParseReason(info.GetReason()))
+		})
+	}
+
+	docs := errorReasonDocs(t, "../proto/fencer/v1/fencer.proto")
+	values := fencerv1.ErrorReason(0).Descriptor().Values()
+	for i := range values.Len() {
+		r := fencerv1.ErrorReason(values.Get(i).Number())
+		doc, ok := docs[r.String()]
+		switch {
+		case !ok || doc == "":
+			t.Errorf("%s has no comment in fencer.proto", r)
+		case produced[r] && strings.Contains(doc, "reserved"):
+			t.Errorf("%s is documented as reserved, but classify produces it", r)
+		case !produced[r] && !strings.Contains(doc, "reserved"):
+			t.Errorf("%s is neither produced by classify nor documented as reserved in fencer.proto", r)
+		}
+	}
+}
+
+// errorReasonDocs returns the comment above each value of enum
+// ErrorReason in the .proto file at path, by value name.
+func errorReasonDocs(t *testing.T, path string) map[string]string {
+	t.Helper()
+	text, err := os.ReadFile(path)
+	require.NoError(t, err)
+	_, body, ok := strings.Cut(string(text), "\nenum ErrorReason {\n")
+	require.True(t, ok, "no enum ErrorReason in %s", path)
+	body, _, ok = strings.Cut(body, "\n}\n")
+	require.True(t, ok, "enum ErrorReason does not end in %s", path)
+	docs := map[string]string{}
+	var comment []string
+	for line := range strings.Lines(body) {
+		line = strings.TrimSpace(line)
+		if c, ok := strings.CutPrefix(line, "//"); ok {
+			comment = append(comment, strings.TrimSpace(c))
+			continue
+		}
+		if name, _, ok := strings.Cut(line, " = "); ok {
+			docs[name] = strings.Join(comment, " ")
+		}
+		comment = nil
+	}
+	return docs
+}
+
+// statusInfo returns st's ErrorInfo, failing the test if it has none.
+func statusInfo(t *testing.T, st *status.Status) *errdetails.ErrorInfo {
+	t.Helper()
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok {
+			return ei
+		}
+	}
+	t.Fatalf("status %v carries no ErrorInfo", st)
+	return nil
 }

@@ -55,7 +55,7 @@ func TestEtcdRefusalsMapToCodes(t *testing.T) {
 	// the raw call shows the status.
 	raw := fencerv1.NewFencerServiceClient(cc)
 	_, err = raw.Put(ctx, &fencerv1.PutRequest{Token: l.Token().String(), Key: "big", Value: make([]byte, 100<<10)})
-	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large")
+	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "request_too_large")
 	_, err = c.Put(ctx, l.Token(), "big", make([]byte, 100<<10))
 	var arg *token.ArgumentError
 	require.ErrorAs(t, err, &arg)
@@ -71,9 +71,9 @@ func TestEtcdRefusalsMapToCodes(t *testing.T) {
 		require.Less(t, i, 200, "no NOSPACE after 12 MiB into a 2 MiB quota")
 	}
 	_, err = c.Put(ctx, l.Token(), "k", []byte("v"))
-	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_space")
+	requireEtcdError(t, err, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_space")
 	_, err = newSession(t, c).Acquire(ctx, "other")
-	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_space")
+	requireEtcdError(t, err, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_space")
 	require.NoError(t, c.Check(ctx, l.Token()))
 }
 
@@ -111,11 +111,11 @@ func TestQuorumLossIsUnavailable(t *testing.T) {
 			break
 		}
 	}
-	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "no_leader")
+	requireEtcdError(t, err, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "no_leader")
 	start := time.Now()
 	_, err = c.Put(ctx, l.Token(), "k", []byte("v"))
 	t.Logf("guarded write without quorum: %v after %v", err, time.Since(start))
-	requireEtcdError(t, err, codes.Unavailable, fencerv1.ReasonStoreUnavailable, "timeout", "no_leader")
+	requireEtcdError(t, err, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), "timeout", "no_leader")
 }
 
 // TestOverTheEtcdClientsSendLimitIsInvalidArgument sends a Txn that fits
@@ -143,7 +143,7 @@ func TestOverTheEtcdClientsSendLimitIsInvalidArgument(t *testing.T) {
 	}
 	require.Less(t, proto.Size(req), server.MaxRequestBytes)
 	_, err = raw.Txn(ctx, req)
-	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "request_too_large")
+	requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "request_too_large")
 	require.Equal(t, "request", errorInfo(t, err).GetMetadata()["field"])
 	_, ok, err := st.Get(ctx, "k00")
 	require.NoError(t, err)

@@ -162,7 +162,7 @@ func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
 	for _, start := range []int64{1e12, head.Header.Revision + 100} {
 		_, first, err := watch(start)
 		require.Error(t, err, "a stream from revision %d (the store is at %d) answered %v", start, head.Header.Revision, first)
-		requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ReasonInvalidArgument, "future_revision")
+		requireEtcdError(t, err, codes.InvalidArgument, fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), "future_revision")
 		require.Equal(t, "start_revision", errorInfo(t, err).GetMetadata()["field"])
 	}
 

@@ -247,64 +247,64 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 		name, field, reason string
 		call                func() error
 	}{
-		{"empty name", "name", fencerv1.ReasonInvalidArgument, func() error {
+		{"empty name", "name", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{})
 			return err
 		}},
-		{"name with slash", "name", fencerv1.ReasonInvalidArgument, func() error {
+		{"name with slash", "name", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a/b"})
 			return err
 		}},
-		{"ttl too long", "ttl_seconds", fencerv1.ReasonInvalidArgument, func() error {
+		{"ttl too long", "ttl_seconds", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "x", TtlSeconds: 100000})
 			return err
 		}},
-		{"bad token", "token", fencerv1.ReasonInvalidToken, func() error {
+		{"bad token", "token", fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN.Reason(), func() error {
 			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: "v2:1:2:x", Key: "k"})
 			return err
 		}},
-		{"missing token", "token", fencerv1.ReasonInvalidArgument, func() error {
+		{"missing token", "token", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Put(ctx, &fencerv1.PutRequest{Key: "k"})
 			return err
 		}},
-		{"key too long", "key", fencerv1.ReasonInvalidArgument, func() error {
+		{"key too long", "key", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: tok, Key: strings.Repeat("k", etcdstore.MaxKeyLen+1)})
 			return err
 		}},
-		{"value too large", "value", fencerv1.ReasonInvalidArgument, func() error {
+		{"value too large", "value", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Put(ctx, &fencerv1.PutRequest{Token: tok, Key: "k", Value: make([]byte, etcdstore.MaxValueLen+1)})
 			return err
 		}},
-		{"txn compare target", "compares[0].target", fencerv1.ReasonInvalidArgument, func() error {
+		{"txn compare target", "compares[0].target", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Compares: []*fencerv1.Compare{{Key: "k", Result: fencerv1.Compare_RESULT_EQUAL}}})
 			return err
 		}},
-		{"txn duplicate write", "success[1]", fencerv1.ReasonInvalidArgument, func() error {
+		{"txn duplicate write", "success[1]", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			put := &fencerv1.Op{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "k"}}}
 			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Success: []*fencerv1.Op{put, put}})
 			return err
 		}},
-		{"txn empty op", "failure[0]", fencerv1.ReasonInvalidArgument, func() error {
+		{"txn empty op", "failure[0]", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Txn(ctx, &fencerv1.TxnRequest{Token: tok, Failure: []*fencerv1.Op{{}}})
 			return err
 		}},
-		{"release nothing", "target", fencerv1.ReasonInvalidArgument, func() error {
+		{"release nothing", "target", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.Release(ctx, &fencerv1.ReleaseRequest{})
 			return err
 		}},
-		{"negative page size", "page_size", fencerv1.ReasonInvalidArgument, func() error {
+		{"negative page size", "page_size", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageSize: -1})
 			return err
 		}},
-		{"page too large", "page_size", fencerv1.ReasonInvalidArgument, func() error {
+		{"page too large", "page_size", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageSize: server.MaxListPageSize + 1})
 			return err
 		}},
-		{"bad page token", "page_token", fencerv1.ReasonInvalidArgument, func() error {
+		{"bad page token", "page_token", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{PageToken: "not base64!"})
 			return err
 		}},
-		{"bad name prefix", "name_prefix", fencerv1.ReasonInvalidArgument, func() error {
+		{"bad name prefix", "name_prefix", fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT.Reason(), func() error {
 			_, err := raw.ListLeases(ctx, &fencerv1.ListLeasesRequest{NamePrefix: "a/b"})
 			return err
 		}},

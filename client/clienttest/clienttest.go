@@ -2,6 +2,11 @@
 // for tests that drive a client.Session against a real fencer server and
 // must stop it at an exact point. Nothing here is for production use.
 //
+// Its options set the test-only fields of the session settings that
+// package client's options set too (client/internal/seam's
+// SessionConfig), so they are typed end to end: a hook whose signature
+// changes here or in client fails to compile, not to run.
+//
 // clienttest imports only package client and the client module's own
 // requirements: no etcd server code and no Kubernetes module.
 package clienttest
@@ -29,13 +34,11 @@ type SessionHooks struct {
 
 // WithHooks sets a session's test hooks.
 func WithHooks(h SessionHooks) client.SessionOption {
-	set := seam.WithHooks.(func(func(token.Token), func(int64), func(*fencerv1.WatchLeaseResponse), func(context.Context, token.Token) error) client.SessionOption)
-	return set(h.Acquired, h.Watch, h.Received, h.Check)
+	return func(c *seam.SessionConfig) { c.Hooks = seam.Hooks(h) }
 }
 
 // WithRetry sets the backoff that paces a session's reconnects;
 // newBackOff is given the cap the session would use.
 func WithRetry(newBackOff func(maxInterval time.Duration) backoff.BackOff) client.SessionOption {
-	set := seam.WithRetry.(func(func(time.Duration) backoff.BackOff) client.SessionOption)
-	return set(newBackOff)
+	return func(c *seam.SessionConfig) { c.Retry = newBackOff }
 }

@@ -158,9 +158,9 @@ func describe(err error, server string, tls bool) failure {
 	}
 	code := status.Code(err)
 	switch {
-	case code == codes.Unavailable && client.Reason(err) == fencerv1.ReasonStoreUnavailable:
+	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE:
 		return failure{exitUnavailable, fmt.Sprintf("fencer at %s cannot reach its etcd; retry later (a write that failed so may or may not have committed)", server)}
-	case code == codes.Unavailable && client.Reason(err) == fencerv1.ReasonShuttingDown:
+	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN:
 		return failure{exitUnavailable, fmt.Sprintf("fencer at %s is shutting down; retry, or set --server to another", server)}
 	case code == codes.Unavailable:
 		hint := "if it serves TLS, set --tls-ca (FENCER_TLS_CA)"

@@ -66,7 +66,7 @@ func TestServeFailsFastWhenEtcdIsUnreachable(t *testing.T) {
 			}
 		}
 		require.NotNil(t, info, "%v", err)
-		require.Equal(t, fencerv1.ReasonStoreUnavailable, info.GetReason())
+		require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), info.GetReason())
 		require.Equal(t, "etcd_unreachable", info.GetMetadata()["cause"], "%v", err)
 		require.Contains(t, st.Message(), "may have committed")
 	}

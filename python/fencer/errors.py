@@ -2,8 +2,11 @@
 
 A failed call carries a google.rpc.Status in the "grpc-status-details-bin"
 trailer, with a google.rpc.ErrorInfo whose domain is "fencer.dev" and whose
-reason is one of the constants below. Debian ships no Python package for the
-google.rpc protos, so the two messages are declared here from their
+reason is a string named by the generated enum fencer_pb2.ErrorReason: the
+value's name minus "ERROR_REASON_" (ERROR_REASON_STALE_TOKEN is sent as
+"STALE_TOKEN"). reason_string and parse_reason convert; the constants below
+are derived from the enum, not copied. Debian ships no Python package for
+the google.rpc protos, so the two messages are declared here from their
 published definitions (wire-compatible, fields by number).
 """
 
@@ -11,22 +14,51 @@ import json
 
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
 
+from fencer.v1 import fencer_pb2
+
 DOMAIN = "fencer.dev"
 
-STALE_TOKEN = "STALE_TOKEN"
-LEASE_NOT_HELD = "LEASE_NOT_HELD"
-HELD_BY_ANOTHER = "HELD_BY_ANOTHER"
-LOCK_DELAY = "LOCK_DELAY"
-FOREIGN_LEASE = "FOREIGN_LEASE"
-INVALID_TOKEN = "INVALID_TOKEN"
-INVALID_ARGUMENT = "INVALID_ARGUMENT"
-SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
-PERMISSION_DENIED = "PERMISSION_DENIED"
-UNAUTHENTICATED = "UNAUTHENTICATED"
-WATCH_COMPACTED = "WATCH_COMPACTED"
-STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
-SHUTTING_DOWN = "SHUTTING_DOWN"
-INTERNAL = "INTERNAL"
+_PREFIX = "ERROR_REASON_"
+
+
+def reason_string(value):
+    """Returns the ErrorInfo reason string of a fencer_pb2.ErrorReason value:
+    its name minus "ERROR_REASON_". ERROR_REASON_UNSPECIFIED, which is never
+    sent, gives None. Raises ValueError for a number the enum does not name."""
+    if value == fencer_pb2.ERROR_REASON_UNSPECIFIED:
+        return None
+    return fencer_pb2.ErrorReason.Name(value)[len(_PREFIX):]
+
+
+def parse_reason(reason):
+    """Returns the fencer_pb2.ErrorReason value whose reason string is
+    reason, or ERROR_REASON_UNSPECIFIED for None, "" and a string this
+    version of the enum does not name (a newer server's reason): the gRPC
+    code then tells what kind of failure it was."""
+    if not reason or reason.startswith(_PREFIX):
+        return fencer_pb2.ERROR_REASON_UNSPECIFIED
+    try:
+        return fencer_pb2.ErrorReason.Value(_PREFIX + reason)
+    except ValueError:
+        return fencer_pb2.ERROR_REASON_UNSPECIFIED
+
+
+# The reason strings, for comparing FencerError.reason; fencer.proto
+# documents what each means and what the caller should do.
+STALE_TOKEN = reason_string(fencer_pb2.ERROR_REASON_STALE_TOKEN)
+LEASE_NOT_HELD = reason_string(fencer_pb2.ERROR_REASON_LEASE_NOT_HELD)
+HELD_BY_ANOTHER = reason_string(fencer_pb2.ERROR_REASON_HELD_BY_ANOTHER)
+LOCK_DELAY = reason_string(fencer_pb2.ERROR_REASON_LOCK_DELAY)
+FOREIGN_LEASE = reason_string(fencer_pb2.ERROR_REASON_FOREIGN_LEASE)
+INVALID_TOKEN = reason_string(fencer_pb2.ERROR_REASON_INVALID_TOKEN)
+INVALID_ARGUMENT = reason_string(fencer_pb2.ERROR_REASON_INVALID_ARGUMENT)
+SESSION_NOT_FOUND = reason_string(fencer_pb2.ERROR_REASON_SESSION_NOT_FOUND)
+PERMISSION_DENIED = reason_string(fencer_pb2.ERROR_REASON_PERMISSION_DENIED)
+UNAUTHENTICATED = reason_string(fencer_pb2.ERROR_REASON_UNAUTHENTICATED)
+WATCH_COMPACTED = reason_string(fencer_pb2.ERROR_REASON_WATCH_COMPACTED)
+STORE_UNAVAILABLE = reason_string(fencer_pb2.ERROR_REASON_STORE_UNAVAILABLE)
+SHUTTING_DOWN = reason_string(fencer_pb2.ERROR_REASON_SHUTTING_DOWN)
+INTERNAL = reason_string(fencer_pb2.ERROR_REASON_INTERNAL)
 
 
 def _messages():
@@ -189,19 +221,22 @@ class UnavailableError(FencerError):
     committed."""
 
 
+# The exception of each reason. WATCH_COMPACTED (the client re-watches),
+# INTERNAL and a reason this version does not know (UNSPECIFIED) are
+# classed by their gRPC code.
 _BY_REASON = {
-    STALE_TOKEN: StaleError,
-    HELD_BY_ANOTHER: HeldError,
-    LOCK_DELAY: LockDelayError,
-    FOREIGN_LEASE: ForeignLeaseError,
-    LEASE_NOT_HELD: NotHeldError,
-    INVALID_TOKEN: InvalidTokenError,
-    INVALID_ARGUMENT: InvalidArgumentError,
-    SESSION_NOT_FOUND: SessionNotFoundError,
-    PERMISSION_DENIED: PermissionDeniedError,
-    UNAUTHENTICATED: UnauthenticatedError,
-    STORE_UNAVAILABLE: UnavailableError,
-    SHUTTING_DOWN: UnavailableError,
+    fencer_pb2.ERROR_REASON_STALE_TOKEN: StaleError,
+    fencer_pb2.ERROR_REASON_HELD_BY_ANOTHER: HeldError,
+    fencer_pb2.ERROR_REASON_LOCK_DELAY: LockDelayError,
+    fencer_pb2.ERROR_REASON_FOREIGN_LEASE: ForeignLeaseError,
+    fencer_pb2.ERROR_REASON_LEASE_NOT_HELD: NotHeldError,
+    fencer_pb2.ERROR_REASON_INVALID_TOKEN: InvalidTokenError,
+    fencer_pb2.ERROR_REASON_INVALID_ARGUMENT: InvalidArgumentError,
+    fencer_pb2.ERROR_REASON_SESSION_NOT_FOUND: SessionNotFoundError,
+    fencer_pb2.ERROR_REASON_PERMISSION_DENIED: PermissionDeniedError,
+    fencer_pb2.ERROR_REASON_UNAUTHENTICATED: UnauthenticatedError,
+    fencer_pb2.ERROR_REASON_STORE_UNAVAILABLE: UnavailableError,
+    fencer_pb2.ERROR_REASON_SHUTTING_DOWN: UnavailableError,
 }
 
 
@@ -212,7 +247,7 @@ def from_rpc_error(rpc_error):
 
     reason, md = error_info(rpc_error)
     code = rpc_error.code()
-    cls = _BY_REASON.get(reason)
+    cls = _BY_REASON.get(parse_reason(reason))
     if cls is None:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             cls = UnavailableError
