@@ -82,6 +82,15 @@
 //   - Writes that shared a Txn report the same revision; a revision does not
 //     identify one write.
 //
+// # Files
+//
+// store.go opens a Store; session.go and lease.go acquire and hold leases;
+// guard.go holds the guard of a token (Guard, Check, Release, Advance);
+// write.go the guarded writes of data keys (Put, Delete, Txn); owner.go
+// the owner records those writes keep; batch.go the batching of Puts and
+// Deletes into shared Txns; delay.go the lock-delay; watch.go the watch of
+// holder keys; prefix.go the key layout's checks; errors.go the errors.
+//
 // # Imports
 //
 // etcdstore imports token and etcd's client, never etcd's server code

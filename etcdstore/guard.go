@@ -3,7 +3,6 @@ package etcdstore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -103,49 +102,6 @@ func (s *Store) Check(ctx context.Context, tok token.Token) error {
 	return nil
 }
 
-// Put writes value at the data key key if and only if tok is current and
-// tok's lease owns key or nobody does, in one etcd Txn; a Put that finds
-// no owner makes tok's lease the owner (see TakeOver for the exception).
-// It returns the revision of the write. It writes nothing and returns a
-// *token.StaleError when tok is not its lease's current token, and a
-// *token.ForeignLeaseError when another lease owns key.
-func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
-	if err := validToken(tok); err != nil {
-		return 0, err
-	}
-	if err := ValidateKey(key); err != nil {
-		return 0, err
-	}
-	if err := ValidateValue(value); err != nil {
-		return 0, err
-	}
-	_, rev, err := s.writeKey(ctx, tok, key, clientv3.OpPut(s.DataKey(key), string(value)), writeOpts(opts).takeOver)
-	if err != nil {
-		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
-	}
-	return rev, nil
-}
-
-// Delete deletes the data key key if and only if tok is current and tok's
-// lease owns key or nobody does, and reports whether the key existed. The
-// owner record stays, so the key remains the lease's (a Delete that finds
-// no owner makes tok's lease the owner). It returns a *token.StaleError
-// when tok is not current and a *token.ForeignLeaseError when another
-// lease owns key, and then deletes nothing.
-func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ...WriteOption) (bool, error) {
-	if err := validToken(tok); err != nil {
-		return false, err
-	}
-	if err := ValidateKey(key); err != nil {
-		return false, err
-	}
-	r, _, err := s.writeKey(ctx, tok, key, clientv3.OpDelete(s.DataKey(key)), writeOpts(opts).takeOver)
-	if err != nil {
-		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
-	}
-	return r.GetResponseDeleteRange().GetDeleted() > 0, nil
-}
-
 // Value is token.Value: a data value with the revisions etcd recorded for
 // it.
 type Value = token.Value
@@ -205,122 +161,6 @@ func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (p
 		page[i] = KeyValue{Key: strings.TrimPrefix(string(kv.Key), base), Value: Value{Data: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision}}
 	}
 	return page, resp.More, nil
-}
-
-// Txn runs the caller's transaction if and only if tok is current and
-// tok's lease owns, or may claim, every data key the transaction may
-// write. The caller's compares, then-ops and else-ops act on raw etcd keys
-// and run as a nested Txn inside the guarded one, so:
-//
-//   - a token that is not its lease's current token yields a
-//     *token.StaleError and runs neither branch;
-//   - a data key (under DataKey's prefix) that either branch puts or
-//     deletes, also inside nested Txns, and that another lease owns yields
-//     a *token.ForeignLeaseError and runs neither branch, unless TakeOver
-//     is given;
-//   - otherwise the result is the caller's own Txn response, whose
-//     Succeeded reports the caller's compares, and the lease owns every
-//     data key the branch that ran may write (claimed if nobody owned it).
-//
-// The owners are compared in the same etcd Txn as the write: each key's
-// owner record is compared with the one the store guesses it has (one of
-// tok's lease, or none when the key is to be claimed). A wrong guess costs
-// a second round trip, whose compares are what the first read. Keys that a nested Txn of the
-// caller's writes are claimed with the branch that contains it, whichever
-// way the nested Txn goes.
-//
-// A delete of a key range that includes data keys is refused with an
-// *ArgumentError, since the owners of a range cannot be checked. etcd
-// forbids a nested Txn from writing the same key twice; the same rules as
-// a plain etcd Txn apply to the ops. Txns are never batched.
-func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
-	if err := validToken(tok); err != nil {
-		return nil, err
-	}
-	o := writeOpts(opts)
-	thenKeys, err := s.dataKeysWritten(then)
-	if err != nil {
-		return nil, err
-	}
-	elsKeys, err := s.dataKeysWritten(els)
-	if err != nil {
-		return nil, err
-	}
-	keys := slices.Compact(slices.Sorted(slices.Values(slices.Concat(thenKeys, elsKeys))))
-	// expect holds the owner record each key is compared with: the one
-	// the store last saw if it is of tok's lease, else none (the key is to
-	// be claimed), then what a failed attempt read. Every key whose record
-	// is not tok's own gets tok's in the branch that writes it.
-	mine := ownerRecord(tok)
-	expect := map[string]string{}
-	for _, k := range keys {
-		if seen := s.owners.get(k); ownerLease(seen) == tok.Lease {
-			expect[k] = seen
-		}
-	}
-	claim := map[string]bool{}
-	for {
-		for _, k := range keys {
-			claim[k] = o.takeOver || expect[k] != mine
-		}
-		op := clientv3.OpTxn(cmps,
-			slices.Concat(then, s.claims(tok, thenKeys, claim)),
-			slices.Concat(els, s.claims(tok, elsKeys, claim)))
-		checked := !o.takeOver && len(keys) > 0 && !mutant.On(mutant.OwnerCompareDropped)
-		if checked {
-			owned := make([]clientv3.Cmp, len(keys))
-			reads := make([]clientv3.Op, len(keys))
-			for i, k := range keys {
-				owned[i] = clientv3.Compare(clientv3.CreateRevision(s.ownerKey(k)), "=", 0)
-				if rec := expect[k]; rec != "" {
-					owned[i] = clientv3.Compare(clientv3.Value(s.ownerKey(k)), "=", rec)
-				}
-				reads[i] = clientv3.OpGet(s.ownerKey(k))
-			}
-			op = clientv3.OpTxn(owned, []clientv3.Op{op}, reads)
-		}
-		resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).Then(op).Else(s.staleOps(tok)...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("etcdstore: txn: %w", err)
-		}
-		if !resp.Succeeded {
-			return nil, staleError(tok, resp, 0)
-		}
-		inner := resp.Responses[0].GetResponseTxn()
-		if checked {
-			if !inner.GetSucceeded() {
-				// An owner record was not as expected: expect what was
-				// read.
-				for i, k := range keys {
-					rec := ownerOf(inner.GetResponses()[i])
-					s.owners.put(k, rec)
-					if rec != "" && ownerLease(rec) != tok.Lease {
-						return nil, fmt.Errorf("etcdstore: txn: data key %q: %w", k, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(rec)})
-					}
-					expect[k] = rec
-				}
-				continue
-			}
-			inner = inner.GetResponses()[0].GetResponseTxn()
-		}
-		ran := thenKeys
-		if !inner.GetSucceeded() {
-			ran = elsKeys
-		}
-		for _, k := range keys {
-			if slices.Contains(ran, k) {
-				s.owners.put(k, mine)
-			}
-		}
-		// Hide the claims from the caller: they follow its own ops.
-		n := len(then)
-		if !inner.GetSucceeded() {
-			n = len(els)
-		}
-		inner.Responses = inner.Responses[:n]
-		inner.Header = resp.Header // a nested Txn's own header is empty
-		return (*clientv3.TxnResponse)(inner), nil
-	}
 }
 
 // Release deletes tok's holder key if and only if tok is still current, so

@@ -3,14 +3,12 @@ package etcdstore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -163,132 +161,6 @@ func (s *Store) Owner(ctx context.Context, key string) (tok token.Token, ok bool
 	return tok, true, nil
 }
 
-// writeKey runs op, a put or delete of the data key key, in one guarded
-// etcd Txn under the ownership rule, and returns op's response and the
-// revision of the write. It returns a *token.StaleError when tok is not
-// current and a *token.ForeignLeaseError when another lease owns key (and
-// takeOver is false).
-//
-// The Txn takes one of four shapes, chosen by the owner record the store
-// last saw for key, each checked by etcd in the Txn:
-//
-//   - the record is tok's (the common case): If(CreateRevision(holder) =
-//     tok.Revision, Value(owner) = record) Then(op), two compares, which
-//     are exact because the record was written under tok's full guard;
-//   - the record is of an earlier token of tok's lease (the first write
-//     after a re-acquisition): If(guard, Value(owner) = that record)
-//     Then(Put(owner, record), op);
-//   - takeOver: If(guard) Then(Put(owner, record), op);
-//   - otherwise "owned by the lease or by nobody" in one round trip, as
-//     nested Txns that record tok (ownedOps), with op in them once.
-//
-// The Txn has no Else branch, which would cost every write; a write that
-// fails reads the holder, epoch and owner keys to tell a stale token from
-// a wrong guess of the owner. A wrong guess costs those round trips, never
-// correctness: the write is retried in the shape the read calls for.
-func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
-	owner, mine := s.ownerKey(key), ownerRecord(tok)
-	seen := s.owners.get(key)
-	for {
-		var cmps []clientv3.Cmp
-		var then []clientv3.Op
-		nested := false
-		switch {
-		case mutant.On(mutant.OwnerCompareDropped):
-			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case seen == mine && !takeOver:
-			cmps = []clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
-				clientv3.Compare(clientv3.Value(owner), "=", mine),
-			}
-			then = []clientv3.Op{op}
-		case takeOver:
-			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case seen != "" && ownerLease(seen) == tok.Lease:
-			cmps = append(s.guard(tok), clientv3.Compare(clientv3.Value(owner), "=", seen))
-			then = []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		default:
-			cmps, then, nested = s.guard(tok), s.ownedOps(tok, key, op), true
-		}
-		resp, err := s.commit(ctx, cmps, then, nil)
-		if err != nil {
-			return nil, 0, err
-		}
-		if !resp.Succeeded {
-			// Find out why, off the write's own path: an Else branch
-			// that read the keys would cost every write.
-			why, err := s.cli.Txn(ctx).Then(append(s.staleOps(tok), clientv3.OpGet(owner))...).Commit()
-			if err != nil {
-				return nil, 0, err
-			}
-			if !current(tok, why, 0) {
-				return nil, 0, staleError(tok, why, 0)
-			}
-			// The guessed owner record was wrong (a token that is not
-			// current never becomes current again).
-			seen = ownerOf(why.Responses[2])
-			s.owners.put(key, seen)
-			if seen != "" && ownerLease(seen) != tok.Lease && !takeOver {
-				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
-			}
-			continue
-		}
-		rs := resp.Responses
-		if nested {
-			var ok bool
-			if rs, seen, ok = ownedResult(rs); !ok {
-				s.owners.put(key, seen)
-				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
-			}
-		}
-		s.owners.put(key, mine)
-		return rs[len(rs)-1], resp.Header.Revision, nil
-	}
-}
-
-// ownedOps returns the Then branch of a guarded write of the data key key
-// by tok: ops, which write key, in nested Txns that run them only if tok's
-// lease owns key or nobody does, recording tok as the owner's token either
-// way. Each compare of foreignTo gets a Txn of its own, since a Txn's
-// compares must all hold for its Then branch; the first that holds reads
-// the owner record instead:
-//
-//	If(Value(owner) < "<lease> \x00") Then(Get(owner))
-//	Else(Txn(If(Value(owner) > "<lease>!") Then(Get(owner))
-//	  Else(Txn(If(Value(owner) = "<lease>!") Then(Get(owner))
-//	    Else(Put(owner, record), ops...)))))
-//
-// So ops are in the request once (a value of MaxValueLen bytes fits
-// etcd's request limit), and they run exactly when no compare holds: the
-// owner record is absent or names tok's lease. etcd evaluates every
-// compare before any write, so each one sees the owner as it was before
-// the Txn.
-func (s *Store) ownedOps(tok token.Token, key string, ops ...clientv3.Op) []clientv3.Op {
-	owner := s.ownerKey(key)
-	branch := append([]clientv3.Op{clientv3.OpPut(owner, ownerRecord(tok))}, ops...)
-	foreign := s.foreignTo(key, tok.Lease)
-	for i := len(foreign) - 1; i >= 0; i-- {
-		branch = []clientv3.Op{clientv3.OpTxn(foreign[i:i+1], []clientv3.Op{clientv3.OpGet(owner)}, branch)}
-	}
-	return branch
-}
-
-// ownedResult reads the responses of the Then branch that ownedOps built:
-// those of the wrapped ops, after the owner record's put, and true; or, if
-// another lease owns the key, its owner record and false.
-func ownedResult(rs []*pb.ResponseOp) (ops []*pb.ResponseOp, foreign string, ok bool) {
-	for {
-		txn := rs[0].GetResponseTxn()
-		if txn == nil {
-			return rs, "", true
-		}
-		if txn.GetSucceeded() {
-			return nil, ownerOf(txn.GetResponses()[0]), false
-		}
-		rs = txn.GetResponses()
-	}
-}
-
 // maxOwnerGuesses bounds ownerGuesses; past it the guesses start over.
 const maxOwnerGuesses = 1 << 16
 
@@ -329,59 +201,4 @@ func ownerOf(r *pb.ResponseOp) string {
 		return string(kvs[0].Value)
 	}
 	return ""
-}
-
-// dataKeysWritten returns the data keys (without the data prefix) that
-// ops put or delete, also inside nested Txns, sorted and without
-// duplicates. A delete of a key range that reaches into the data keys is
-// refused with an *ArgumentError: the owners of the keys in a range cannot
-// be checked in the Txn.
-func (s *Store) dataKeysWritten(ops []clientv3.Op) ([]string, error) {
-	data := s.prefix + "data/"
-	dataEnd := clientv3.GetPrefixRangeEnd(data)
-	var keys []string
-	var walk func(ops []clientv3.Op) error
-	walk = func(ops []clientv3.Op) error {
-		for _, op := range ops {
-			switch {
-			case op.IsTxn():
-				_, then, els := op.Txn()
-				if err := walk(then); err != nil {
-					return err
-				}
-				if err := walk(els); err != nil {
-					return err
-				}
-			case op.IsPut(), op.IsDelete():
-				key, end := string(op.KeyBytes()), string(op.RangeBytes())
-				if end != "" {
-					if key < dataEnd && (end == "\x00" || end > data) {
-						return invalid("op", key, "deletes a key range that includes data keys, whose owners cannot be checked")
-					}
-					continue
-				}
-				if k, ok := strings.CutPrefix(key, data); ok {
-					keys = append(keys, k)
-				}
-			}
-		}
-		return nil
-	}
-	if err := walk(ops); err != nil {
-		return nil, err
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys), nil
-}
-
-// claims returns a Put of tok's owner record at the owner key of each of
-// keys that claim holds.
-func (s *Store) claims(tok token.Token, keys []string, claim map[string]bool) []clientv3.Op {
-	var ops []clientv3.Op
-	for _, k := range keys {
-		if claim[k] {
-			ops = append(ops, clientv3.OpPut(s.ownerKey(k), ownerRecord(tok)))
-		}
-	}
-	return ops
 }
