@@ -26,8 +26,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/internal/freeport"
 	"github.com/fencer-dev/fencer/internal/history"
@@ -275,7 +275,7 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c := &etcdChaos{t: t, ctx: ctx, cancel: cancel, cluster: cluster, start: time.Now(), byName: map[string]*chaosRound{}, faults: map[string]int{}}
-	c.raw = etcdtest.Client(t, cluster.Endpoints()...)
+	c.raw = fencertest.Client(t, cluster.Endpoints()...)
 	var err error
 	c.admin, err = etcdstore.New(c.raw, etcdstore.WithPrefix(chaosPrefix))
 	require.NoError(t, err)

@@ -15,21 +15,21 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/servicetest"
 	"github.com/fencer-dev/fencer/server"
 )
 
 func TestMain(m *testing.M) {
 	etcdproc.RunIfMember()
-	etcdtest.Main(m)
+	fencertest.Main(m, fencertest.IgnoreInProcessPeers())
 }
 
 // sameStore returns a store with its own etcd client on st's prefix.
 func sameStore(t testing.TB, st *etcdstore.Store, endpoints ...string) *etcdstore.Store {
 	t.Helper()
-	st2, err := etcdstore.New(etcdtest.Client(t, endpoints...), etcdstore.WithPrefix(st.Prefix()))
+	st2, err := etcdstore.New(fencertest.Client(t, endpoints...), etcdstore.WithPrefix(st.Prefix()))
 	require.NoError(t, err)
 	return st2
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/rpcfault"
 	"github.com/fencer-dev/fencer/internal/servicetest"
@@ -75,8 +75,8 @@ func (l *lossLog) snapshot() ([]int64, []token.Token) {
 // that it reported before the stream broke are not reported again, though
 // it resumes at that revision and the server sends them again.
 func TestWatchSessionReconnects(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	c, in := serveWithFaults(t, st)
 	s := newSession(t, c)
 	leases := map[string]*client.Lease{}
