@@ -18,7 +18,7 @@ import (
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 )
 
 var (

@@ -18,7 +18,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
 	"github.com/fencer-dev/fencer/token"
 )
 

@@ -10,7 +10,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 )
 
 func TestMain(m *testing.M) {

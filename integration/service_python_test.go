@@ -18,7 +18,6 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -54,7 +53,7 @@ func TestServicePythonWriterIsFenced(t *testing.T) {
 	const pyToken, goToken = "python-writer-token-0001", "go-writer-token-00000001"
 	auth, err := server.NewBearerTokens(map[string]string{pyToken: "python-writer", goToken: "go-writer"})
 	require.NoError(t, err)
-	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: auth})
+	addr, _ := fencertest.Serve(t, server.Config{Store: st, Authenticator: auth})
 
 	_, file, _, _ := runtime.Caller(0)
 	pyDir := filepath.Join(filepath.Dir(file), "..", "python")

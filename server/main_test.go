@@ -16,8 +16,7 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -53,7 +52,7 @@ func startServer(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
 // address.
 func serve(t testing.TB, cfg server.Config) (string, *server.Server) {
 	t.Helper()
-	return servicetest.Serve(t, cfg)
+	return fencertest.Serve(t, cfg)
 }
 
 // dial connects to addrs (round-robin when several) in plaintext as the

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 )
 
 func TestMain(m *testing.M) {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -21,7 +20,7 @@ import (
 func startService(t *testing.T) (string, *etcdstore.Store) {
 	t.Helper()
 	st := fencertest.StoreOn(t, []string{startEtcd(t)})
-	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	addr, _ := fencertest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
 	return addr, st
 }
 

@@ -15,8 +15,7 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -70,7 +69,7 @@ func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testcl
 // otherwise), and a plain client on the real clock.
 func faultService(t *testing.T, fake bool) (*client.Client, *rpcfault.Injector, *testclock.FakeClock, *client.Client) {
 	t.Helper()
-	addr, _ := servicetest.Serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: server.Anonymous("tester")})
+	addr, _ := fencertest.Serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: server.Anonymous("tester")})
 	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
 		cc, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 		require.NoError(t, err)

@@ -14,8 +14,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 )
 
 func TestMain(m *testing.M) {
