@@ -19,10 +19,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 )
 
-func TestMain(m *testing.M) { etcdtest.Main(m) }
+func TestMain(m *testing.M) { fencertest.Main(m, fencertest.IgnoreInProcessPeers()) }
 
 func TestRestartKeepsDataAndPorts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -40,7 +40,7 @@ func TestRestartKeepsDataAndPorts(t *testing.T) {
 	require.NoError(t, err)
 	defer again.Close()
 	require.Equal(t, srv.Endpoint(), again.Endpoint())
-	cli := etcdtest.Client(t, again.Endpoint())
+	cli := fencertest.Client(t, again.Endpoint())
 	resp, err := cli.Get(ctx, "k")
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
@@ -90,7 +90,7 @@ func TestStartRejectsBadConfig(t *testing.T) {
 
 func put(t *testing.T, endpoint, k, v string) {
 	t.Helper()
-	_, err := etcdtest.Client(t, endpoint).Put(context.Background(), k, v)
+	_, err := fencertest.Client(t, endpoint).Put(context.Background(), k, v)
 	require.NoError(t, err)
 }
 
@@ -153,7 +153,7 @@ func TestSocketMemberIsPrivateAndStable(t *testing.T) {
 	require.NoError(t, err)
 	defer again.Close()
 	require.Equal(t, srv.Endpoint(), again.Endpoint())
-	resp, err := etcdtest.Client(t, again.Endpoint()).Get(ctx, "k")
+	resp, err := fencertest.Client(t, again.Endpoint()).Get(ctx, "k")
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
 }
@@ -171,7 +171,7 @@ func TestCompactionKeepsTheDatabaseBounded(t *testing.T) {
 	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir()}, embedetcd.WithCompactionRetention(time.Second))
 	require.NoError(t, err)
 	defer srv.Close()
-	cli := etcdtest.Client(t, srv.Endpoint())
+	cli := fencertest.Client(t, srv.Endpoint())
 	value := strings.Repeat("x", 16<<10)
 	const rounds, perRound = 8, 300
 	var written int64
@@ -216,7 +216,7 @@ func TestQuotaRefusesWritesWithNoSpace(t *testing.T) {
 		embedetcd.WithQuota(2<<20), embedetcd.WithLogger(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	require.NoError(t, err)
 	defer srv.Close()
-	fillUntilNoSpace(ctx, t, etcdtest.Client(t, srv.Endpoint()))
+	fillUntilNoSpace(ctx, t, fencertest.Client(t, srv.Endpoint()))
 	records := logs.records(t)
 	require.NotEmpty(t, records)
 	for _, r := range records {
@@ -297,7 +297,7 @@ func TestDefragmentThroughTheSocket(t *testing.T) {
 	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir(), Socket: true})
 	require.NoError(t, err)
 	defer srv.Close()
-	cli := etcdtest.Client(t, srv.Endpoint())
+	cli := fencertest.Client(t, srv.Endpoint())
 	value := strings.Repeat("x", 64<<10)
 	var last int64
 	for i := 0; i < 200; i++ {
@@ -359,7 +359,7 @@ func TestInProcessClient(t *testing.T) {
 	_, err = cli.Get(ctx, "k1", clientv3.WithRev(put.Header.Revision))
 	require.ErrorIs(t, err, rpctypes.ErrCompacted)
 
-	sock := etcdtest.Client(t, srv.Endpoint())
+	sock := fencertest.Client(t, srv.Endpoint())
 	got, err := sock.Get(ctx, "k1")
 	require.NoError(t, err)
 	require.Equal(t, "v2", string(got.Kvs[0].Value), "the socket serves beside the in-process client")

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -80,8 +80,8 @@ func TestBatchedWritesShareATxnAndKeepTheirOwnGuards(t *testing.T) {
 }
 
 func TestBatchedAcquisitionsAndReleases(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	names := []string{"a", "b", "c", "d", "e"}
 	leases := make([]*etcdstore.Lease, len(names))
@@ -178,9 +178,9 @@ func TestBatchedWriteCancelledWhileQueuedWritesNothing(t *testing.T) {
 // etcd member with authentication, as an etcd user who may write fencer's
 // data, owner, holder, epoch and lock-delay keys but only read its fences.
 func TestBatchRefusedForOneWritesPermissionIsRetriedWriteByWrite(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	member := etcdtest.Start(t)
-	root := etcdtest.Client(t, member.Endpoint())
+	ctx := fencertest.Context(t)
+	member := fencertest.Etcd(t)
+	root := fencertest.Client(t, member.Endpoint())
 	must := func(_ any, err error) { t.Helper(); require.NoError(t, err) }
 	must(root.RoleAdd(ctx, "root"))
 	must(root.UserAdd(ctx, "root", "root-password"))

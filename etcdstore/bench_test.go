@@ -14,7 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -64,7 +64,7 @@ func mutexSession(b *testing.B, st *etcdstore.Store) *concurrency.Session {
 // its lease "bench", held by a session that ends with b.
 func benchLease(b *testing.B) (*etcdstore.Store, token.Token) {
 	b.Helper()
-	st := etcdtest.Store(b)
+	st := fencertest.SharedStore(b)
 	l, err := newSession(b, st).Acquire(context.Background(), "bench")
 	if err != nil {
 		b.Fatal(err)
@@ -207,7 +207,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprintf("goroutines=%d", conc), func(b *testing.B) {
 			ctx := context.Background()
-			st := etcdtest.Store(b)
+			st := fencertest.SharedStore(b)
 			s := newSession(b, st)
 			es := mutexSession(b, st)
 			mus := make([]*concurrency.Mutex, conc)
@@ -273,7 +273,7 @@ func timeRoundsConcurrent(b *testing.B, conc, n int, variants ...func(g int) err
 // holder key returning to the holder's Done closing.
 func BenchmarkLossDetection(b *testing.B) {
 	ctx := context.Background()
-	st := etcdtest.Store(b)
+	st := fencertest.SharedStore(b)
 	s := newSession(b, st)
 	n := max(b.N, 200)
 	lat := make([]time.Duration, 0, n)
@@ -319,7 +319,7 @@ func BenchmarkLossDetection(b *testing.B) {
 // mutex.
 func BenchmarkAcquireReleaseCost(b *testing.B) {
 	ctx := context.Background()
-	st := etcdtest.Store(b)
+	st := fencertest.SharedStore(b)
 	s := newSession(b, st)
 	mu := concurrency.NewMutex(mutexSession(b, st), st.Prefix()+"mutex/bench")
 	cli := st.Client()

@@ -10,14 +10,14 @@ import (
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
 func TestRestartOnSameDataDirKeepsState(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	srv := etcdtest.Start(t)
-	st := etcdtest.Store(t, srv.Endpoint())
+	ctx := fencertest.Context(t)
+	srv := fencertest.Etcd(t)
+	st := fencertest.StoreOn(t, []string{srv.Endpoint()})
 	s, err := st.NewSession(ctx)
 	require.NoError(t, err)
 	l, err := s.Acquire(ctx, "jobs")
@@ -32,7 +32,7 @@ func TestRestartOnSameDataDirKeepsState(t *testing.T) {
 	srv2, err := embedetcd.Start(ctx, member)
 	require.NoError(t, err)
 	t.Cleanup(srv2.Close)
-	st2, err := etcdstore.New(etcdtest.Client(t, srv2.Endpoint()), etcdstore.WithPrefix(st.Prefix()))
+	st2, err := etcdstore.New(fencertest.Client(t, srv2.Endpoint()), etcdstore.WithPrefix(st.Prefix()))
 	require.NoError(t, err)
 	require.Equal(t, "v", get(t, st2, "k"))
 	rec, ok, err := st2.Fence(ctx, "bucket")
@@ -52,7 +52,7 @@ func TestRestartOnSameDataDirKeepsState(t *testing.T) {
 }
 
 func TestClusterLeaderKill(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	base := t.TempDir()
 	var members []embedetcd.Member
 	for i := 0; i < 3; i++ {
@@ -65,7 +65,7 @@ func TestClusterLeaderKill(t *testing.T) {
 			s.Close()
 		}
 	})
-	st := etcdtest.Store(t, embedetcd.Endpoints(servers)...)
+	st := fencertest.StoreOn(t, embedetcd.Endpoints(servers))
 	a := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
 	require.NoError(t, err)

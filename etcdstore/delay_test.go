@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -22,8 +22,8 @@ const testDelay = 2 * time.Second
 // TestLockDelayCleanReleaseSkipsIt: the holder's own release deletes the
 // marker, so the lease can be acquired again at once.
 func TestLockDelayCleanReleaseSkipsIt(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	a, b := newSession(t, st), newSession(t, st)
 	l, err := a.TryAcquire(ctx, "clean", etcdstore.WithLockDelay(testDelay))
 	require.NoError(t, err)
@@ -65,13 +65,13 @@ func TestLockDelayEndings(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := etcdtest.Context(t)
-			st := etcdtest.Store(t)
+			ctx := fencertest.Context(t)
+			st := fencertest.SharedStore(t)
 			a, b := newSession(t, st), newSession(t, st)
 			l, err := a.TryAcquire(ctx, "job", etcdstore.WithLockDelay(testDelay))
 			require.NoError(t, err)
 			tc.end(t, ctx, st, a, l)
-			etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "the ended lease's Done")
+			fencertest.WaitClosed(t, l.Done(), 10*time.Second, "the ended lease's Done")
 
 			_, err = b.TryAcquire(ctx, "job")
 			var de *token.LockDelayError
@@ -97,7 +97,7 @@ func TestLockDelayEndings(t *testing.T) {
 			// l2 set no delay: its loss leaves the lease free at once.
 			_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "job"))
 			require.NoError(t, err)
-			etcdtest.WaitClosed(t, l2.Done(), 10*time.Second, "the second lease's Done")
+			fencertest.WaitClosed(t, l2.Done(), 10*time.Second, "the second lease's Done")
 			_, err = newSession(t, st).TryAcquire(ctx, "job")
 			require.NoError(t, err)
 		})
@@ -112,14 +112,14 @@ func lost(t *testing.T, ctx context.Context, st *etcdstore.Store, name string, o
 	require.NoError(t, err)
 	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "the lost lease's Done")
+	fencertest.WaitClosed(t, l.Done(), 10*time.Second, "the lost lease's Done")
 }
 
 // TestLockDelayNoneByDefault: without WithLockDelay, a lease whose holder
 // key was deleted is free at once, as before lock-delays.
 func TestLockDelayNoneByDefault(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	lost(t, ctx, st, "nodelay")
 	_, err := newSession(t, st).TryAcquire(ctx, "nodelay")
 	require.NoError(t, err)
@@ -128,8 +128,8 @@ func TestLockDelayNoneByDefault(t *testing.T) {
 // TestLockDelayConcurrentAcquirers: acquirers racing to start the delay of
 // one lease start it once, and all of them are refused until it passes.
 func TestLockDelayConcurrentAcquirers(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	lost(t, ctx, st, "race", etcdstore.WithLockDelay(testDelay))
 	const n = 4
 	errs := make(chan error, n)
@@ -148,8 +148,8 @@ func TestLockDelayConcurrentAcquirers(t *testing.T) {
 // TestLockDelayInvalid: a delay outside 0 to MaxLockDelay is refused
 // before anything is written.
 func TestLockDelayInvalid(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	s := newSession(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	s := newSession(t, fencertest.SharedStore(t))
 	for _, d := range []time.Duration{-time.Second, etcdstore.MaxLockDelay + time.Second} {
 		_, err := s.TryAcquire(ctx, "bad", etcdstore.WithLockDelay(d))
 		require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
@@ -161,8 +161,8 @@ func TestLockDelayInvalid(t *testing.T) {
 // acquisition over the marker as read without starting the delay, one that
 // pretends a claim, and one that does not wait for the claim to expire.
 func TestLockDelaySkippedClaimIsRefused(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	lost(t, ctx, st, "skip", etcdstore.WithLockDelay(testDelay))
 	g, err := st.Client().Grant(ctx, 60)
 	require.NoError(t, err)
@@ -192,8 +192,8 @@ func TestLockDelaySkippedClaimIsRefused(t *testing.T) {
 // once it has passed or after a clean release. "a" and "a-b" share a page,
 // where "a"'s claim key sorts after "a-b"'s keys.
 func TestLockDelayInStatus(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	sess, other := newSession(t, st), newSession(t, st)
 	views := func(name string) []etcdstore.Status {
 		t.Helper()

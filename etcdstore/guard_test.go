@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -128,8 +128,8 @@ func TestForgedTokensAreRefusedByEveryGuardedCall(t *testing.T) {
 // neither the released token nor a token with the new revision and the old
 // epoch passes.
 func TestReleasedAndReacquiredLeaseRefusesEveryOlderToken(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	a, b := newSession(t, st), newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -152,8 +152,8 @@ func TestReleasedAndReacquiredLeaseRefusesEveryOlderToken(t *testing.T) {
 // TestForgedTokenOfAnotherLeaseIsRefused moves a real token to another
 // lease name, with and without that lease held.
 func TestForgedTokenOfAnotherLeaseIsRefused(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)

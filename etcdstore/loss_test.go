@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -88,8 +88,8 @@ func tryAcquire(ctx context.Context, s *etcdstore.Session, name string) <-chan a
 // The watch delivers the deletion of the new holder key before the Lease
 // is registered with it.
 func TestLossBeforeRegistrationEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	seen := newProgress()
 	acquired := newGate()
 	var tok token.Token
@@ -108,7 +108,7 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 	r := <-res
 	require.NoError(t, r.err)
 	require.Equal(t, tok, r.l.Token())
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease deleted before it was registered")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease deleted before it was registered")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, st.Check(ctx, tok), token.ErrStale)
 
@@ -121,8 +121,8 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 // The holder key is replaced by another session's before the Lease is
 // registered; the watch delivers both changes first.
 func TestReplacementBeforeRegistrationEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	seen := newProgress()
 	acquired := newGate()
 	s := newSession(t, st, etcdstore.WithHooks(etcdstore.SessionHooks{
@@ -141,7 +141,7 @@ func TestReplacementBeforeRegistrationEndsLease(t *testing.T) {
 
 	r := <-res
 	require.NoError(t, r.err)
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease replaced before it was registered")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease replaced before it was registered")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 	require.NoError(t, lo.Err())
 }
@@ -151,8 +151,8 @@ func TestReplacementBeforeRegistrationEndsLease(t *testing.T) {
 // watches again from after the deletion: the re-read, not the watch, must
 // end the Lease.
 func TestLossBeforeRegistrationAcrossResync(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	watching := make(chan func(), 8)
 	acquired, resync := newGate(), newGate()
 	s := newSession(t, st, etcdstore.WithHooks(etcdstore.SessionHooks{
@@ -173,7 +173,7 @@ func TestLossBeforeRegistrationAcrossResync(t *testing.T) {
 
 	r := <-res
 	require.NoError(t, r.err)
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease deleted while the watch was down")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease deleted while the watch was down")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 }
 
@@ -181,8 +181,8 @@ func TestLossBeforeRegistrationAcrossResync(t *testing.T) {
 // the re-read is applied, is absent from what was read: that says nothing
 // about it, and it stays held.
 func TestResyncKeepsLeaseAcquiredAfterItsRead(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	seen := newProgress()
 	watching := make(chan func(), 8)
 	reread := newGate()
@@ -205,6 +205,6 @@ func TestResyncKeepsLeaseAcquiredAfterItsRead(t *testing.T) {
 	// The new watch still ends it on loss.
 	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the watch came back")
+	fencertest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the watch came back")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
 }

@@ -8,10 +8,9 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) { etcdtest.Main(m) }
+func TestMain(m *testing.M) { fencertest.Main(m, fencertest.IgnoreInProcessPeers()) }
 
 // newSession opens a session of st that is closed when t ends
 // (fencertest.Session).
@@ -24,8 +23,8 @@ func newSession(t testing.TB, st *etcdstore.Store, opts ...etcdstore.SessionOpti
 // the session's acquisition of lease name.
 func holding(t *testing.T, name string) (context.Context, *etcdstore.Store, *etcdstore.Session, *etcdstore.Lease) {
 	t.Helper()
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	l, err := s.Acquire(ctx, name)
 	require.NoError(t, err)

@@ -16,9 +16,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 )
 
 var (
@@ -58,7 +58,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func() backoff.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // 1,000 sessions take a while to open
 	tb.Cleanup(cancel)
 	in := rpcfault.New()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(tb)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: in.DialOptions()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fencertest.SharedEtcd(tb)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: in.DialOptions()})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { cli.Close() })
 	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/outage-%d/", time.Now().UnixNano())))
@@ -132,7 +132,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func() backoff.
 	}
 	_, err = cli.Delete(ctx, holderkey.Key(st.Prefix(), "l0"))
 	require.NoError(tb, err)
-	etcdtest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
+	fencertest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
 	return res
 }
 
@@ -195,9 +195,9 @@ func BenchmarkOutageRequests(b *testing.B) {
 // from the same revision, instead of trying the acquisition again and
 // again; it acquires once the lease is released.
 func TestWaitingAcquireDoesNotSpinWhileWatchesFail(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	in := rpcfault.New()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: in.DialOptions()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fencertest.SharedEtcd(t)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: in.DialOptions()})
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
 	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/wait-%d/", time.Now().UnixNano())))

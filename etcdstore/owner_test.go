@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -61,8 +61,8 @@ func TestForeignLeaseCannotWriteAnotherLeasesKeys(t *testing.T) {
 // only with the explicit option and his current token; then alice is
 // refused, and a stale token is refused either way.
 func TestTakeOverIsExplicitAndFenced(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	alice, err := newSession(t, st).Acquire(ctx, "orders")
 	require.NoError(t, err)
 	bobs := newSession(t, st)
@@ -207,8 +207,8 @@ func TestUnownedKeyIsClaimedByItsFirstGuardedWrite(t *testing.T) {
 }
 
 func TestTxnChecksAndClaimsEveryDataKeyItMayWrite(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	cst, txns := countingStore(t, st)
 	alice, err := newSession(t, st).Acquire(ctx, "orders")
 	require.NoError(t, err)
@@ -321,7 +321,7 @@ func outcomeOf(deleted bool, err error) outcome {
 // one at a time on a store that does not batch. Every write's outcome and
 // the final keys and owners are the same.
 func TestBatchedWritesOfMixedOwnersActAsAlone(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	var revs [14]int64
 	run := func(st *etcdstore.Store, batched bool) ([]outcome, map[string]string) {
 		alice, err := newSession(t, st).Acquire(ctx, "orders")
@@ -390,8 +390,8 @@ func TestBatchedWritesOfMixedOwnersActAsAlone(t *testing.T) {
 		}
 		return out, state
 	}
-	batching := etcdtest.Store(t)
-	alone, err := etcdstore.New(etcdtest.Client(t), etcdstore.WithPrefix(batching.Prefix()+"alone/"), etcdstore.WithBatching(0))
+	batching := fencertest.SharedStore(t)
+	alone, err := etcdstore.New(fencertest.Client(t), etcdstore.WithPrefix(batching.Prefix()+"alone/"), etcdstore.WithBatching(0))
 	require.NoError(t, err)
 	gotOut, gotState := run(batching, true)
 	require.Equal(t, revs[0], revs[2], "alice's put of a and bob's of b shared a Txn")
@@ -412,8 +412,8 @@ func TestBatchedWritesOfMixedOwnersActAsAlone(t *testing.T) {
 // store whose guess of a key's owner is out of date: another store took
 // the key over, or the owner record vanished (a raw client deleted it).
 func TestWrongOwnerGuessesCostRoundTripsNotCorrectness(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	cst, txns := countingStore(t, st)
 	alice, err := newSession(t, st).Acquire(ctx, "orders")
 	require.NoError(t, err)
@@ -464,8 +464,8 @@ func TestWrongOwnerGuessesCostRoundTripsNotCorrectness(t *testing.T) {
 // token of the last write; the first write after a re-acquisition records
 // the new token in the same Txn, and every write after it takes one Txn.
 func TestOwnerRecordFollowsTheLeasesAcquisitions(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	cst, txns := countingStore(t, st)
 	s := newSession(t, st)
 	first, err := s.Acquire(ctx, "orders")
@@ -512,8 +512,8 @@ func TestOwnerRecordFollowsTheLeasesAcquisitions(t *testing.T) {
 // own.
 func aliceAndBob(t *testing.T) (context.Context, *etcdstore.Store, *etcdstore.Lease, *etcdstore.Lease) {
 	t.Helper()
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	alice, err := newSession(t, st).Acquire(ctx, "orders")
 	require.NoError(t, err)
 	bob, err := newSession(t, st).Acquire(ctx, "billing")

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 )
 
 // TestCheckPrefix writes a deployment's keys under an outer prefix and
@@ -17,8 +17,8 @@ import (
 // while the outer prefix itself, a sibling and a deeper deployment's own
 // keys are not.
 func TestCheckPrefix(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	cli, outer := st.Client(), st.Prefix()
 	require.NoError(t, etcdstore.CheckPrefix(ctx, cli, outer+"data/tenant2/"), "no outer deployment yet")
 	for _, dir := range []string{"leases/", "epochs/", "fences/", "owners/"} {
@@ -53,9 +53,9 @@ func TestCheckPrefix(t *testing.T) {
 // outer deployment's keys are out of its sight, so the check passes (the
 // RBAC is the isolation), while the same check as root refuses it.
 func TestCheckPrefixSeesOnlyWhatRBACAllows(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	member := etcdtest.Start(t)
-	root := etcdtest.Client(t, member.Endpoint())
+	ctx := fencertest.Context(t)
+	member := fencertest.Etcd(t)
+	root := fencertest.Client(t, member.Endpoint())
 	inner := "/fencer/data/tenant2/"
 	_, err := root.Put(ctx, "/fencer/epochs/T0", "1")
 	require.NoError(t, err)

@@ -17,22 +17,22 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
 	"github.com/fencer-dev/fencer/token"
 )
 
 func get(t *testing.T, st *etcdstore.Store, key string) string {
 	t.Helper()
-	v, ok, err := st.Get(etcdtest.Context(t), key)
+	v, ok, err := st.Get(fencertest.Context(t), key)
 	require.NoError(t, err)
 	require.True(t, ok, "key %q missing", key)
 	return string(v.Data)
 }
 
 func TestPausedHolderIsFencedByTheStore(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	// A's clock never moves, so A never sends a keepalive: a process
 	// paused past its TTL.
 	paused := clocktesting.NewFakeClock(time.Now())
@@ -61,7 +61,7 @@ func TestPausedHolderIsFencedByTheStore(t *testing.T) {
 	require.Equal(t, lb.Token(), stale.Newer)
 	require.Equal(t, "from B", get(t, st, "result"))
 
-	etcdtest.WaitClosed(t, la.Done(), 5*time.Second, "A's Done")
+	fencertest.WaitClosed(t, la.Done(), 5*time.Second, "A's Done")
 	require.ErrorIs(t, la.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, la.Err(), token.ErrNotHeld)
 	require.NoError(t, lb.Err())
@@ -73,7 +73,7 @@ func TestExternalDeleteEndsLease(t *testing.T) {
 
 	_, err := st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after external delete")
+	fencertest.WaitClosed(t, l.Done(), 5*time.Second, "Done after external delete")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
 
 	_, err = st.Put(ctx, l.Token(), "k", []byte("v"))
@@ -89,20 +89,20 @@ func TestExternalReplaceEndsLease(t *testing.T) {
 	// Another holder's record written over ours, keeping the key.
 	_, err := st.Client().Put(ctx, st.Prefix()+"leases/jobs", `{"holder":"intruder","epoch":9}`, clientv3.WithIgnoreLease())
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after another holder appeared")
+	fencertest.WaitClosed(t, l.Done(), 5*time.Second, "Done after another holder appeared")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrLeaseLost)
 	require.Contains(t, l.Err().Error(), "intruder")
 }
 
 func TestSameHolderReacquiresWithGreaterToken(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st, etcdstore.WithHolder("worker"))
 	first, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
 	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, first.Done(), 5*time.Second, "Done")
+	fencertest.WaitClosed(t, first.Done(), 5*time.Second, "Done")
 
 	second, err := s.Acquire(ctx, "jobs")
 	require.NoError(t, err)
@@ -121,8 +121,8 @@ func TestSameHolderReacquiresWithGreaterToken(t *testing.T) {
 }
 
 func TestRetriedReleaseKeepsNewerHolder(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
@@ -146,8 +146,8 @@ func TestRetriedReleaseKeepsNewerHolder(t *testing.T) {
 }
 
 func TestTryAcquireHeldByAnother(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	_, err := a.TryAcquire(ctx, "jobs")
@@ -169,8 +169,8 @@ func TestTryAcquireHeldByAnother(t *testing.T) {
 }
 
 func TestAcquireWaitsForRelease(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	a := newSession(t, st)
 	b := newSession(t, st)
 	la, err := a.Acquire(ctx, "jobs")
@@ -191,8 +191,8 @@ func TestAcquireWaitsForRelease(t *testing.T) {
 }
 
 func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s, err := st.NewSession(ctx)
 	require.NoError(t, err)
 	l1, err := s.Acquire(ctx, "one")
@@ -202,7 +202,7 @@ func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
 	require.NoError(t, s.Close(ctx))
 	require.NoError(t, s.Close(ctx))
 	for _, l := range []*etcdstore.Lease{l1, l2} {
-		etcdtest.WaitClosed(t, l.Done(), time.Second, "Done")
+		fencertest.WaitClosed(t, l.Done(), time.Second, "Done")
 		require.ErrorIs(t, l.Err(), etcdstore.ErrSessionClosed)
 		require.ErrorIs(t, st.Check(ctx, l.Token()), token.ErrStale)
 	}
@@ -211,9 +211,9 @@ func TestSessionCloseEndsAndFreesLeases(t *testing.T) {
 }
 
 func TestKeepAliveFailureFailsClosed(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	p := faultproxy.New(t, strings.TrimPrefix(etcdtest.Shared(t), "http://"))
-	st := etcdtest.Store(t, p.Endpoint())
+	ctx := fencertest.Context(t)
+	p := faultproxy.New(t, strings.TrimPrefix(fencertest.SharedEtcd(t), "http://"))
+	st := fencertest.StoreOn(t, []string{p.Endpoint()})
 	clk := clocktesting.NewFakeClock(time.Now())
 	s := newSession(t, st, etcdstore.WithTTL(3*time.Second), etcdstore.WithClock(clk))
 	l, err := s.Acquire(ctx, "jobs")
@@ -229,7 +229,7 @@ func TestKeepAliveFailureFailsClosed(t *testing.T) {
 		}
 		clk.Step(time.Second)
 	}
-	etcdtest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the local deadline")
+	fencertest.WaitClosed(t, l.Done(), 5*time.Second, "Done after the local deadline")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 	require.ErrorIs(t, s.Err(), etcdstore.ErrSessionExpired)
 }
@@ -325,8 +325,8 @@ func TestAdvanceRejectsLowerRecorded(t *testing.T) {
 }
 
 func TestConcurrentAdvanceRecordsMaximum(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	var (
 		mu       sync.Mutex
 		accepted []token.Token
@@ -437,18 +437,18 @@ func TestBadInputWritesNothing(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	_, err := etcdstore.New(nil)
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
-	_, err = etcdstore.New(etcdtest.Client(t, etcdtest.Shared(t)), etcdstore.WithPrefix("no-slash"))
+	_, err = etcdstore.New(fencertest.Client(t, fencertest.SharedEtcd(t)), etcdstore.WithPrefix("no-slash"))
 	require.ErrorIs(t, err, etcdstore.ErrInvalidArgument)
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, 1500 * time.Millisecond} {
-		_, err := st.NewSession(etcdtest.Context(t), etcdstore.WithTTL(ttl))
+		_, err := st.NewSession(fencertest.Context(t), etcdstore.WithTTL(ttl))
 		require.ErrorIs(t, err, etcdstore.ErrInvalidArgument, "ttl %s", ttl)
 	}
 }
 
 func TestListPageReadsEveryLeaseOnce(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	for _, name := range []string{"a", "b", "c", "d", "e", "f", "g"} {
 		l, err := s.Acquire(ctx, name)
@@ -498,8 +498,8 @@ func TestListPageReadsEveryLeaseOnce(t *testing.T) {
 // start with the prefix, a page at a time, and a cursor before or after
 // the prefix's range works.
 func TestListPageWithNamePrefix(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	for _, name := range []string{"a", "bench", "bench-0", "bench-0-1", "bench-1", "benches", "bencg", "c"} {
 		_, err := s.Acquire(ctx, name)
@@ -539,8 +539,8 @@ func TestListPageWithNamePrefix(t *testing.T) {
 // fencer did not write, with a name no lease may have, is listed and can
 // be paged past.
 func TestListPageSurvivesForeignKeys(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	for _, name := range []string{"a", "c"} {
 		_, err := s.Acquire(ctx, name)
@@ -565,8 +565,8 @@ func TestListPageSurvivesForeignKeys(t *testing.T) {
 }
 
 func TestListAndStatus(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	s := newSession(t, st)
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)
@@ -592,7 +592,7 @@ func countingStore(t *testing.T, st *etcdstore.Store) (*etcdstore.Store, *atomic
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(t)}, DialTimeout: 5 * time.Second,
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fencertest.SharedEtcd(t)}, DialTimeout: 5 * time.Second,
 		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
@@ -602,8 +602,8 @@ func countingStore(t *testing.T, st *etcdstore.Store) (*etcdstore.Store, *atomic
 }
 
 func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	cst, txns := countingStore(t, st)
 	grant, err := st.Client().Grant(ctx, 60)
 	require.NoError(t, err)
@@ -633,8 +633,8 @@ func TestReacquiringAKnownLeaseTakesOneTxn(t *testing.T) {
 // TestAcquireOnNoEtcdLeaseIsRefused: AcquireOn with etcd lease 0 would
 // write a holder key that never expires; it is refused and writes nothing.
 func TestAcquireOnNoEtcdLeaseIsRefused(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	_, _, err := st.AcquireOn(ctx, 0, "holder", "forever", 0)
 	require.ErrorIs(t, err, token.ErrInvalidArgument)
 	status, err := st.Status(ctx, "forever")

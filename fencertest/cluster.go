@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 )
 
 // memberReady records that RunIfMember has run in this process, which

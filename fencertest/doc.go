@@ -17,6 +17,11 @@
 // What it offers:
 //   - Store: an etcdstore.Store on a fresh in-process etcd member (Etcd,
 //     Client, StoreOn and Session are the parts it is made of).
+//   - SharedStore: a store under a prefix of its own on the test binary's
+//     shared member (SharedEtcd), for packages with many tests: one member
+//     for all of them, stopped by Main (or StopShared).
+//   - Context and WaitClosed: a bounded context for a test's calls, and a
+//     bounded wait for a channel to close.
 //   - Cluster: an etcd cluster of member processes, with Stop (SIGKILL),
 //     Restart and Partition of one member.
 //   - Service: an in-process fencer service (what fencer serve runs) and a
@@ -27,7 +32,8 @@
 //     token.ErrStale; it works for leases of the library and of the service's
 //     client alike.
 //   - Main and LeakOptions: a TestMain that also checks for goroutine leaks
-//     with goleak, and lets Cluster run its members.
+//     with goleak, and lets Cluster run its members; IgnoreInProcessPeers
+//     for tests that run several etcd members in one process.
 //
 // Package fencertest/kubefencertest does the same for Kubernetes, so that
 // etcd-only users do not depend on it.

@@ -27,11 +27,15 @@ func Etcd(t TB) *embedetcd.Server {
 	return srv
 }
 
-// Client returns an etcd client of endpoints that is closed when t ends.
-// It dials lazily: a member that is down when Client returns is reached
-// once it serves.
+// Client returns an etcd client of endpoints (of the shared member, see
+// SharedEtcd, when none are given) that is closed when t ends. It dials
+// lazily: a member that is down when Client returns is reached once it
+// serves.
 func Client(t TB, endpoints ...string) *clientv3.Client {
 	t.Helper()
+	if len(endpoints) == 0 {
+		endpoints = []string{SharedEtcd(t)}
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatalf("fencertest: etcd client: %v", err)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	"github.com/fencer-dev/fencer/server"
 )
 

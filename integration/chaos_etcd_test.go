@@ -26,12 +26,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/freeport"
-	"github.com/fencer-dev/fencer/internal/history"
 	"github.com/fencer-dev/fencer/internal/mutant"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
+	"github.com/fencer-dev/fencer/internal/testkit/history"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -44,7 +44,7 @@ var (
 
 // The etcd chaos test runs the leased-register history (see
 // leasedregister_test.go) on a 3-member etcd cluster whose members are
-// separate processes (internal/etcdproc). Five holders, each a separate
+// separate processes (internal/testkit/etcdproc). Five holders, each a separate
 // process (chaosholder_test.go), compete for one lease per round and write
 // its register as fast as they can: three through etcdstore, each over its
 // own fault proxy per member, and two through the Go client, each to its
@@ -275,7 +275,7 @@ func startEtcdChaos(t *testing.T) *etcdChaos {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c := &etcdChaos{t: t, ctx: ctx, cancel: cancel, cluster: cluster, start: time.Now(), byName: map[string]*chaosRound{}, faults: map[string]int{}}
-	c.raw = etcdtest.Client(t, cluster.Endpoints()...)
+	c.raw = fencertest.Client(t, cluster.Endpoints()...)
 	var err error
 	c.admin, err = etcdstore.New(c.raw, etcdstore.WithPrefix(chaosPrefix))
 	require.NoError(t, err)

@@ -9,8 +9,8 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 )
 
 func TestMain(m *testing.M) {
@@ -27,5 +27,5 @@ func TestMain(m *testing.M) {
 	_ = fs.Set("stderrthreshold", "FATAL")
 	klog.SetOutput(io.Discard)
 	ctrllog.SetLogger(logr.Discard())
-	etcdtest.Main(m)
+	fencertest.Main(m, fencertest.IgnoreInProcessPeers())
 }

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/internal/mutant"
+	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 )
 
 // mutantCase is one mutant and the tests that must catch it: tests of one
@@ -47,7 +47,7 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.ReleaseAnyHolder, pkg: "etcdstore", tests: []string{"TestRetriedReleaseKeepsNewerHolder"}},
 	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
 	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
-	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
+	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/testkit/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
 	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter", tests: []string{"TestFutureRenewTimeIgnored"}},
 	// The etcd chaos test's forged and foreign writes at each takeover
 	// make these two guards' absence a linearizability violation. It does

@@ -17,8 +17,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -49,12 +48,12 @@ func TestServicePythonWriterIsFenced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	st, err := etcdstore.New(etcdtest.Client(t, etcdtest.Start(t).Endpoint()))
+	st, err := etcdstore.New(fencertest.Client(t, fencertest.Etcd(t).Endpoint()))
 	require.NoError(t, err)
 	const pyToken, goToken = "python-writer-token-0001", "go-writer-token-00000001"
 	auth, err := server.NewBearerTokens(map[string]string{pyToken: "python-writer", goToken: "go-writer"})
 	require.NoError(t, err)
-	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: auth})
+	addr, _ := fencertest.Serve(t, server.Config{Store: st, Authenticator: auth})
 
 	_, file, _, _ := runtime.Caller(0)
 	pyDir := filepath.Join(filepath.Dir(file), "..", "python")

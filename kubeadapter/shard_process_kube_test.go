@@ -37,11 +37,11 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/faultproxy"
-	"github.com/fencer-dev/fencer/internal/history"
-	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
+	"github.com/fencer-dev/fencer/internal/testkit/history"
+	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
@@ -74,8 +74,8 @@ func (r *recorder) audit(msg string) []map[string]any {
 // TestAuditRecords checks one audit record per acquisition, release,
 // loss and refused write, naming the principal, the lease and the token.
 func TestAuditRecords(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	rec := newRecorder()
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestAuditRecords(t *testing.T) {
 	// Lost: the holder key goes from outside.
 	_, err = st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "jobs"))
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
+	fencertest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
 	require.Eventually(t, func() bool { return len(rec.audit("lost")) == 1 }, 5*time.Second, 10*time.Millisecond)
 	requireRecords(t, rec.audit("lost"), want("lost", "alice", l1.Token()))
 

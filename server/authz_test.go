@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -46,7 +46,7 @@ principals:
 `), 0o600))
 	authz, err := server.LoadAuthorization(path)
 	require.NoError(t, err)
-	addr, _ := serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: auth, Authorization: authz})
+	addr, _ := serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: auth, Authorization: authz})
 	return addr
 }
 
@@ -66,7 +66,7 @@ func authorizedClients(t *testing.T) (a, b, c fencerv1.FencerServiceClient) {
 // refused with PERMISSION_DENIED, names nothing of another principal's, and
 // changes nothing; and that the same calls within the grants succeed.
 func TestAuthorizationPerRPC(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	a, b, c := authorizedClients(t)
 
 	orders, err := a.Acquire(ctx, &fencerv1.AcquireRequest{Name: "orders"})
@@ -205,9 +205,9 @@ func TestAuthorizationPerRPC(t *testing.T) {
 // even when the lease is held, and a HELD_BY_ANOTHER answer never names
 // another principal's holder.
 func TestAcquireThroughAnotherPrincipalsSession(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	for _, authorized := range []bool{false, true} {
-		addr, _ := startServer(t, etcdtest.Store(t))
+		addr, _ := startServer(t, fencertest.SharedStore(t))
 		if authorized {
 			addr = startAuthorized(t)
 		}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 )
 
@@ -48,7 +48,7 @@ func BenchmarkServiceGuardedPut(b *testing.B) {
 	for _, conc := range []int{1, 64} {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
 			ctx := context.Background()
-			st := etcdtest.Store(b)
+			st := fencertest.SharedStore(b)
 			unbatched, err := etcdstore.New(st.Client(), etcdstore.WithPrefix(st.Prefix()), etcdstore.WithBatching(0))
 			require.NoError(b, err)
 			addr, _ := startServer(b, st)
@@ -126,7 +126,7 @@ func runRounds(b *testing.B, conc, n int, variants []func(key string) error) (wa
 // watch, growing with the number of streams when each has its own.
 func BenchmarkWatchLeaseFanout(b *testing.B) {
 	ctx := context.Background()
-	st := etcdtest.Store(b)
+	st := fencertest.SharedStore(b)
 	addr, _ := startServer(b, st)
 	c := client.New(dial(b, alice, addr))
 	churn, err := st.NewSession(ctx)
@@ -176,12 +176,12 @@ func BenchmarkServiceRSS10kLeases(b *testing.B) {
 	out, err := build.CombinedOutput()
 	require.NoError(b, err, string(out))
 	for i := 0; i < b.N; i++ {
-		st := etcdtest.Store(b)
+		st := fencertest.SharedStore(b)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(b, err)
 		addr := lis.Addr().String()
 		lis.Close()
-		cmd := exec.Command(bin, "serve", "--etcd-endpoints", etcdtest.Shared(b), "--prefix", st.Prefix(), "--listen", addr, "--metrics-listen", "")
+		cmd := exec.Command(bin, "serve", "--etcd-endpoints", fencertest.SharedEtcd(b), "--prefix", st.Prefix(), "--listen", addr, "--metrics-listen", "")
 		require.NoError(b, cmd.Start())
 		b.Cleanup(func() {
 			_ = cmd.Process.Kill()

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -22,7 +22,7 @@ import (
 // admitted and those of the old one refused from the reload on, without a
 // restart; a bundle that does not load keeps the one in force.
 func TestCAFileRotation(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	dir := t.TempDir()
 	serverCA, oldCA, newCA := testca.New(t, "server CA"), testca.New(t, "old client CA"), testca.New(t, "new client CA")
 	path := filepath.Join(dir, "clients.crt")
@@ -33,7 +33,7 @@ func TestCAFileRotation(t *testing.T) {
 	follow(t, cas.Start)
 	cfg := &tls.Config{Certificates: []tls.Certificate{serverCA.ServerCert(t)}, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	cas.ServerConfig(cfg)
-	addr, _ := serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.ClientCertificates{}, TLS: cfg})
+	addr, _ := serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: server.ClientCertificates{}, TLS: cfg})
 	oldCert, newCert := oldCA.ClientCert(t, "alice"), newCA.ClientCert(t, "alice")
 	admitted := func(cert tls.Certificate) bool {
 		cc := dialWith(t, []grpc.DialOption{tlsCreds(serverCA.Pool(), cert)}, addr)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -21,7 +21,7 @@ import (
 // acknowledged write, and the superseded holder's writes are all rejected.
 func TestTwoServersOverThreeMembers(t *testing.T) {
 	// Starting three members, an election and a leader change take longer
-	// than etcdtest.Context allows on a loaded 2-core machine.
+	// than fencertest.Context allows on a loaded 2-core machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	members := make([]embedetcd.Member, 3)
@@ -34,7 +34,7 @@ func TestTwoServersOverThreeMembers(t *testing.T) {
 		t.Cleanup(s.Close)
 	}
 	eps := embedetcd.Endpoints(servers)
-	st1 := etcdtest.Store(t, eps...)
+	st1 := fencertest.StoreOn(t, eps)
 	st2 := sameStore(t, st1, eps...)
 	addr1, _ := startServer(t, st1)
 	addr2, _ := startServer(t, st2)
@@ -86,7 +86,7 @@ func TestTwoServersOverThreeMembers(t *testing.T) {
 		err := write(old.Token(), i)
 		require.ErrorIs(t, err, token.ErrStale, "stale write %d accepted", i)
 	}
-	etcdtest.WaitClosed(t, old.Done(), 5*time.Second, "old holder's loss")
+	fencertest.WaitClosed(t, old.Done(), 5*time.Second, "old holder's loss")
 
 	for key, rev := range acked {
 		v, found, err := c.Get(ctx, key)

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -20,8 +20,8 @@ import (
 // (or the current epoch and another revision) was never issued, and every
 // guarded call refuses it with STALE_TOKEN and writes nothing.
 func TestServiceRefusesForgedTokens(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
@@ -95,8 +95,8 @@ func TestServiceRefusesForgedTokens(t *testing.T) {
 // current token works, after which alice is the one refused; stale tokens
 // are refused either way.
 func TestServiceKeysBelongToLeases(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	ac, bc := client.New(dial(t, alice, addr)), client.New(dial(t, bob, addr))
 	rawBob := fencerv1.NewFencerServiceClient(dial(t, bob, addr))

@@ -15,8 +15,8 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -39,12 +39,12 @@ func requireEtcdError(t *testing.T, err error, code codes.Code, reason string, c
 // (NOSPACE: the operator must compact, defragment and disarm the alarm)
 // while reads still work.
 func TestEtcdRefusalsMapToCodes(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir()},
 		embedetcd.WithMaxRequestBytes(64<<10), embedetcd.WithQuota(2<<20))
 	require.NoError(t, err)
 	t.Cleanup(srv.Close)
-	st := etcdtest.Store(t, srv.Endpoint())
+	st := fencertest.StoreOn(t, []string{srv.Endpoint()})
 	addr, _ := startServer(t, st)
 	cc := dial(t, alice, addr)
 	c := client.New(cc)
@@ -61,7 +61,7 @@ func TestEtcdRefusalsMapToCodes(t *testing.T) {
 	require.ErrorAs(t, err, &arg)
 	require.Equal(t, "request", arg.Arg)
 
-	filler := etcdtest.Client(t, srv.Endpoint())
+	filler := fencertest.Client(t, srv.Endpoint())
 	for i := 0; ; i++ {
 		_, err := filler.Put(ctx, fmt.Sprintf("/filler/%d", i), strings.Repeat("x", 60<<10))
 		if err != nil {
@@ -87,7 +87,7 @@ func TestQuorumLossIsUnavailable(t *testing.T) {
 	cluster := etcdproc.Start(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st := etcdtest.Store(t, cluster.Endpoints()...)
+	st := fencertest.StoreOn(t, cluster.Endpoints())
 	addr, _ := startServer(t, st)
 	cc := dial(t, alice, addr)
 	c := client.New(cc)
@@ -125,8 +125,8 @@ func TestQuorumLossIsUnavailable(t *testing.T) {
 // etcd's own "request is too large" is, and writes nothing. A Put of a new
 // key with a 1 MiB value, which the docs allow, succeeds and reads back.
 func TestOverTheEtcdClientsSendLimitIsInvalidArgument(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	cc := dial(t, alice, addr)
 	raw := fencerv1.NewFencerServiceClient(cc)

@@ -13,8 +13,8 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/faultproxy"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -44,13 +44,13 @@ func probe(srv *server.Server, path string) int {
 // again. /healthz (liveness) stays up throughout. The probes carry no
 // bearer token.
 func TestHealthFollowsEtcd(t *testing.T) {
-	member := etcdtest.Start(t)
+	member := fencertest.Etcd(t)
 	proxy := faultproxy.New(t, member.Endpoint()[len("http://"):])
-	st := etcdtest.Store(t, proxy.Endpoint())
+	st := fencertest.StoreOn(t, []string{proxy.Endpoint()})
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
 	addr, srv := serve(t, server.Config{Store: st, Authenticator: auth, ReadinessInterval: 100 * time.Millisecond})
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	w, err := healthpb.NewHealthClient(dial(t, "", addr)).Watch(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
 	require.NoError(t, err)
 
@@ -73,14 +73,14 @@ func TestHealthFollowsEtcd(t *testing.T) {
 // TestHealthWithoutEtcd starts a server whose etcd endpoint has nothing
 // behind it: it never reports SERVING.
 func TestHealthWithoutEtcd(t *testing.T) {
-	member := etcdtest.Start(t)
+	member := fencertest.Etcd(t)
 	proxy := faultproxy.New(t, member.Endpoint()[len("http://"):])
 	proxy.Pause()
 	defer proxy.Resume()
-	st := etcdtest.Store(t, proxy.Endpoint())
+	st := fencertest.StoreOn(t, []string{proxy.Endpoint()})
 	rec := newRecorder()
 	addr, srv := serve(t, server.Config{Store: st, Authenticator: server.Anonymous("a"), ReadinessInterval: 100 * time.Millisecond, Logger: slog.New(rec)})
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	w, err := healthpb.NewHealthClient(dial(t, "", addr)).Watch(ctx, &healthpb.HealthCheckRequest{})
 	require.NoError(t, err)
 	first, err := w.Recv()
@@ -101,8 +101,8 @@ func TestHealthWithoutEtcd(t *testing.T) {
 // TestProbesNeedNoCredentials calls health and reflection without a
 // bearer token on a server that requires one for everything else.
 func TestProbesNeedNoCredentials(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	cc := dial(t, "", addr)
 
 	w, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})

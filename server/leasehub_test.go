@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -9,9 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
+	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
@@ -25,15 +27,38 @@ type hubRig struct {
 }
 
 func newHubRig(t *testing.T) *hubRig {
-	st := etcdtest.Store(t)
+	st := hubStore(t)
 	r := &hubRig{t: t, st: st, hub: newLeaseHub(st, newMetrics())}
 	t.Cleanup(r.hub.close)
 	return r
 }
 
+// hubStore returns a store on an etcd member of t's own. The lease hub's
+// tests are inside package server, so they cannot use fencertest, which
+// imports it.
+func hubStore(t *testing.T) *etcdstore.Store {
+	t.Helper()
+	srv, err := embedetcd.Start(testContext(t), embedetcd.Member{Name: "hub", Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(srv.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+	st, err := etcdstore.New(cli)
+	require.NoError(t, err)
+	return st
+}
+
+// testContext returns a context that ends after 30 seconds or with t.
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // session grants an etcd lease, as a remote session's.
 func (r *hubRig) session() clientv3.LeaseID {
-	g, err := r.st.Client().Grant(etcdtest.Context(r.t), 60)
+	g, err := r.st.Client().Grant(testContext(r.t), 60)
 	require.NoError(r.t, err)
 	return g.ID
 }
@@ -41,7 +66,7 @@ func (r *hubRig) session() clientv3.LeaseID {
 // hold acquires leases names on session id.
 func (r *hubRig) hold(id clientv3.LeaseID, names ...string) {
 	for _, name := range names {
-		_, _, err := r.st.AcquireOn(etcdtest.Context(r.t), id, "holder", name, 0)
+		_, _, err := r.st.AcquireOn(testContext(r.t), id, "holder", name, 0)
 		require.NoError(r.t, err)
 	}
 }
@@ -53,14 +78,14 @@ func (r *hubRig) lose(names ...string) int64 {
 	for _, name := range names {
 		ops = append(ops, clientv3.OpDelete(holderkey.Key(r.st.Prefix(), name)))
 	}
-	resp, err := r.st.Client().Txn(etcdtest.Context(r.t)).Then(ops...).Commit()
+	resp, err := r.st.Client().Txn(testContext(r.t)).Then(ops...).Commit()
 	require.NoError(r.t, err)
 	return resp.Header.Revision
 }
 
 // now is the store's current revision.
 func (r *hubRig) now() int64 {
-	resp, err := r.st.Client().Get(etcdtest.Context(r.t), "any")
+	resp, err := r.st.Client().Get(testContext(r.t), "any")
 	require.NoError(r.t, err)
 	return resp.Header.Revision
 }
@@ -255,7 +280,7 @@ func TestLeaseHubStreamsDoNotInheritEachOthersStart(t *testing.T) {
 	r.hold(a, "x1", "x2")
 	old := r.now()
 	r.lose("x1")
-	_, err := r.st.Client().Compact(etcdtest.Context(t), r.now())
+	_, err := r.st.Client().Compact(testContext(t), r.now())
 	require.NoError(t, err)
 
 	compacted := r.subscribe(a, old) // its start is gone from etcd
@@ -354,7 +379,7 @@ func TestLeaseHubStartsNoSharedWatchInThePast(t *testing.T) {
 	from := r.now() + 1
 	lost := r.lose("a1")
 	for i := range 2500 { // holder-key revisions that are no losses
-		_, err := r.st.Client().Put(etcdtest.Context(t), holderkey.Key(r.st.Prefix(), fmt.Sprintf("x%d", i)), "v")
+		_, err := r.st.Client().Put(testContext(t), holderkey.Key(r.st.Prefix(), fmt.Sprintf("x%d", i)), "v")
 		require.NoError(t, err)
 	}
 	now := r.now()
@@ -420,7 +445,7 @@ func TestLeaseHubRecoversFromACompactedPreviousValue(t *testing.T) {
 	r.hub.mu.Unlock()
 	<-other.gone
 	require.Equal(t, from, r.lose("a1"))
-	_, err := r.st.Client().Compact(etcdtest.Context(t), from)
+	_, err := r.st.Client().Compact(testContext(t), from)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		r.hub.mu.Lock()

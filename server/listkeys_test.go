@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
@@ -19,7 +19,7 @@ import (
 // keys with their values, and the size of each page.
 func listKeys(t *testing.T, cl fencerv1.FencerServiceClient, prefix string, pageSize int32) (keys map[string][]byte, order []string, sizes []int) {
 	t.Helper()
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	keys = map[string][]byte{}
 	req := &fencerv1.ListKeysRequest{Prefix: prefix, PageSize: pageSize}
 	for {
@@ -42,8 +42,8 @@ func listKeys(t *testing.T, cl fencerv1.FencerServiceClient, prefix string, page
 // reads them back a page at a time through the service and the Go client:
 // every key under the prefix and no other, in order, with its bytes.
 func TestListKeysPages(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 	l, err := newSession(t, c).Acquire(ctx, "orders")
@@ -114,7 +114,7 @@ func TestListKeysPages(t *testing.T) {
 // grants: each gets only the keys it may read, and no page token names a
 // key it may not.
 func TestListKeysAuthorization(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	a, b, c := authorizedClients(t)
 	orders, err := a.Acquire(ctx, &fencerv1.AcquireRequest{Name: "orders"})
 	require.NoError(t, err)

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
@@ -22,8 +22,8 @@ import (
 // refused with LOCK_DELAY, distinct from HELD_BY_ANOTHER, until the delay
 // has passed, and a waiting Acquire waits it out.
 func TestLockDelayThroughTheService(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	c := client.New(dial(t, alice, addr))
 	const delay = 2 * time.Second
 
@@ -52,8 +52,8 @@ func TestLockDelayThroughTheService(t *testing.T) {
 
 // TestLockDelayValidated: lock_delay_seconds beyond an hour is refused.
 func TestLockDelayValidated(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	c := client.New(dial(t, alice, addr))
 	_, err := newSession(t, c).TryAcquire(ctx, "svc", client.WithLockDelay(time.Hour+time.Second))
 	require.ErrorIs(t, err, token.ErrInvalidArgument)
@@ -67,8 +67,8 @@ func TestLockDelayValidated(t *testing.T) {
 // changes nothing; with a wrong one too. Its release by token alone is not
 // clean, and the delay holds.
 func TestCleanReleaseNeedsTheSessionSecret(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	holder := client.New(dial(t, alice, addr))
 	const delay = 30 * time.Second
 	sess := newSession(t, holder)

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
@@ -53,7 +53,7 @@ func nextLost(t *testing.T, stream fencerv1.FencerService_WatchLeaseClient) *fen
 
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) {
 	t.Helper()
-	resp, err := st.Client().Delete(etcdtest.Context(t), holderkey.Key(st.Prefix(), name))
+	resp, err := st.Client().Delete(fencertest.Context(t), holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Deleted)
 }
@@ -63,8 +63,8 @@ func deleteHolder(t *testing.T, st *etcdstore.Store, name string) {
 // stream reports the token lost, whether the stream was open before the
 // Acquire call or is opened after its reply, from the token's revision.
 func TestLossBetweenAcquisitionAndReplyIsReported(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	gates := map[string]*acquireGate{}
 	for _, name := range []string{"b", "c"} {
 		gates[name] = &acquireGate{name: name, reached: make(chan struct{}), open: make(chan struct{})}
@@ -138,8 +138,8 @@ func TestLossBetweenAcquisitionAndReplyIsReported(t *testing.T) {
 // the revision right after it (the store's next, which the shared watch
 // may not have reached yet), are accepted and report the lease's loss.
 func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
 	a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "a"})
@@ -190,8 +190,8 @@ func TestWatchLeaseRefusesAFutureStartRevision(t *testing.T) {
 // deleted (the holder key and the session key go in the same revision, and
 // the stream must not say which of its two watches saw it first).
 func TestSessionEndIsNotReportedAsALoss(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
 	for i := range 40 {

@@ -15,21 +15,20 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 	"github.com/fencer-dev/fencer/server"
 )
 
 func TestMain(m *testing.M) {
 	etcdproc.RunIfMember()
-	etcdtest.Main(m)
+	fencertest.Main(m, fencertest.IgnoreInProcessPeers())
 }
 
 // sameStore returns a store with its own etcd client on st's prefix.
 func sameStore(t testing.TB, st *etcdstore.Store, endpoints ...string) *etcdstore.Store {
 	t.Helper()
-	st2, err := etcdstore.New(etcdtest.Client(t, endpoints...), etcdstore.WithPrefix(st.Prefix()))
+	st2, err := etcdstore.New(fencertest.Client(t, endpoints...), etcdstore.WithPrefix(st.Prefix()))
 	require.NoError(t, err)
 	return st2
 }
@@ -53,7 +52,7 @@ func startServer(t testing.TB, st *etcdstore.Store) (string, *server.Server) {
 // address.
 func serve(t testing.TB, cfg server.Config) (string, *server.Server) {
 	t.Helper()
-	return servicetest.Serve(t, cfg)
+	return fencertest.Serve(t, cfg)
 }
 
 // dial connects to addrs (round-robin when several) in plaintext as the

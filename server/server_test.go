@@ -21,7 +21,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
@@ -29,8 +29,8 @@ import (
 )
 
 func TestGuardedWritesAndStaleErrors(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 
@@ -51,7 +51,7 @@ func TestGuardedWritesAndStaleErrors(t *testing.T) {
 	// Lose the lease from outside; the watch reports it.
 	_, err = st.Client().Delete(ctx, st.Prefix()+"leases/jobs")
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
+	fencertest.WaitClosed(t, l1.Done(), 5*time.Second, "lease loss")
 	require.ErrorIs(t, l1.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, l1.Err(), token.ErrNotHeld)
 
@@ -106,8 +106,8 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 	// closed with ErrReleased before the key is deleted, so the watch's
 	// report of that deletion cannot turn the release into a loss, and a
 	// Release that cannot reach the server has ended the Lease all the same.
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	c := client.New(dial(t, alice, addr))
 	l, err := newSession(t, c).Acquire(ctx, "rel")
 	require.NoError(t, err)
@@ -115,7 +115,7 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	require.Equal(t, codes.Canceled, status.Code(l.Release(cancelled)))
-	etcdtest.WaitClosed(t, l.Done(), time.Second, "release")
+	fencertest.WaitClosed(t, l.Done(), time.Second, "release")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrReleased)
 	require.NoError(t, c.Check(ctx, l.Token()), "the key outlives a release that did not reach the server")
 
@@ -125,8 +125,8 @@ func TestReleaseEndsLeaseBeforeDeletingKey(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	t.Run("unauthenticated", func(t *testing.T) {
 		for name, tok := range map[string]string{"no token": "", "unknown token": "not-a-known-token-at-all"} {
@@ -149,7 +149,7 @@ func TestAuth(t *testing.T) {
 // check a's tokens.
 func requirePrincipalsIsolated(t *testing.T, a *grpc.ClientConn, aName string, b *grpc.ClientConn) {
 	t.Helper()
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	ac, bc := client.New(a), client.New(b)
 	la, err := newSession(t, ac).Acquire(ctx, "isolated")
 	require.NoError(t, err)
@@ -231,8 +231,8 @@ func requirePrincipalsIsolated(t *testing.T, a *grpc.ClientConn, aName string, b
 }
 
 func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	raw := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
 	l, err := newSession(t, client.New(dial(t, alice, addr))).Acquire(ctx, "v")
@@ -339,8 +339,8 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 }
 
 func TestListLeasesPages(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 	s := newSession(t, c)
@@ -403,8 +403,8 @@ func TestListLeasesPages(t *testing.T) {
 }
 
 func TestSessionFailsClosedWhenServerGone(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, srv := startServer(t, st)
 	s := newSession(t, client.New(dial(t, alice, addr)), client.WithTTL(2*time.Second))
 	l, err := s.Acquire(ctx, "gone")
@@ -413,14 +413,14 @@ func TestSessionFailsClosedWhenServerGone(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	require.NoError(t, srv.Shutdown(sctx))
-	etcdtest.WaitClosed(t, l.Done(), 3*time.Second, "local deadline")
+	fencertest.WaitClosed(t, l.Done(), 3*time.Second, "local deadline")
 	require.Less(t, time.Since(start), 2500*time.Millisecond)
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 }
 
 func TestHealthAndShutdown(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, srv := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, srv := startServer(t, fencertest.SharedStore(t))
 	h, err := healthpb.NewHealthClient(dial(t, alice, addr)).Watch(ctx, &healthpb.HealthCheckRequest{Service: fencerv1.FencerService_ServiceDesc.ServiceName})
 	require.NoError(t, err)
 	awaitHealth(t, h, healthpb.HealthCheckResponse_SERVING)
@@ -448,8 +448,8 @@ func TestHealthAndShutdown(t *testing.T) {
 // FailedPrecondition, not Unknown; a bad credential Unauthenticated), and
 // started minus handled is the open streams.
 func TestCallMetrics(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, srv := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, srv := startServer(t, fencertest.SharedStore(t))
 	c := client.New(dial(t, alice, addr))
 	l, err := newSession(t, c).Acquire(ctx, "metrics")
 	require.NoError(t, err)
@@ -491,8 +491,8 @@ func scrape(t *testing.T, srv *server.Server, series string) float64 {
 }
 
 func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, srv := startServer(t, st)
 	c := client.New(dial(t, alice, addr))
 	var leases []*client.Lease
@@ -507,7 +507,7 @@ func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
 
 	_, err := st.Client().Delete(ctx, holderkey.Key(st.Prefix(), "shared-2"))
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, leases[2].Done(), 5*time.Second, "the loss of shared-2")
+	fencertest.WaitClosed(t, leases[2].Done(), 5*time.Second, "the loss of shared-2")
 	require.ErrorIs(t, leases[2].Err(), etcdstore.ErrLeaseLost)
 	for i, l := range leases {
 		if i != 2 {
@@ -520,8 +520,8 @@ func TestWatchLeaseStreamsShareOneEtcdWatch(t *testing.T) {
 // TestKeepAliveFailureMetric renews a session that etcd no longer has:
 // the renewal fails with SESSION_NOT_FOUND and is counted as expired.
 func TestKeepAliveFailureMetric(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, srv := startServer(t, st)
 	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
 	const expired = `fencer_server_keepalive_failures_total{reason="expired"}`

@@ -17,8 +17,8 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -43,7 +43,7 @@ func bearer(tok string) grpc.DialOption {
 // that a call wrote nothing there.
 func keys(t *testing.T, st *etcdstore.Store) map[string]int64 {
 	t.Helper()
-	resp, err := st.Client().Get(etcdtest.Context(t), st.Prefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := st.Client().Get(fencertest.Context(t), st.Prefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	require.NoError(t, err)
 	out := make(map[string]int64, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -57,15 +57,15 @@ func keys(t *testing.T, st *etcdstore.Store) map[string]int64 {
 func requireRejected(t *testing.T, st *etcdstore.Store, cc *grpc.ClientConn, code codes.Code) {
 	t.Helper()
 	before := keys(t, st)
-	_, err := fencerv1.NewFencerServiceClient(cc).Acquire(etcdtest.Context(t), &fencerv1.AcquireRequest{Name: "rejected"})
+	_, err := fencerv1.NewFencerServiceClient(cc).Acquire(fencertest.Context(t), &fencerv1.AcquireRequest{Name: "rejected"})
 	require.Equal(t, code, status.Code(err), "%v", err)
 	require.Equal(t, before, keys(t, st), "a rejected call wrote to etcd")
 }
 
 func TestTLSWithBearerTokens(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	ca := testca.New(t, "fencer test CA")
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
 	addr, _ := serve(t, server.Config{Store: st, Authenticator: auth, TLS: &tls.Config{
@@ -117,7 +117,7 @@ func TestBearerTokenNotSentInPlaintext(t *testing.T) {
 
 func TestMutualTLS(t *testing.T) {
 	ca := testca.New(t, "fencer test CA")
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	mtls := &tls.Config{
 		Certificates: []tls.Certificate{ca.ServerCert(t)},
 		ClientCAs:    ca.Pool(),
@@ -137,7 +137,7 @@ func TestMutualTLS(t *testing.T) {
 			RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.ClientCert(t, "carol")}, ServerName: "localhost",
 			MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS12,
 		}))}, addr)
-		resp, err := fencerv1.NewFencerServiceClient(cc).Acquire(etcdtest.Context(t), &fencerv1.AcquireRequest{Name: "tls12"})
+		resp, err := fencerv1.NewFencerServiceClient(cc).Acquire(fencertest.Context(t), &fencerv1.AcquireRequest{Name: "tls12"})
 		require.NoError(t, err)
 		require.Contains(t, resp.GetHolder(), "carol/")
 	})
@@ -164,7 +164,7 @@ func TestMutualTLSWithBearerTokens(t *testing.T) {
 	// Client certificates gate the connection; the bearer token names the
 	// principal (fencer serve --tls-client-ca with --token-file).
 	ca := testca.New(t, "fencer test CA")
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	auth, err := server.NewBearerTokens(testTokens)
 	require.NoError(t, err)
 	addr, _ := serve(t, server.Config{Store: st, Authenticator: auth, TLS: &tls.Config{
@@ -175,7 +175,7 @@ func TestMutualTLSWithBearerTokens(t *testing.T) {
 	}})
 	// The certificate says alice, the token says bob: the token wins.
 	cc := dialWith(t, []grpc.DialOption{tlsCreds(ca.Pool(), ca.ClientCert(t, "alice")), bearer(bob)}, addr)
-	resp, err := fencerv1.NewFencerServiceClient(cc).Acquire(etcdtest.Context(t), &fencerv1.AcquireRequest{Name: "both"})
+	resp, err := fencerv1.NewFencerServiceClient(cc).Acquire(fencertest.Context(t), &fencerv1.AcquireRequest{Name: "both"})
 	require.NoError(t, err)
 	require.Contains(t, resp.GetHolder(), "bob/")
 	requireRejected(t, st, dialWith(t, []grpc.DialOption{tlsCreds(ca.Pool(), ca.ClientCert(t, "alice"))}, addr), codes.Unauthenticated)
@@ -183,7 +183,7 @@ func TestMutualTLSWithBearerTokens(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	ca := testca.New(t, "fencer test CA")
 	cert := []tls.Certificate{ca.ServerCert(t)}
 	anon := server.Anonymous("anyone")

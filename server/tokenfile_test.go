@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -45,7 +45,7 @@ func follow(t *testing.T, start func(context.Context) error) {
 // accepted and the old one refused without a restart; a broken file
 // keeps the tokens in force.
 func TestTokenFileRotation(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	path := filepath.Join(t.TempDir(), "tokens")
 	const oldTok, newTok = "old-token-0123456789", "new-token-0123456789"
 	writeAtomically(t, path, oldTok+" alice\n")
@@ -53,7 +53,7 @@ func TestTokenFileRotation(t *testing.T) {
 	tf, err := server.NewTokenFile(path, slog.New(rec))
 	require.NoError(t, err)
 	follow(t, tf.Start)
-	addr, _ := serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: tf})
+	addr, _ := serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: tf})
 	call := func(tok string) codes.Code {
 		_, err := fencerv1.NewFencerServiceClient(dial(t, tok, addr)).ListLeases(ctx, &fencerv1.ListLeasesRequest{})
 		return status.Code(err)
@@ -161,14 +161,14 @@ func renew(t *testing.T, ctx context.Context, rpc fencerv1.FencerServiceClient, 
 // UNAUTHENTICATED, so the session is no longer renewed and expires after
 // its TTL. A session renewed with a token the file keeps stays alive.
 func TestTokenFileRemovedTokenEndsItsStreams(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	path := filepath.Join(t.TempDir(), "tokens")
 	const carolTok, daveTok = "carol-token-0123456789", "dave-token-0123456789"
 	writeAtomically(t, path, carolTok+" carol\n"+daveTok+" dave\n")
 	tf, err := server.NewTokenFile(path, nil)
 	require.NoError(t, err)
 	follow(t, tf.Start)
-	st := etcdtest.Store(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := serve(t, server.Config{Store: st, Authenticator: tf})
 	carol := fencerv1.NewFencerServiceClient(dial(t, carolTok, addr))
 	dave := fencerv1.NewFencerServiceClient(dial(t, daveTok, addr))

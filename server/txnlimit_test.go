@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
 )
@@ -18,8 +18,8 @@ import (
 // per op), then with the success branch's keys owned, then with the
 // failure branch running. Each commits; none is refused as too many ops.
 func TestTxnAtItsDocumentedLimits(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	addr, _ := startServer(t, etcdtest.Store(t))
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
 	c := client.New(dial(t, alice, addr))
 	l, err := newSession(t, c).Acquire(ctx, "limits")
 	require.NoError(t, err)

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
@@ -28,8 +28,8 @@ func (rawCodec) Name() string { return "proto" }
 // INTERNAL and no ErrorInfo, since gRPC cannot decode it, and writes
 // nothing.
 func TestInvalidUTF8IsRefusedBeforeTheServer(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	addr, _ := startServer(t, st)
 	cc := dial(t, alice, addr)
 	req, err := proto.Marshal(&fencerv1.PutRequest{Token: "v1:1:1:x", Key: "aXb", Value: []byte("v")})

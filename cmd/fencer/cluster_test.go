@@ -24,8 +24,8 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	"github.com/fencer-dev/fencer/token"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 )
 
@@ -27,8 +27,8 @@ import (
 // timestamp is after the old command's last. With --lock-delay 0 they
 // overlap, which is the hole the delay closes.
 func TestLockDelaySuccessorStartsAfterStubbornHolder(t *testing.T) {
-	member := etcdtest.Start(t)
-	cli := etcdtest.Client(t, member.Endpoint())
+	member := fencertest.Etcd(t)
+	cli := fencertest.Client(t, member.Endpoint())
 	s := startServeProc(t, "--etcd-endpoints", member.Endpoint())
 	for _, end := range []struct {
 		name string
@@ -52,7 +52,7 @@ func TestLockDelaySuccessorStartsAfterStubbornHolder(t *testing.T) {
 	} {
 		for _, delay := range []string{"", "0"} {
 			t.Run(end.name+"/lock-delay="+delay, func(t *testing.T) {
-				ctx := etcdtest.Context(t)
+				ctx := fencertest.Context(t)
 				name := "stubborn" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
 				dir := t.TempDir()
 				oldLog, newLog, sessFile := filepath.Join(dir, "old"), filepath.Join(dir, "new"), filepath.Join(dir, "session")
@@ -129,7 +129,7 @@ func TestLockDelayNoWaitExitsHeld(t *testing.T) {
 // (--ttl + --grace + 1s) keeps a waiting successor out until then; the
 // former default of --grace + 1s (here 2s) did not, by up to the TTL.
 func TestLockDelayCoversAHolderThatCannotHear(t *testing.T) {
-	member := etcdtest.Start(t)
+	member := fencertest.Etcd(t)
 	s := startServeProc(t, "--etcd-endpoints", member.Endpoint())
 	frozen := startServeProc(t, "--etcd-endpoints", member.Endpoint())
 	for _, tc := range []struct {

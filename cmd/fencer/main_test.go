@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
 )
 
 func TestMain(m *testing.M) {
@@ -15,6 +15,6 @@ func TestMain(m *testing.M) {
 	runWatchdogIfAsked() // in-process acquire runs this binary as its watchdog
 	code := m.Run()
 	removeBinary()
-	etcdtest.StopShared()
-	os.Exit(etcdtest.CheckLeaks(code))
+	fencertest.StopShared()
+	os.Exit(fencertest.CheckLeaks(code, fencertest.IgnoreInProcessPeers()))
 }

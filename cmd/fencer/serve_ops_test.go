@@ -25,7 +25,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/embedetcd"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/freeport"
 )
 
@@ -19,9 +19,9 @@ import (
 // start, naming both prefixes, since the outer deployment's guarded writes
 // could forge its leases and tokens. A prefix beside it starts.
 func TestServeRefusesANestedPrefix(t *testing.T) {
-	member := etcdtest.Start(t)
-	cli := etcdtest.Client(t, member.Endpoint())
-	_, err := cli.Put(etcdtest.Context(t), "/fencer/epochs/T0", "1")
+	member := fencertest.Etcd(t)
+	cli := fencertest.Client(t, member.Endpoint())
+	_, err := cli.Put(fencertest.Context(t), "/fencer/epochs/T0", "1")
 	require.NoError(t, err)
 	for _, prefix := range []string{"/fencer/data/tenant2/", "/fencer/owners/x/"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -50,9 +50,9 @@ func TestServeRefusesANestedPrefixOnceEtcdAnswers(t *testing.T) {
 	require.NoError(t, err)
 	release()
 	m := embedetcd.Member{Name: "nested", Dir: dir, ClientPort: ports[0], PeerPort: ports[1]}
-	member, err := embedetcd.Start(etcdtest.Context(t), m)
+	member, err := embedetcd.Start(fencertest.Context(t), m)
 	require.NoError(t, err)
-	_, err = etcdtest.Client(t, member.Endpoint()).Put(etcdtest.Context(t), "/fencer/leases/T0", "x")
+	_, err = fencertest.Client(t, member.Endpoint()).Put(fencertest.Context(t), "/fencer/leases/T0", "x")
 	require.NoError(t, err)
 	endpoint := member.Endpoint()
 	member.Close()
@@ -65,7 +65,7 @@ func TestServeRefusesANestedPrefixOnceEtcdAnswers(t *testing.T) {
 		done <- runServe(ctx, []string{"--listen", freeAddr(t), "--metrics-listen", "", "--etcd-endpoints", endpoint, "--prefix", "/fencer/data/t2/"}, &bytes.Buffer{}, &stderr)
 	}()
 	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "could not check --prefix yet") }, printBound, 20*time.Millisecond, "%s", &stderr)
-	member, err = embedetcd.Start(etcdtest.Context(t), m)
+	member, err = embedetcd.Start(fencertest.Context(t), m)
 	require.NoError(t, err)
 	t.Cleanup(member.Close)
 	select {

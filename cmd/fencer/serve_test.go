@@ -19,7 +19,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/freeport"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 	"github.com/fencer-dev/fencer/server"
 )
 

@@ -11,8 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -20,8 +19,8 @@ import (
 // the server address and the store.
 func startService(t *testing.T) (string, *etcdstore.Store) {
 	t.Helper()
-	st := etcdtest.Store(t, startEtcd(t))
-	addr, _ := servicetest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	st := fencertest.StoreOn(t, []string{startEtcd(t)})
+	addr, _ := fencertest.Serve(t, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
 	return addr, st
 }
 
@@ -29,7 +28,7 @@ func startService(t *testing.T) (string, *etcdstore.Store) {
 // its client endpoint.
 func startEtcd(t *testing.T) string {
 	t.Helper()
-	return etcdtest.Start(t).Endpoint()
+	return fencertest.Etcd(t).Endpoint()
 }
 
 func TestAcquireCommand(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 )
 

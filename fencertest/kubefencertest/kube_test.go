@@ -25,7 +25,7 @@ import (
 
 	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
-	"github.com/fencer-dev/fencer/internal/kubetest"
+	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/token"
 )

@@ -14,9 +14,8 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -33,7 +32,7 @@ func TestEndEarly(t *testing.T) {
 
 	in.Count()
 	t0 := clk.Now()
-	l, err := s.Acquire(etcdtest.Context(t), "early")
+	l, err := s.Acquire(fencertest.Context(t), "early")
 	require.NoError(t, err)
 	require.Equal(t, t0.Add(2*time.Second), <-ends, "the deadline as the session opens")
 
@@ -52,7 +51,7 @@ func TestEndEarly(t *testing.T) {
 	in.Start(status.Error(codes.Unavailable, "partition"))
 	defer in.Stop()
 	clk.SetTime(end)
-	etcdtest.WaitClosed(t, l.Done(), 10*time.Second, "Done of a lease whose session's early deadline passed")
+	fencertest.WaitClosed(t, l.Done(), 10*time.Second, "Done of a lease whose session's early deadline passed")
 	require.ErrorIs(t, l.Err(), etcdstore.ErrSessionExpired)
 	require.True(t, clk.Now().Before(renewal.Add(3*time.Second)))
 }
@@ -70,7 +69,7 @@ func fakeClockService(t *testing.T) (*client.Client, *rpcfault.Injector, *testcl
 // otherwise), and a plain client on the real clock.
 func faultService(t *testing.T, fake bool) (*client.Client, *rpcfault.Injector, *testclock.FakeClock, *client.Client) {
 	t.Helper()
-	addr, _ := servicetest.Serve(t, server.Config{Store: etcdtest.Store(t), Authenticator: server.Anonymous("tester")})
+	addr, _ := fencertest.Serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: server.Anonymous("tester")})
 	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
 		cc, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 		require.NoError(t, err)
@@ -98,7 +97,7 @@ func (c clientClock) NewTimer(d time.Duration) client.Timer { return c.FakeClock
 // 1.1s after that renewal was sent, not already passed.
 func TestEndEarlyAfterWaiting(t *testing.T) {
 	c, in, clk, plain := fakeClockService(t)
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	holder, err := newSession(t, plain).Acquire(ctx, "waited")
 	require.NoError(t, err)
 	ends := make(chan time.Time, 16)

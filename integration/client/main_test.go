@@ -6,9 +6,9 @@ package client_test
 import (
 	"testing"
 
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 )
 
 // TestMain stops the shared embedded etcd member and checks for leaked
 // goroutines with the rules that etcd needs.
-func TestMain(m *testing.M) { etcdtest.Main(m) }
+func TestMain(m *testing.M) { fencertest.Main(m, fencertest.IgnoreInProcessPeers()) }

@@ -18,9 +18,9 @@ import (
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
@@ -58,7 +58,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // 1,000 sessions take a while to open
 	tb.Cleanup(cancel)
 	ein := rpcfault.New()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdtest.Shared(tb)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: ein.DialOptions()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{fencertest.SharedEtcd(tb)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), DialOptions: ein.DialOptions()})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { cli.Close() })
 	st, err := etcdstore.New(cli, etcdstore.WithPrefix(fmt.Sprintf("/outage-%d/", time.Now().UnixNano())))
@@ -148,7 +148,7 @@ func runOutage(tb testing.TB, n int, d, ttl time.Duration, retry func(time.Durat
 	}
 	_, err = cli.Delete(ctx, holderkey.Key(st.Prefix(), "l0"))
 	require.NoError(tb, err)
-	etcdtest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
+	fencertest.WaitClosed(tb, leases[0].Done(), 10*time.Second, "Done of a lease deleted after the outage")
 	return res
 }
 

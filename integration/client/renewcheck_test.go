@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fencer-dev/fencer/client"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -22,7 +22,7 @@ import (
 // as the watch stays away (and past any lock-delay its acquisition set).
 func TestRenewalAfterAnOutageChecksTheLeases(t *testing.T) {
 	c, in, _, plain := faultService(t, false)
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	s := newSession(t, c, client.WithTTL(6*time.Second))
 	l, err := s.Acquire(ctx, "unheard")
 	require.NoError(t, err)
@@ -38,6 +38,6 @@ func TestRenewalAfterAnOutageChecksTheLeases(t *testing.T) {
 	require.NoError(t, l.Err(), "the lease cannot have heard of its release yet")
 
 	in.Start(cut, watch) // renewals come back; the watch stays away
-	etcdtest.WaitClosed(t, l.Done(), 4*time.Second, "Done of a lease released while its session could neither renew nor watch, after renewals came back")
+	fencertest.WaitClosed(t, l.Done(), 4*time.Second, "Done of a lease released while its session could neither renew nor watch, after renewals came back")
 	require.ErrorIs(t, l.Err(), token.ErrStale, "ended by the check, not by the session's deadline: %v", l.Err())
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/fencer-dev/fencer/client/clienttest"
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/fencertest"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/server"
@@ -34,7 +33,7 @@ import (
 // anonymous callers, and returns the store and a client of the server.
 func service(t *testing.T) (*etcdstore.Store, *client.Client) {
 	t.Helper()
-	svc := fencertest.Service(t, fencertest.WithStore(etcdtest.Store(t)))
+	svc := fencertest.Service(t, fencertest.WithStore(fencertest.SharedStore(t)))
 	return svc.Store, svc.Client
 }
 
@@ -100,7 +99,7 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 // returns the revision of the deletion.
 func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
 	t.Helper()
-	resp, err := st.Client().Delete(etcdtest.Context(t), holderkey.Key(st.Prefix(), name))
+	resp, err := st.Client().Delete(fencertest.Context(t), holderkey.Key(st.Prefix(), name))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, resp.Deleted)
 	return resp.Header.Revision
@@ -109,7 +108,7 @@ func deleteHolder(t *testing.T, st *etcdstore.Store, name string) int64 {
 // The watch reports the new token lost before the Acquire call's reply
 // has been turned into a Lease.
 func TestLossBeforeRegistrationEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	st, c := service(t)
 	acquired := newGate()
 	var tok token.Token
@@ -130,7 +129,7 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 	_, err := s.Acquire(ctx, "a") // opens the session and its watch
 	require.NoError(t, err)
 	res := acquire(ctx, s, "b")
-	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
+	fencertest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
 	deleteHolder(t, st, "b")
 	// The watch reports it, with nothing held under "b".
 	require.Equal(t, tok.String(), recv(t, lost, "the watch's report of the loss"))
@@ -138,27 +137,27 @@ func TestLossBeforeRegistrationEndsLease(t *testing.T) {
 
 	r := recv(t, res, "the acquisition of b")
 	require.NoError(t, r.err)
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before it was registered")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before it was registered")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 }
 
 // The session's first acquisition: its watch starts only after the reply,
 // from the token's revision, so it reports a loss that came before.
 func TestLossBeforeTheWatchStartsEndsLease(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	st, c := service(t)
 	acquired := newGate()
 	s := newSession(t, c, clienttest.WithHooks(clienttest.SessionHooks{
 		Acquired: func(token.Token) { acquired.pass() },
 	}))
 	res := acquire(ctx, s, "a")
-	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of a")
+	fencertest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of a")
 	deleteHolder(t, st, "a")
 	close(acquired.open)
 
 	r := recv(t, res, "the acquisition of a")
 	require.NoError(t, r.err)
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before the session's watch started")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost before the session's watch started")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 }
 
@@ -209,8 +208,8 @@ func (p *replicas) failover() {
 // checks the held tokens; an acquisition in flight during that check is
 // checked once registered.
 func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	p, c := newReplicas(t, st)
 	watch, acquired := newGate(), newGate()
 	compacted := make(chan struct{}, 16)
@@ -241,20 +240,20 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 	}))
 	la, err := s.Acquire(ctx, "a") // opens the session; its watch waits at the gate
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
+	fencertest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
 	res := acquire(ctx, s, "b")
-	etcdtest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
+	fencertest.WaitClosed(t, acquired.reached, waitFor, "the acquisition of b")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "b"))
 	require.NoError(t, err)
 	p.failover()
 	close(watch.open) // compacted, so the watch starts over from now and checks "a"
-	etcdtest.WaitClosed(t, checking, waitFor, "the check of a after the compaction")
+	fencertest.WaitClosed(t, checking, waitFor, "the check of a after the compaction")
 	require.NotEmpty(t, compacted, "the watch started over from now")
 	close(acquired.open)
 
 	r := recv(t, res, "the acquisition of b")
 	require.NoError(t, r.err)
-	etcdtest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost while the watch's history was compacted")
+	fencertest.WaitClosed(t, r.l.Done(), 5*time.Second, "Done of a lease lost while the watch's history was compacted")
 	require.ErrorIs(t, r.l.Err(), etcdstore.ErrLeaseLost)
 	require.ErrorIs(t, r.l.Err(), token.ErrStale)
 	require.NoError(t, la.Err())
@@ -262,8 +261,8 @@ func TestLossHiddenByCompactionEndsLeaseAcquiredMeanwhile(t *testing.T) {
 
 // After a compaction, a check that gets no answer is made again.
 func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	p, c := newReplicas(t, st)
 	watch := newGate()
 	var checks atomic.Int32
@@ -278,13 +277,13 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 	}))
 	la, err := s.Acquire(ctx, "a")
 	require.NoError(t, err)
-	etcdtest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
+	fencertest.WaitClosed(t, watch.reached, waitFor, "the session's watch")
 	_, err = st.Client().Compact(ctx, deleteHolder(t, st, "a"))
 	require.NoError(t, err)
 	p.failover()
 	close(watch.open)
 
-	etcdtest.WaitClosed(t, la.Done(), waitFor, "Done of a lease whose first check failed")
+	fencertest.WaitClosed(t, la.Done(), waitFor, "Done of a lease whose first check failed")
 	require.ErrorIs(t, la.Err(), token.ErrStale)
 	require.GreaterOrEqual(t, checks.Load(), int32(2))
 }
@@ -293,7 +292,7 @@ func TestCompactionCheckIsRetriedUntilAnswered(t *testing.T) {
 // WatchSession reports it lost, after saying its watch is in place; and
 // the watch ends with the session.
 func TestReleaseByTokenAndWatchSession(t *testing.T) {
-	ctx := etcdtest.Context(t)
+	ctx := fencertest.Context(t)
 	_, c := service(t)
 	s := newSession(t, c)
 	l, err := s.Acquire(ctx, "watched")
@@ -318,7 +317,7 @@ func TestReleaseByTokenAndWatchSession(t *testing.T) {
 	ev := recv(t, events, "the release reported")
 	require.Equal(t, l.Token(), ev.Token)
 	require.Equal(t, "deleted", ev.Reason)
-	etcdtest.WaitClosed(t, l.Done(), waitFor, "Done of the released lease")
+	fencertest.WaitClosed(t, l.Done(), waitFor, "Done of the released lease")
 	released, err = c.Release(ctx, l.Token())
 	require.NoError(t, err)
 	require.False(t, released, "a second release ends nothing")

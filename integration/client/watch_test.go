@@ -15,10 +15,9 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/etcdstore"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
+	"github.com/fencer-dev/fencer/fencertest"
 	"github.com/fencer-dev/fencer/internal/holderkey"
-	"github.com/fencer-dev/fencer/internal/rpcfault"
-	"github.com/fencer-dev/fencer/internal/servicetest"
+	"github.com/fencer-dev/fencer/internal/testkit/rpcfault"
 	"github.com/fencer-dev/fencer/server"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -26,7 +25,7 @@ import (
 // serveWithFaults serves st to anonymous callers and returns a client of
 // the server whose calls go through the returned injector.
 func serveWithFaults(tb testing.TB, st *etcdstore.Store) (*client.Client, *rpcfault.Injector) {
-	addr, _ := servicetest.Serve(tb, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
+	addr, _ := fencertest.Serve(tb, server.Config{Store: st, Authenticator: server.Anonymous("tester")})
 	in := rpcfault.New()
 	cc, err := grpc.NewClient(addr, append(in.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	require.NoError(tb, err)
@@ -75,8 +74,8 @@ func (l *lossLog) snapshot() ([]int64, []token.Token) {
 // that it reported before the stream broke are not reported again, though
 // it resumes at that revision and the server sends them again.
 func TestWatchSessionReconnects(t *testing.T) {
-	ctx := etcdtest.Context(t)
-	st := etcdtest.Store(t)
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
 	c, in := serveWithFaults(t, st)
 	s := newSession(t, c)
 	leases := map[string]*client.Lease{}

@@ -15,7 +15,13 @@
 //     server, kubeadapter, the binary), which requires the three above
 //     through replace directives to their directories.
 //
-// TestImportRules enforces each package's rule, as its doc.go states it;
+// The import rules are one table, rules() in layout_test.go: for each
+// package, what it owns and what it must not import, directly or not.
+// Production packages never import a test harness: the public kit
+// (fencertest) or the project's own harnesses (internal/testkit), and the
+// harnesses the kit is built on never import it back. TestImportRules
+// enforces the table, and TestRuleBites shows that each kind of rule
+// refuses what it names;
 // TestLightModuleGraph builds a consumer of the client module alone and
 // checks its module graph; TestModulesTidy checks that go mod tidy would
 // change nothing in any of the four modules. TestCheckoutConsumer builds

@@ -26,6 +26,7 @@ var kube = []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "si
 // "/..." for the tree under it) must not import, directly or not.
 type rule struct {
 	pkg     string
+	owns    string   // what the package owns, for people
 	stdOnly bool     // only the standard library
 	forbid  []string // import paths, each also forbidding the tree under it
 }
@@ -46,18 +47,30 @@ func rules() []rule {
 		return out
 	}
 	noKubeAtAll := []string{"k8s.io", "sigs.k8s.io"}
-	return []rule{
-		{pkg: root + "/token", stdOnly: true},
-		{pkg: root + "/internal/mutant", stdOnly: true},
-		{pkg: root + "/proto/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("token", "client", "etcdstore", "server", "kubeadapter"))},
-		{pkg: root + "/client/...", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("etcdstore", "server", "kubeadapter", "embedetcd", "fencertest", "internal"))},
-		{pkg: root + "/etcdstore", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
-		{pkg: root + "/server", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
-		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
-		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
-		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
+	harnesses := fencer("internal/testkit", "fencertest")
+	rules := []rule{
+		{pkg: root + "/token", owns: "Token, its errors, Holder and the shared write options", stdOnly: true},
+		{pkg: root + "/internal/mutant", owns: "the switch of the deliberately wrong guards (build tag fencer_mutants)", stdOnly: true},
+		{pkg: root + "/proto/...", owns: "the gRPC API and its generated code, the ErrorReason enum", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("token", "client", "etcdstore", "server", "kubeadapter"))},
+		{pkg: root + "/client/...", owns: "the Go client of the service, and its test hooks (clienttest)", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("etcdstore", "server", "kubeadapter", "embedetcd", "fencertest", "internal"))},
+		{pkg: root + "/etcdstore", owns: "the fencing-token store on etcd: sessions, leases, guarded writes, owner records", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
+		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
+		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
+		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election, the Lease watcher and the fenced client", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
+		{pkg: root + "/internal/holderkey", owns: "the holder key's layout, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
+	// Production code never imports a test harness: the kit (fencertest)
+	// or the project's own (internal/testkit).
+	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter/...", "cmd/...", "deploy", "internal/holderkey", "internal/rendezvous", "internal/freeport", "internal/mutant"} {
+		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
+	}
+	// The project's low-level harnesses are what the kit is built on, so
+	// they never import the kit back.
+	for _, p := range []string{"etcdproc", "faultproxy", "history", "rpcfault", "testca"} {
+		rules = append(rules, rule{pkg: root + "/internal/testkit/" + p, owns: "a harness the kit builds on", forbid: fencer("fencertest", "etcdstore", "server", "client", "kubeadapter")})
+	}
+	return rules
 }
 
 func (r rule) matches(path string) bool {
@@ -174,6 +187,9 @@ func TestImportRules(t *testing.T) {
 		if !checked[r.pkg] {
 			t.Errorf("rule %s matched no package", r.pkg)
 		}
+		if r.owns == "" {
+			t.Errorf("rule %s does not say what the package owns", r.pkg)
+		}
 	}
 }
 
@@ -190,6 +206,10 @@ func TestRuleBites(t *testing.T) {
 		{root + "/etcdstore", "k8s.io/client-go/kubernetes"},
 		{root + "/kubeadapter", root + "/server"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
+		{root + "/etcdstore", root + "/fencertest"},
+		{root + "/cmd/fencer", root + "/internal/testkit/faultproxy"},
+		{root + "/kubeadapter/shard", root + "/internal/testkit/kubetest"},
+		{root + "/internal/testkit/testca", root + "/fencertest"},
 	} {
 		refused := false
 		for _, r := range rules() {

@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 )
 
 // ErrNoClientTLS is returned by EnableAuth on a cluster started without

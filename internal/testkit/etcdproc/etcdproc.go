@@ -18,9 +18,9 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdmain"
 	"go.uber.org/zap"
 
-	"github.com/fencer-dev/fencer/internal/faultproxy"
 	"github.com/fencer-dev/fencer/internal/freeport"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 )
 
 // MemberEnv marks a process started as a member; its value is the

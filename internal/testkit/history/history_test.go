@@ -7,7 +7,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fencer-dev/fencer/internal/history"
+	"github.com/fencer-dev/fencer/internal/testkit/history"
 )
 
 // TestFencedRegisterModel shows that the model accepts fenced histories and

@@ -3,6 +3,7 @@ package etcdproc_test
 import (
 	"context"
 	"crypto/tls"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -10,17 +11,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
-	"github.com/fencer-dev/fencer/internal/etcdproc"
-	"github.com/fencer-dev/fencer/internal/etcdtest"
-	"github.com/fencer-dev/fencer/internal/testca"
+	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/etcdproc"
+	"github.com/fencer-dev/fencer/internal/testkit/testca"
 )
 
 func TestMain(m *testing.M) {
 	etcdproc.RunIfMember()
-	goleak.VerifyTestMain(m, etcdtest.LeakOptions()...)
+	os.Exit(fencertest.CheckLeaks(m.Run(), fencertest.IgnoreInProcessPeers()))
 }
 
 func client(t *testing.T, endpoints ...string) *clientv3.Client {
