@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ type rule struct {
 	pkg     string
 	stdOnly bool     // only the standard library
 	forbid  []string // import paths, each also forbidding the tree under it
+	// fencerOnly, when set, are the only packages of fencer's own that
+	// the package may import.
+	fencerOnly []string
 }
 
 func rules() []rule {
@@ -55,6 +59,7 @@ func rules() []rule {
 		{pkg: root + "/server", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
 		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/kubeadapter/fenced", fencerOnly: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
 		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
@@ -75,6 +80,10 @@ func (r rule) violations(deps []string) []string {
 			if first, _, _ := strings.Cut(d, "/"); strings.Contains(first, ".") {
 				bad = append(bad, d)
 			}
+			continue
+		}
+		if r.fencerOnly != nil && (d == root || strings.HasPrefix(d, root+"/")) && !slices.Contains(r.fencerOnly, d) {
+			bad = append(bad, d)
 			continue
 		}
 		for _, f := range r.forbid {
@@ -189,6 +198,9 @@ func TestRuleBites(t *testing.T) {
 		{root + "/client", "k8s.io/utils/clock"},
 		{root + "/etcdstore", "k8s.io/client-go/kubernetes"},
 		{root + "/kubeadapter", root + "/server"},
+		{root + "/kubeadapter/fenced", root + "/kubeadapter"},
+		{root + "/kubeadapter/fenced", root + "/etcdstore"},
+		{root + "/kubeadapter/fenced", "go.etcd.io/etcd/client/v3"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 	} {
 		refused := false

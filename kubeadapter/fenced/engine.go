@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -179,7 +179,7 @@ func heldToken(h Holder) (token.Token, error) {
 		if errors.Is(err, token.ErrNotHeld) {
 			return token.Token{}, err
 		}
-		return token.Token{}, fmt.Errorf("kubeadapter: %w: %w", token.ErrNotHeld, err)
+		return token.Token{}, fmt.Errorf("fenced: %w: %w", token.ErrNotHeld, err)
 	}
 	return h.Token(), nil
 }
@@ -209,5 +209,5 @@ func retry(ctx context.Context, h Holder, maxAttempts int, attempt attemptFunc) 
 			return err
 		}
 	}
-	return fmt.Errorf("kubeadapter: %d attempts: %w", maxAttempts, err)
+	return fmt.Errorf("fenced: %d attempts: %w", maxAttempts, err)
 }

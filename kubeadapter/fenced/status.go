@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -46,7 +46,7 @@ func (s *subResourceClient) Create(_ context.Context, obj client.Object, _ clien
 func (s *subResourceClient) Apply(ctx context.Context, config runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
 	ao := (&client.SubResourceApplyOptions{}).ApplyOpts(opts)
 	if ao.SubResourceBody != nil {
-		return fmt.Errorf("kubeadapter: apply %s: %w: a separate body", s.name, ErrUnsupported)
+		return fmt.Errorf("fenced: apply %s: %w: a separate body", s.name, ErrUnsupported)
 	}
 	return s.c.apply(ctx, config, ao.ApplyOptions, func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error {
 		return s.Patch(ctx, obj, p, &client.SubResourcePatchOptions{PatchOptions: *(&client.PatchOptions{}).ApplyOptions(po)})

@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -69,7 +69,7 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 	})
 	if err != nil {
 		var zero T
-		return zero, fmt.Errorf("kubeadapter: fenced update: %w", err)
+		return zero, fmt.Errorf("fenced: update: %w", err)
 	}
 	return out, nil
 }
@@ -91,7 +91,7 @@ func DeleteFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 		return true, del(ctx, metav1.Preconditions{UID: &uid, ResourceVersion: &rv})
 	})
 	if err != nil {
-		return fmt.Errorf("kubeadapter: fenced delete: %w", err)
+		return fmt.Errorf("fenced: delete: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -415,12 +415,12 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 	patch func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error) error {
 	data, err := json.Marshal(config)
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: encode %T: %w", config, err)
+		return fmt.Errorf("fenced: apply: encode %T: %w", config, err)
 	}
 	_, unstructuredConfig := config.(runtime.Unstructured)
 	target, err := c.applyTarget(data, unstructuredConfig)
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: %w", err)
+		return fmt.Errorf("fenced: apply: %w", err)
 	}
 	po := []client.PatchOption{&client.PatchOptions{DryRun: ao.DryRun, FieldManager: ao.FieldManager}}
 	if ao.Force != nil && *ao.Force {
@@ -434,7 +434,7 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 		err = json.Unmarshal(out, config)
 	}
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: decode the applied object into %T: %w", config, err)
+		return fmt.Errorf("fenced: apply: decode the applied object into %T: %w", config, err)
 	}
 	return nil
 }
@@ -542,7 +542,7 @@ func sameMap(a, b map[string]string) bool {
 }
 
 func (c *Client) fail(op string, obj client.Object, err error) error {
-	return fmt.Errorf("kubeadapter: %s %s %s: %w", op, kindOf(obj), client.ObjectKeyFromObject(obj), err)
+	return fmt.Errorf("fenced: %s %s %s: %w", op, kindOf(obj), client.ObjectKeyFromObject(obj), err)
 }
 
 // kindOf names obj's kind for errors: its GroupVersionKind's kind when
@@ -563,11 +563,11 @@ func kindOf(obj runtime.Object) string {
 func emptyLike(obj client.Object) (client.Object, error) {
 	t := reflect.TypeOf(obj)
 	if t.Kind() != reflect.Pointer {
-		return nil, fmt.Errorf("kubeadapter: %T is not a pointer", obj)
+		return nil, fmt.Errorf("fenced: %T is not a pointer", obj)
 	}
 	n, ok := reflect.New(t.Elem()).Interface().(client.Object)
 	if !ok {
-		return nil, fmt.Errorf("kubeadapter: new %T is not a client.Object", obj)
+		return nil, fmt.Errorf("fenced: new %T is not a client.Object", obj)
 	}
 	n.GetObjectKind().SetGroupVersionKind(obj.GetObjectKind().GroupVersionKind())
 	return n, nil

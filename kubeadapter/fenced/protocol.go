@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
