@@ -46,7 +46,8 @@ type engine[T metav1.Object] struct {
 	pinned bool
 	// caller is the caller's own object, or nil when there is none
 	// (UpdateFenced, DeleteFenced). It names the object in a pinned
-	// conflict; its stamp and version are never trusted.
+	// conflict; its stamp and version are never trusted (only the mutant
+	// kube-trust-caller-marks does, to show that tests catch it).
 	caller runtime.Object
 	// absent, when set, is called for an object that is not found, also
 	// through the API reader, with the read's error; its result is the
