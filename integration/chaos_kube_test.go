@@ -24,6 +24,7 @@ import (
 	"github.com/fencer-dev/fencer/internal/testkit/history"
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -193,7 +194,7 @@ func TestChaosKubeFencerIsFenced(t *testing.T) {
 	var wg sync.WaitGroup
 	work := func(replica int, h kubeadapter.Holder, until <-chan struct{}) {
 		defer wg.Done()
-		fenced, err := kubeadapter.NewClient(k.crc, h)
+		fc, err := fenced.NewClient(k.crc, h)
 		if err != nil {
 			t.Error(err)
 			return
@@ -204,7 +205,7 @@ func TestChaosKubeFencerIsFenced(t *testing.T) {
 				return
 			default:
 			}
-			k.reconcile(ctx, replica, h.Token().Revision, func(c context.Context, cm *corev1.ConfigMap) error { return fenced.Update(c, cm) })
+			k.reconcile(ctx, replica, h.Token().Revision, func(c context.Context, cm *corev1.ConfigMap) error { return fc.Update(c, cm) })
 			time.Sleep(30 * time.Millisecond)
 		}
 	}

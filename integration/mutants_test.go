@@ -45,8 +45,8 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.OwnerCompareDropped, pkg: "etcdstore", tests: []string{"TestForeignLeaseCannotWriteAnotherLeasesKeys", "TestTxnChecksAndClaimsEveryDataKeyItMayWrite", "TestBatchedWritesOfMixedOwnersActAsAlone"}},
 	{mutant: mutant.BatchSharedGuard, pkg: "etcdstore", tests: []string{"TestBatchedWritesShareATxnAndKeepTheirOwnGuards", "TestBatchedWritesOfMixedOwnersActAsAlone"}},
 	{mutant: mutant.ReleaseAnyHolder, pkg: "etcdstore", tests: []string{"TestRetriedReleaseKeepsNewerHolder"}},
-	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
-	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
+	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
+	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
 	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/testkit/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
 	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter", tests: []string{"TestFutureRenewTimeIgnored"}},
 	// The etcd chaos test's forged and foreign writes at each takeover

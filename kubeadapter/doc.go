@@ -35,19 +35,11 @@
 //
 // # Fenced writes
 //
-// Client wraps a controller-runtime client; UpdateFenced and DeleteFenced
-// serve client-go's typed and dynamic clients. They implement the object
-// protocol of docs/protocol.md: read the object themselves (from a cache
-// when it holds the version to be written, live otherwise), check the
-// stamp of exactly that copy with token.CheckStamp, stamp the token over
-// that copy's fencer annotations (token.Restamp), and write conditionally
-// on that copy's resourceVersion. Annotations and resourceVersions that
-// the caller supplies are never trusted: a version the caller pinned must
-// be the one checked, or nothing is written. The API server's optimistic
-// concurrency is what rejects a write when a newer holder wrote in
-// between; the check is what rejects a write over a newer stamp, or over
-// a lease mark left by a takeover. The admission policy in deploy/admission
-// enforces the same order on writers that do not use this package.
+// Package kubeadapter/fenced writes objects with these tokens: its Client
+// wraps a controller-runtime client, and UpdateFenced and DeleteFenced
+// serve client-go's typed and dynamic clients, all through one engine
+// (see its doc). A Held, a ShardHeld and a ShardDelegate are the Holder
+// (token.Holder) that fenced writes take.
 //
 // # Sharding
 //
@@ -58,7 +50,7 @@
 // writes grow with members, not shards. A shard's token comes from its
 // own Lease, so the fenced client and the admission policy fence a
 // shard's writers unchanged. Owns answers without a lock; Shard returns a
-// ShardHeld for NewClient; Gate drops requests of shards the member does
+// ShardHeld for fenced.NewClient; Gate drops requests of shards the member does
 // not own at dispatch, and AcquiredSource enqueues a shard's objects when
 // the member starts to own it. Dead members are detected on each
 // survivor's own clock from an unchanged resourceVersion, never from a
@@ -76,22 +68,11 @@
 //     at all while the process is paused or, until the renew deadline, cut
 //     off from the API server. They stop work early; they are not what
 //     makes a write safe.
-//   - Status writes are conditional on a version stamped with the
-//     writer's own token. Deletes are conditional on the UID and
-//     resourceVersion that were checked. Creates cannot be fenced per
-//     object against an object that does not exist yet (the opt-in
-//     live-Lease admission mode refuses them; docs/protocol.md).
-//   - Patches and server-side apply are sent as patches and applies,
-//     with the stamp and a resourceVersion precondition added, so fields
-//     the caller's Go type does not know are kept. An apply also carries
-//     the UID read, so it never creates again an object that was read
-//     and has since been deleted (ErrDeleted).
-//   - DeleteAllOf and subresources other than status are refused.
+//   - What a fenced write guarantees is package fenced's contract.
 //
 // # Imports
 //
 // kubeadapter imports token and the Kubernetes client libraries, never
 // any go.etcd.io module, etcdstore, server, client, embedetcd or proto
-// (internal/layout enforces it). Its fenced writes take a token.Holder, so
-// any fencer lease type is accepted where the type system is concerned.
+// (internal/layout enforces it).
 package kubeadapter

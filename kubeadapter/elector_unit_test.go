@@ -2,6 +2,7 @@ package kubeadapter
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -372,4 +373,29 @@ func TestReleaseNeverClobbers(t *testing.T) {
 	require.ErrorIs(t, h.Err(), ErrReleased)
 	require.Equal(t, "other", *f.get(t).Spec.HolderIdentity)
 	require.NoError(t, h.Release(ctx), "second Release")
+}
+
+// TestLostErrorMatchesSharedEndings checks that a Held's end matches the
+// token package's ending it is a case of, as an etcdstore.Lease's and a
+// client.Lease's do, and no other.
+func TestLostErrorMatchesSharedEndings(t *testing.T) {
+	shared := []error{token.ErrReleased, token.ErrLeaseLost, token.ErrSessionExpired, token.ErrSessionClosed}
+	for _, tc := range []struct {
+		reason, want error
+	}{
+		{ErrReleased, token.ErrReleased},
+		{ErrLeaseTaken, token.ErrLeaseLost},
+		{ErrLeaseDeleted, token.ErrLeaseLost},
+		{ErrLeaseReplaced, token.ErrLeaseLost},
+		{ErrRenewDeadline, token.ErrSessionExpired},
+	} {
+		t.Run(tc.reason.Error(), func(t *testing.T) {
+			err := error(&LostError{Token: token.Token{Lease: "ns/fence", Revision: 1}, Reason: tc.reason})
+			require.ErrorIs(t, err, token.ErrNotHeld)
+			require.ErrorIs(t, err, tc.reason)
+			for _, s := range shared {
+				require.Equal(t, s == tc.want, errors.Is(err, s), "errors.Is(%v, %v)", err, s)
+			}
+		})
+	}
 }

@@ -18,27 +18,6 @@ var (
 	// ErrAlreadyHeld means an Elector was asked to acquire while one of its
 	// acquisitions is still held.
 	ErrAlreadyHeld = errors.New("kubeadapter: elector already holds the lease")
-	// ErrUnsupported means the fenced client refuses an operation it cannot
-	// fence, such as DeleteAllOf or an unknown patch type. Nothing was
-	// written.
-	ErrUnsupported = errors.New("kubeadapter: unsupported")
-	// ErrInvalidPatch means the fenced client refuses a patch it cannot
-	// parse, or one that would write the whole object or its metadata, or
-	// move a fencer annotation. Nothing was written.
-	ErrInvalidPatch = errors.New("kubeadapter: invalid patch")
-	// ErrInvalidObject means the fenced client refuses an object whose
-	// metadata it cannot read exactly: an unstructured object whose
-	// metadata.annotations is not a map of strings, or whose
-	// metadata.resourceVersion is not a string. Writing fencer's stamp over
-	// such an object would drop the caller's annotations or version
-	// instead of failing as a plain write does. Nothing was written.
-	ErrInvalidObject = errors.New("kubeadapter: invalid object")
-	// ErrDeleted means the fenced client refuses an apply that would
-	// create an object its reads saw existing: the object was deleted
-	// after fencer, or the caller, read it, and recreating it could undo a
-	// newer holder's delete. It is returned with the API server's NotFound
-	// error, so apierrors.IsNotFound matches too. Nothing was written.
-	ErrDeleted = errors.New("kubeadapter: object deleted since it was read")
 	// ErrCannotAcquire means the API server refused an acquisition
 	// attempt in a way that waiting will not change: the identity lacks
 	// the rights, the Lease's namespace does not exist, or the server

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager/signals"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 )
 
 // ExampleLeader wires one Watcher per process, an Elector that uses it,
@@ -42,7 +43,7 @@ func ExampleLeader() {
 		log.Fatal(err)
 	}
 	leader, err := kubeadapter.NewLeader(e, kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
-		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithAPIReader(mgr.GetAPIReader()))
+		c, err := fenced.NewClient(mgr.GetClient(), h, fenced.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
 		}

@@ -75,7 +75,12 @@ func (e *Elector) start(ctx context.Context, got *coordinationv1.Lease, writeSta
 	return h, nil
 }
 
-var _ token.Holder = (*Held)(nil)
+var _ Holder = (*Held)(nil)
+
+// Holder is token.Holder, the one lease contract of fencer, which the
+// fenced writes of package kubeadapter/fenced take (fenced.Holder is the
+// same type). *Held and *ShardHeld implement it.
+type Holder = token.Holder
 
 // Token returns the token of this acquisition. It never changes, and it
 // stays readable after the Held ended.

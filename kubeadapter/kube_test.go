@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -171,7 +172,7 @@ func TestIncident(t *testing.T) {
 	uncond := late.DeepCopy()
 	uncond.ResourceVersion = ""
 	require.ErrorIs(t, stale.Update(ctx, uncond), token.ErrStale)
-	require.ErrorIs(t, k.client(t, staticHolder{ha.Token()}, kubeadapter.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.client(t, staticHolder{ha.Token()}, fenced.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
 
 	cur := k.configMap(t, "o")
 	require.Equal(t, "b", cur.Data["by"])
@@ -231,7 +232,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 		e     *kubeadapter.Elector
 		stall *stallable
 		view  *replicaHolder
-		c     *kubeadapter.Client
+		c     *fenced.Client
 	}
 	var rs []*replica
 	for _, name := range []string{"r0", "r1", "r2"} {
@@ -404,7 +405,7 @@ func TestBadInput(t *testing.T) {
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c := k.client(t, staticHolder{tok})
-	takeover := k.client(t, staticHolder{tok}, kubeadapter.WithTakeover())
+	takeover := k.client(t, staticHolder{tok}, fenced.WithTakeover())
 	for _, tc := range []struct {
 		name         string
 		annotations  map[string]string

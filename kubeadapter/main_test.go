@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -124,9 +125,9 @@ func (k *kube) elector(tb testing.TB, identity string) *kubeadapter.Elector {
 	return e
 }
 
-func (k *kube) client(tb testing.TB, h kubeadapter.Holder, opts ...kubeadapter.Option) *kubeadapter.Client {
+func (k *kube) client(tb testing.TB, h kubeadapter.Holder, opts ...fenced.Option) *fenced.Client {
 	tb.Helper()
-	c, err := kubeadapter.NewClient(k.crc, h, opts...)
+	c, err := fenced.NewClient(k.crc, h, opts...)
 	require.NoError(tb, err)
 	return c
 }

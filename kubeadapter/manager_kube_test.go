@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -39,7 +40,7 @@ type term struct {
 // terms.
 func copyController(mgr manager.Manager, terms chan<- term) kubeadapter.HeldRunnable {
 	return kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
-		c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithAPIReader(mgr.GetAPIReader()))
+		c, err := fenced.NewClient(mgr.GetClient(), h, fenced.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
 		}

@@ -23,8 +23,8 @@ run ./etcdstore 'BenchmarkLossDetection$' 500x
 # cache, or live) vs a plain conditional client.Update; the admission
 # policies' cost per update (policy.yaml, and with live-lease.yaml added) vs
 # updates that no policy matches.
-run ./kubeadapter 'BenchmarkFencedUpdate$' 3000x
-run ./kubeadapter 'BenchmarkFencedPatch$' 3000x
+run ./kubeadapter/fenced 'BenchmarkFencedUpdate$' 3000x
+run ./kubeadapter/fenced 'BenchmarkFencedPatch$' 3000x
 run ./kubeadapter 'BenchmarkPolicyCost$' 3000x
 # Service: guarded Put through gRPC vs a direct guarded etcd Txn (1 and 64
 # clients); server RSS with 10,000 held leases (one full run per iteration).

@@ -22,7 +22,7 @@
 //
 //	// in a test, with held from the controller's kubeadapter.Elector:
 //	taken := kubefencertest.Supersede(t, cfg, held)
-//	theirs, _ := kubeadapter.NewClient(k8sClient, taken)
+//	theirs, _ := fenced.NewClient(k8sClient, taken)
 //	_ = theirs.Update(ctx, gateway)             // the new holder writes first
 //	err := reconciler.Reconcile(ctx, req)       // its fenced write: token.ErrStale
 //

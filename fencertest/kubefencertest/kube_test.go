@@ -27,6 +27,7 @@ import (
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -102,7 +103,7 @@ func TestKit(t *testing.T) {
 
 		crc, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
 		require.NoError(t, err)
-		mine, err := kubeadapter.NewClient(crc, held)
+		mine, err := fenced.NewClient(crc, held)
 		require.NoError(t, err)
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders"}, Data: map[string]string{"total": "100"}}
 		require.NoError(t, mine.Create(ctx, cm))
@@ -116,7 +117,7 @@ func TestKit(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, cmp)
 
-		theirs, err := kubeadapter.NewClient(crc, taken)
+		theirs, err := fenced.NewClient(crc, taken)
 		require.NoError(t, err)
 		cm.Data["total"] = "250"
 		require.NoError(t, theirs.Update(ctx, cm))

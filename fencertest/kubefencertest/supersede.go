@@ -24,7 +24,7 @@ import (
 const Superseder = "fencertest-superseder"
 
 // Taken is the acquisition Supersede made. It is a kubeadapter.Holder:
-// write with it (kubeadapter.NewClient) to make objects carry the newer
+// write with it (fenced.NewClient) to make objects carry the newer
 // token. Nothing renews it, so it is held in the Lease until the Lease's
 // leaseDurationSeconds have passed without a change, when an Elector may
 // take the Lease over.
@@ -62,7 +62,7 @@ func (t *Taken) Identity() string { return t.identity }
 //     Supersede does not wait for it.
 //   - Kubernetes objects are fenced per object: a fenced write of h's to an
 //     object that the returned holder has written (through
-//     kubeadapter.NewClient) fails with token.ErrStale, and so does any write
+//     fenced.NewClient) fails with token.ErrStale, and so does any write
 //     carrying h's stamp where the admission policy is installed. An object
 //     the new holder has not touched can still be written with h's token
 //     until h notices; after that h's fenced writes fail with

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,9 @@ type rule struct {
 	owns    string   // what the package owns, for people
 	stdOnly bool     // only the standard library
 	forbid  []string // import paths, each also forbidding the tree under it
+	// fencerOnly, when set, are the only packages of fencer's own that
+	// the package may import.
+	fencerOnly []string
 }
 
 func rules() []rule {
@@ -56,7 +60,8 @@ func rules() []rule {
 		{pkg: root + "/etcdstore", owns: "the fencing-token store on etcd: sessions, leases, guarded writes, owner records", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election, the Lease watcher and the fenced client", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", fencerOnly: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/internal/holderkey", owns: "the holder key's layout, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
@@ -88,6 +93,10 @@ func (r rule) violations(deps []string) []string {
 			if first, _, _ := strings.Cut(d, "/"); strings.Contains(first, ".") {
 				bad = append(bad, d)
 			}
+			continue
+		}
+		if r.fencerOnly != nil && (d == root || strings.HasPrefix(d, root+"/")) && !slices.Contains(r.fencerOnly, d) {
+			bad = append(bad, d)
 			continue
 		}
 		for _, f := range r.forbid {
@@ -205,6 +214,9 @@ func TestRuleBites(t *testing.T) {
 		{root + "/client", "k8s.io/utils/clock"},
 		{root + "/etcdstore", "k8s.io/client-go/kubernetes"},
 		{root + "/kubeadapter", root + "/server"},
+		{root + "/kubeadapter/fenced", root + "/kubeadapter"},
+		{root + "/kubeadapter/fenced", root + "/etcdstore"},
+		{root + "/kubeadapter/fenced", "go.etcd.io/etcd/client/v3"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 		{root + "/etcdstore", root + "/fencertest"},
 		{root + "/cmd/fencer", root + "/internal/testkit/faultproxy"},

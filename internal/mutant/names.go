@@ -17,18 +17,20 @@ const (
 	// ReleaseAnyHolder: a release deletes whatever holder key is there,
 	// not only the one its token names.
 	ReleaseAnyHolder Name = "release-any-holder"
-	// KubeTrustCallerMarks: the Kubernetes fenced write trusts the
-	// caller's object (its fencing annotations and resourceVersion)
-	// instead of the stored object read in the same write, whenever the
-	// caller's object carries a resourceVersion: it checks the caller's
-	// stamp, stamps over the caller's marks and writes conditional on the
-	// caller's resourceVersion.
+	// KubeTrustCallerMarks: the Kubernetes fenced-write engine
+	// (kubeadapter/fenced) trusts the caller's object (its fencing
+	// annotations and resourceVersion) instead of the stored object read
+	// in the same write, whenever the caller's object carries a
+	// resourceVersion: it checks the caller's stamp, stamps over the
+	// caller's marks and writes conditional on the caller's
+	// resourceVersion.
 	KubeTrustCallerMarks Name = "kube-trust-caller-marks"
-	// KubeTrustCallerVersion: the Kubernetes fenced Update and status
-	// update check the stamp of the stored object they read, but write
-	// conditional on the caller's resourceVersion (none, for an object
-	// the caller built) instead of the version they checked, so a newer
-	// holder's write between the check and the write is overwritten.
+	// KubeTrustCallerVersion: the Kubernetes fenced-write engine
+	// (kubeadapter/fenced) checks the stamp of the stored object it read,
+	// but writes conditional on the caller's resourceVersion (none, for
+	// an object the caller built) instead of the version it checked, so
+	// a newer holder's write between the check and the write is
+	// overwritten.
 	KubeTrustCallerVersion Name = "kube-trust-caller-version"
 	// PolicyNoMarkRule: the admission policy, as kubefencertest installs
 	// it, lacks its per-lease mark rule: the one that refuses a token of

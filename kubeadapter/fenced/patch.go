@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"
@@ -28,6 +28,7 @@ import (
 	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -78,7 +79,7 @@ type hopScene struct {
 
 func newHopScene(t *testing.T, k *kube, name string) *hopScene {
 	t.Helper()
-	s := takeoverScene(t, k, name, func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+	s := takeoverScene(t, k, name, func(c *fenced.Client, obj *corev1.ConfigMap) error {
 		obj.Data["by"] = "b"
 		return c.Update(t.Context(), obj)
 	})
@@ -98,8 +99,8 @@ func (s *hopScene) requireFenced(t *testing.T) {
 	}
 	for _, stale := range []struct {
 		tok  token.Token
-		opts []kubeadapter.Option
-	}{{s.a, nil}, {s.a, []kubeadapter.Option{kubeadapter.WithTakeover()}}, {s.m0, []kubeadapter.Option{kubeadapter.WithTakeover()}}} {
+		opts []fenced.Option
+	}{{s.a, nil}, {s.a, []fenced.Option{fenced.WithTakeover()}}, {s.m0, []fenced.Option{fenced.WithTakeover()}}} {
 		late := cur.DeepCopy()
 		late.Data["by"] = "late " + stale.tok.String()
 		err := s.k.client(t, staticHolder{stale.tok}, stale.opts...).Update(ctx, late)
@@ -257,7 +258,7 @@ func TestRedTeamApplyPatchOnTheStamp(t *testing.T) {
 // takeoverScene is newHopScene with the takeover by "fence" done by write
 // instead of a plain Update, so that every write path must keep the mark
 // of the lease it replaces.
-func takeoverScene(t *testing.T, k *kube, name string, write func(c *kubeadapter.Client, obj *corev1.ConfigMap) error) *hopScene {
+func takeoverScene(t *testing.T, k *kube, name string, write func(c *fenced.Client, obj *corev1.ConfigMap) error) *hopScene {
 	t.Helper()
 	ctx := t.Context()
 	fence := k.leaseTokens(t, "fence", 2)
@@ -268,7 +269,7 @@ func takeoverScene(t *testing.T, k *kube, name string, write func(c *kubeadapter
 		Data:       map[string]string{"by": "m", "extra": "keep me"},
 	}
 	require.NoError(t, k.client(t, staticHolder{s.m}).Create(ctx, obj))
-	require.NoError(t, write(k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()), obj))
+	require.NoError(t, write(k.client(t, staticHolder{s.b}, fenced.WithTakeover()), obj))
 	s.wantAnnot = map[string]string{
 		token.AnnotationLease:    s.b.Lease,
 		token.AnnotationToken:    fmt.Sprint(s.b.Revision),
@@ -285,34 +286,34 @@ func takeoverScene(t *testing.T, k *kube, name string, write func(c *kubeadapter
 func TestRedTeamTakeoverKeepsTheMarkOnEveryPath(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	apply := func(c *kubeadapter.Client, obj *corev1.ConfigMap, data string) error {
+	apply := func(c *fenced.Client, obj *corev1.ConfigMap, data string) error {
 		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + obj.Name + `"},"data":{"by":"` + data + `"}}`
 		return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("red-applier"), client.ForceOwnership)
 	}
-	for name, write := range map[string]func(c *kubeadapter.Client, obj *corev1.ConfigMap) error{
-		"json": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+	for name, write := range map[string]func(c *fenced.Client, obj *corev1.ConfigMap) error{
+		"json": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/data/by","value":"b"}]`)))
 		},
-		"merge": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"merge": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"b"}}`)))
 		},
-		"strategic": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"strategic": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"b"}}`)))
 		},
-		"apply": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error { return apply(c, obj, "b") },
-		"apply twice": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"apply": func(c *fenced.Client, obj *corev1.ConfigMap) error { return apply(c, obj, "b") },
+		"apply twice": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			if err := apply(c, obj, "b1"); err != nil {
 				return err
 			}
 			return apply(c, obj, "b2")
 		},
-		"json remove annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"json remove annotations": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
 		},
-		"merge null annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"merge null annotations": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":null}}`)))
 		},
-		"update without annotations": func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		"update without annotations": func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			o := obj.DeepCopy()
 			o.Annotations = nil
 			o.ResourceVersion = ""
@@ -388,40 +389,40 @@ func TestRedTeamPodStatusOnTheStamp(t *testing.T) {
 	const tokP = "/metadata/annotations/fencer.dev~1token"
 	for i, tc := range []struct {
 		name  string
-		write func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error
+		write func(c *fenced.Client, s *podScene, pod *corev1.Pod) error
 	}{
-		{"update without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"update without annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			pod.Annotations = nil
 			pod.Status.Message = "b"
 			return c.Status().Update(ctx, pod)
 		}},
-		{"update with the stale stamp", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+		{"update with the stale stamp", func(c *fenced.Client, s *podScene, pod *corev1.Pod) error {
 			pod.Annotations = s.a.Stamp(map[string]string{})
 			pod.Status.Message = "b"
 			return c.Status().Update(ctx, pod)
 		}},
-		{"json remove token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"json remove token", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"`+tokP+`"}]`)))
 		}},
-		{"json prefix-segment remove token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"json prefix-segment remove token", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"x`+tokP+`"}]`)))
 		}},
-		{"json remove annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"json remove annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
 		}},
-		{"merge null annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"merge null annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":null},"status":{"message":"b"}}`)))
 		}},
-		{"merge low token", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+		{"merge low token", func(c *fenced.Client, s *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"`+fmt.Sprint(s.a.Revision)+`"}}}`)))
 		}},
-		{"strategic escaped replace annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"strategic escaped replace annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"\u0024patch":"replace"}}}`)))
 		}},
-		{"strategic null token", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"strategic null token", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.StrategicMergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":null}}}`)))
 		}},
-		{"apply empty annotations", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+		{"apply empty annotations", func(c *fenced.Client, s *podScene, pod *corev1.Pod) error {
 			body := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + s.name + `","annotations":{}},"status":{"message":"b"}}`
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("red"), client.ForceOwnership)
 		}},
@@ -526,7 +527,7 @@ func gadgets(t *testing.T, k *kube) client.Client {
 
 // newGadget creates a Gadget with both fields in spec and status, stamped
 // by holder (if not nil), through unstructured objects.
-func newGadget(t *testing.T, k *kube, name string, holder kubeadapter.Holder) {
+func newGadget(t *testing.T, k *kube, name string, holder fenced.Holder) {
 	t.Helper()
 	ctx := t.Context()
 	u := &unstructured.Unstructured{Object: map[string]any{
@@ -565,7 +566,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 	gc := gadgets(t, k)
 	toks := k.leaseTokens(t, "fence", 2)
 	older, tok := toks[0], toks[1]
-	fenced, err := kubeadapter.NewClient(gc, staticHolder{tok})
+	fc, err := fenced.NewClient(gc, staticHolder{tok})
 	require.NoError(t, err)
 
 	type write func(c client.Client, g *gadget) error
@@ -638,9 +639,9 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 				return storedGadget(t, k, name), err
 			}
 			plain, plainErr := outcome(gc, name+"-plain")
-			got, fencedErr := outcome(fenced, name)
+			got, fencedErr := outcome(fc, name)
 			require.NoError(t, plainErr, "the plain write")
-			if errors.Is(fencedErr, kubeadapter.ErrUnsupported) {
+			if errors.Is(fencedErr, fenced.ErrUnsupported) {
 				t.Logf("fenced %s: %v", tc.name, fencedErr)
 				return
 			}
@@ -782,24 +783,24 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
-		write func(s superseded, c *kubeadapter.Client) error
+		write func(s superseded, c *fenced.Client) error
 	}{
-		{"update with a forged greater stamp", func(s superseded, c *kubeadapter.Client) error {
+		{"update with a forged greater stamp", func(s superseded, c *fenced.Client) error {
 			obj := s.handBuilt()
 			obj.Annotations = forged(s)
 			return c.Update(ctx, obj)
 		}},
-		{"update with a forged greater stamp and no resourceVersion", func(s superseded, c *kubeadapter.Client) error {
+		{"update with a forged greater stamp and no resourceVersion", func(s superseded, c *fenced.Client) error {
 			obj := s.handBuilt()
 			obj.ResourceVersion, obj.Annotations = "", forged(s)
 			return c.Update(ctx, obj)
 		}},
-		{"update with b's stamp and resourceVersion copied", func(s superseded, c *kubeadapter.Client) error {
+		{"update with b's stamp and resourceVersion copied", func(s superseded, c *fenced.Client) error {
 			obj := s.current.DeepCopy()
 			obj.Data["by"] = "a-late"
 			return c.Update(ctx, obj)
 		}},
-		{"update retried after its refusal", func(s superseded, c *kubeadapter.Client) error {
+		{"update retried after its refusal", func(s superseded, c *fenced.Client) error {
 			obj := s.aView.DeepCopy()
 			obj.Data["by"] = "a-late"
 			err := c.Update(ctx, obj)
@@ -813,33 +814,33 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 			obj.ResourceVersion = s.current.ResourceVersion
 			return c.Update(ctx, obj)
 		}},
-		{"merge patch with a forged stamp", func(s superseded, c *kubeadapter.Client) error {
+		{"merge patch with a forged stamp", func(s superseded, c *fenced.Client) error {
 			obj := s.current.DeepCopy()
 			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"9223372036854775807"}},"data":{"by":"a-late"}}`)))
 		}},
-		{"optimistic patch from b's version", func(s superseded, c *kubeadapter.Client) error {
+		{"optimistic patch from b's version", func(s superseded, c *fenced.Client) error {
 			obj := s.current.DeepCopy()
 			base := obj.DeepCopy()
 			obj.Data["by"] = "a-late"
 			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		}},
-		{"json patch pinning b's version", func(s superseded, c *kubeadapter.Client) error {
+		{"json patch pinning b's version", func(s superseded, c *fenced.Client) error {
 			obj := s.current.DeepCopy()
 			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"test","path":"/metadata/resourceVersion","value":"`+s.current.ResourceVersion+`"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
 		}},
-		{"apply forced", func(s superseded, c *kubeadapter.Client) error {
+		{"apply forced", func(s superseded, c *fenced.Client) error {
 			body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + s.current.Name + `"},"data":{"by":"a-late"}}`
 			return c.Patch(ctx, s.current.DeepCopy(), client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a"), client.ForceOwnership)
 		}},
-		{"delete with b's preconditions", func(s superseded, c *kubeadapter.Client) error {
+		{"delete with b's preconditions", func(s superseded, c *fenced.Client) error {
 			return c.Delete(ctx, s.current.DeepCopy(), client.Preconditions{UID: &s.current.UID, ResourceVersion: &s.current.ResourceVersion})
 		}},
-		{"delete of a hand-built object", func(s superseded, c *kubeadapter.Client) error {
+		{"delete of a hand-built object", func(s superseded, c *fenced.Client) error {
 			return c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: s.current.Namespace, Name: s.current.Name}})
 		}},
-		{"DeleteFenced with b's copy", func(s superseded, _ *kubeadapter.Client) error {
+		{"DeleteFenced with b's copy", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			return kubeadapter.DeleteFenced(ctx, staticHolder{s.a},
+			return fenced.DeleteFenced(ctx, staticHolder{s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
 				},
@@ -847,9 +848,9 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 					return cms.Delete(ctx, s.current.Name, metav1.DeleteOptions{Preconditions: &p})
 				})
 		}},
-		{"UpdateFenced with a mutate that restamps", func(s superseded, _ *kubeadapter.Client) error {
+		{"UpdateFenced with a mutate that restamps", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			_, err := kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+			_, err := fenced.UpdateFenced(ctx, staticHolder{s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
 				},
@@ -863,9 +864,9 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 				})
 			return err
 		}},
-		{"UpdateFenced with a get that returns a's old copy", func(s superseded, _ *kubeadapter.Client) error {
+		{"UpdateFenced with a get that returns a's old copy", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			_, err := kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+			_, err := fenced.UpdateFenced(ctx, staticHolder{s.a},
 				func(context.Context) (*corev1.ConfigMap, error) { return s.aView.DeepCopy(), nil },
 				func(cm *corev1.ConfigMap) error { cm.Data["by"] = "a-late"; return nil },
 				func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
@@ -941,31 +942,31 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 	ctx := t.Context()
 	for _, tc := range []struct {
 		name  string
-		write func(c *kubeadapter.Client, obj *corev1.ConfigMap) error
+		write func(c *fenced.Client, obj *corev1.ConfigMap) error
 	}{
-		{"update pinned", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"update pinned", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			obj.Data["by"] = "a-late"
 			return c.Update(ctx, obj)
 		}},
-		{"update unpinned", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"update unpinned", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			obj.ResourceVersion = ""
 			obj.Data["by"] = "a-late"
 			return c.Update(ctx, obj)
 		}},
-		{"json patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"json patch", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"replace","path":"/data/by","value":"a-late"}]`)))
 		}},
-		{"merge patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"merge patch", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
-		{"strategic patch", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"strategic patch", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			return c.Patch(ctx, obj, client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
-		{"apply", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error {
+		{"apply", func(c *fenced.Client, obj *corev1.ConfigMap) error {
 			body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + obj.Name + `"},"data":{"by":"a-late"}}`
 			return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a"), client.ForceOwnership)
 		}},
-		{"delete", func(c *kubeadapter.Client, obj *corev1.ConfigMap) error { return c.Delete(ctx, obj) }},
+		{"delete", func(c *fenced.Client, obj *corev1.ConfigMap) error { return c.Delete(ctx, obj) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			toks := k.leaseTokens(t, "fence", 2)
@@ -980,7 +981,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+			ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
 			err := tc.write(ca, obj.DeepCopy())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once, "the fenced client did not read")
@@ -994,16 +995,16 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+		write func(c *fenced.Client, pod *corev1.Pod) error
 	}{
-		{"status update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status update", func(c *fenced.Client, pod *corev1.Pod) error {
 			pod.Status.Message = "a-late"
 			return c.Status().Update(ctx, pod)
 		}},
-		{"status merge patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status merge patch", func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"message":"a-late"}}`)))
 		}},
-		{"status json patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status json patch", func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"add","path":"/status/message","value":"a-late"}]`)))
 		}},
 	} {
@@ -1028,7 +1029,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 				require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+			ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
 			err := tc.write(ca, get())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once)
@@ -1047,7 +1048,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
 		cms := k.cs.CoreV1().ConfigMaps(k.ns)
 		first := true
-		_, err := kubeadapter.UpdateFenced(ctx, staticHolder{a},
+		_, err := fenced.UpdateFenced(ctx, staticHolder{a},
 			func(ctx context.Context) (*corev1.ConfigMap, error) {
 				return cms.Get(ctx, "mutate", metav1.GetOptions{})
 			},
@@ -1104,8 +1105,8 @@ func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
 	require.NoError(t, c.Get(ctx, key, &obj))
 	s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
 	obj.Data = map[string]string{"by": "a-late"}
-	fenced := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(c))
-	err = fenced.Update(ctx, &obj)
+	fc := k.client(t, staticHolder{s.a}, fenced.WithReader(c))
+	err = fc.Update(ctx, &obj)
 	stored := k.configMap(t, s.current.Name)
 	t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
 	return s, err
@@ -1135,7 +1136,7 @@ func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
 	require.NoError(t, err)
 	s.a.Stamp(cached.Annotations) // hand-edited, in the lister's memory
 	cms := k.cs.CoreV1().ConfigMaps(k.ns)
-	_, err = kubeadapter.UpdateFenced(ctx, staticHolder{s.a},
+	_, err = fenced.UpdateFenced(ctx, staticHolder{s.a},
 		func(context.Context) (*corev1.ConfigMap, error) { return lister.ConfigMaps(k.ns).Get(s.current.Name) },
 		func(cm *corev1.ConfigMap) error { cm.Data = map[string]string{"by": "a-late"}; return nil },
 		func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
@@ -1248,28 +1249,28 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 	for i, tc := range []struct {
 		name  string
 		inner client.Client
-		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+		write func(c *fenced.Client, pod *corev1.Pod) error
 	}{
-		{"typed binding", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"typed binding", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
-		{"unstructured binding", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"unstructured binding", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "v1", "kind": "Binding",
 				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name},
 				"target":   map[string]any{"kind": "Node", "name": "n1"},
 			}})
 		}},
-		{"own Go type registered as v1 Binding", aliasClient, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"own Go type registered as v1 Binding", aliasClient, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &bindingAlias{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
-		{"pods/binding subresource", k.crc, func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"pods/binding subresource", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.SubResource("binding").Create(ctx, pod, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("bind%d", i))
-			c, err := kubeadapter.NewClient(tc.inner, staticHolder{s.a})
+			c, err := fenced.NewClient(tc.inner, staticHolder{s.a})
 			require.NoError(t, err)
 			err = tc.write(c, s.pod(t))
 			t.Logf("a's binding: %v", err)
@@ -1347,26 +1348,26 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 	toks := k.leaseTokens(t, "fence", 2)
 	for i, tc := range []struct {
 		name  string
-		write func(c *kubeadapter.Client, pod *corev1.Pod) error
+		write func(c *fenced.Client, pod *corev1.Pod) error
 	}{
-		{"status update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status update", func(c *fenced.Client, pod *corev1.Pod) error {
 			pod.Status.Message = "dry"
 			return c.Status().Update(ctx, pod, client.DryRunAll)
 		}},
-		{"status patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status patch", func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"message":"dry"}}`)), client.DryRunAll)
 		}},
-		{"update", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"update", func(c *fenced.Client, pod *corev1.Pod) error {
 			pod.Labels = map[string]string{"dry": "run"}
 			return c.Update(ctx, pod, client.DryRunAll)
 		}},
-		{"patch", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"patch", func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"dry":"run"}}}`)), client.DryRunAll)
 		}},
-		{"delete", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"delete", func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Delete(ctx, pod, client.DryRunAll)
 		}},
-		{"status update the API server refuses as invalid", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status update the API server refuses as invalid", func(c *fenced.Client, pod *corev1.Pod) error {
 			pod.Status.PodIP = "not an IP"
 			err := c.Status().Update(ctx, pod)
 			if err == nil {
@@ -1374,7 +1375,7 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 			}
 			return nil
 		}},
-		{"status patch the API server refuses as invalid", func(c *kubeadapter.Client, pod *corev1.Pod) error {
+		{"status patch the API server refuses as invalid", func(c *fenced.Client, pod *corev1.Pod) error {
 			err := c.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"status":{"podIP":"not an IP"}}`)))
 			if err == nil {
 				return errors.New("an invalid status was accepted")
@@ -1432,7 +1433,7 @@ func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
 	tok := k.leaseTokens(t, "fence", 1)[0]
-	fenced := k.client(t, staticHolder{tok})
+	fc := k.client(t, staticHolder{tok})
 	j, m, sm := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType
 	for i, tc := range []patchCase{
 		{"json remove then add annotations", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{"x":"1"}}]`},
@@ -1460,15 +1461,15 @@ func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 			}
 			twin, obj := build(fmt.Sprintf("twin%d", i)), build(fmt.Sprintf("obj%d", i))
 			require.NoError(t, k.crc.Create(ctx, twin))
-			require.NoError(t, fenced.Create(ctx, obj))
+			require.NoError(t, fc.Create(ctx, obj))
 			before := k.configMap(t, obj.Name).ResourceVersion
 			plainErr := k.crc.Patch(ctx, twin, client.RawPatch(tc.typ, []byte(tc.patch)))
-			fencedErr := fenced.Patch(ctx, obj, client.RawPatch(tc.typ, []byte(tc.patch)))
+			fencedErr := fc.Patch(ctx, obj, client.RawPatch(tc.typ, []byte(tc.patch)))
 			gotTwin, got := k.configMap(t, twin.Name), k.configMap(t, obj.Name)
 			t.Logf("plain: %v; fenced: %v", plainErr, fencedErr)
 			t.Logf("plain result: annotations %v labels %v data %v", gotTwin.Annotations, gotTwin.Labels, gotTwin.Data)
 			t.Logf("fenced result: annotations %v labels %v data %v", got.Annotations, got.Labels, got.Data)
-			if errors.Is(fencedErr, kubeadapter.ErrInvalidPatch) {
+			if errors.Is(fencedErr, fenced.ErrInvalidPatch) {
 				require.Equal(t, before, got.ResourceVersion, "a refused patch wrote")
 				return
 			}
@@ -1508,28 +1509,28 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 	ctx := t.Context()
 	for i, tc := range []struct {
 		name  string
-		write func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error
+		write func(c *fenced.Client, s *podScene, pod *corev1.Pod) error
 	}{
-		{"status update, body without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"status update, body without annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			body := pod.DeepCopy()
 			body.Annotations = nil
 			body.Status.Message = "body"
 			return c.Status().Update(ctx, pod, client.WithSubResourceBody(body))
 		}},
-		{"status update, body with a's stamp", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+		{"status update, body with a's stamp", func(c *fenced.Client, s *podScene, pod *corev1.Pod) error {
 			body := pod.DeepCopy()
 			body.Annotations = s.a.Stamp(nil)
 			body.Status.Message = "body"
 			return c.Status().Update(ctx, pod, client.WithSubResourceBody(body))
 		}},
-		{"status merge patch from the object, body without annotations", func(c *kubeadapter.Client, _ *podScene, pod *corev1.Pod) error {
+		{"status merge patch from the object, body without annotations", func(c *fenced.Client, _ *podScene, pod *corev1.Pod) error {
 			base := pod.DeepCopy()
 			body := pod.DeepCopy()
 			body.Annotations = nil
 			body.Status.Message = "body"
 			return c.Status().Patch(ctx, pod, client.MergeFrom(base), client.WithSubResourceBody(body))
 		}},
-		{"status apply, body without annotations", func(c *kubeadapter.Client, s *podScene, pod *corev1.Pod) error {
+		{"status apply, body without annotations", func(c *fenced.Client, s *podScene, pod *corev1.Pod) error {
 			u := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "v1", "kind": "Pod",
 				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name},
@@ -1570,7 +1571,7 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 			cur.Status.Message = "b"
 			require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
 		}}
-		ca := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook))
+		ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
 		obj := get()
 		body := obj.DeepCopy()
 		body.ResourceVersion = ""
@@ -1579,7 +1580,7 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 		cur := get()
 		t.Logf("a's write: %v; stored annotations %v, message %q", err, cur.Annotations, cur.Status.Message)
 		require.Error(t, err, "a's status write landed")
-		if errors.Is(err, kubeadapter.ErrUnsupported) {
+		if errors.Is(err, fenced.ErrUnsupported) {
 			require.False(t, hook.once, "refused after reading")
 			requireStamped(t, cur.Annotations, a)
 			return
@@ -1633,7 +1634,7 @@ func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
 				cur.Data["by"] = "b"
 				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
 			}}
-			err := k.client(t, staticHolder{a}, kubeadapter.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
+			err := k.client(t, staticHolder{a}, fenced.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
 			t.Logf("a's delete: %v", err)
 			require.Error(t, err, "a's delete was accepted")
 			cur := &corev1.ConfigMap{}
@@ -1777,7 +1778,7 @@ func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 		dyn, err := dynamic.NewForConfig(k.env.Admin())
 		require.NoError(t, err)
 		res := dyn.Resource(gvr).Namespace(k.ns)
-		_, err = kubeadapter.UpdateFenced(ctx, staticHolder{tok},
+		_, err = fenced.UpdateFenced(ctx, staticHolder{tok},
 			func(ctx context.Context) (*unstructured.Unstructured, error) {
 				return res.Get(ctx, "dyn", metav1.GetOptions{})
 			},
@@ -1842,7 +1843,7 @@ func TestRedTeamWholeObjectPatches(t *testing.T) {
 	t.Run("merge of a typed widget by the current holder", func(t *testing.T) {
 		wc := widgets(t, k)
 		tok := k.leaseTokens(t, "fence", 1)[0]
-		c, err := kubeadapter.NewClient(wc, staticHolder{tok})
+		c, err := fenced.NewClient(wc, staticHolder{tok})
 		require.NoError(t, err)
 		newWidget(t, k, "whole")
 		w := &widget{}
@@ -1893,15 +1894,15 @@ func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
 				w := obj.DeepCopyObject().(client.Object)
 				w.SetUID("")
 				w.SetLabels(map[string]string{"by": "a-late"})
-				var ca *kubeadapter.Client
+				var ca *fenced.Client
 				if scene == "lagging cache, hand-built object" {
 					cached := obj.DeepCopyObject().(client.Object)
 					deleteByB()
-					ca = k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{cached}))
+					ca = k.client(t, staticHolder{a}, fenced.WithReader(laggingReader{cached}))
 					w.SetResourceVersion("")
 				} else {
 					hook := &interposingReader{Reader: k.crc, write: deleteByB}
-					ca = k.client(t, staticHolder{a}, kubeadapter.WithReader(hook), kubeadapter.WithAPIReader(hook))
+					ca = k.client(t, staticHolder{a}, fenced.WithReader(hook), fenced.WithAPIReader(hook))
 					if strings.HasSuffix(scene, "unpinned") {
 						w.SetResourceVersion("")
 					}

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -105,8 +105,8 @@ func TestPatch(t *testing.T) {
 		before := rv()
 		obj := k.configMap(t, "p")
 		unknown := client.RawPatch(types.PatchType("application/x-unknown"), []byte(`{}`))
-		require.ErrorIs(t, c.Patch(ctx, obj, unknown), kubeadapter.ErrUnsupported)
-		require.ErrorIs(t, c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(k.ns)), kubeadapter.ErrUnsupported)
+		require.ErrorIs(t, c.Patch(ctx, obj, unknown), fenced.ErrUnsupported)
+		require.ErrorIs(t, c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(k.ns)), fenced.ErrUnsupported)
 		require.Equal(t, before, rv())
 	})
 	for _, pt := range []types.PatchType{types.MergePatchType, types.StrategicMergePatchType} {
@@ -255,8 +255,8 @@ func TestStatusWrites(t *testing.T) {
 	require.Equal(t, afterNew, get().ResourceVersion)
 
 	// Other subresources and status creates are refused.
-	require.ErrorIs(t, cCur.SubResource("scale").Update(ctx, get()), kubeadapter.ErrUnsupported)
-	require.ErrorIs(t, cCur.Status().Create(ctx, get(), &appsv1.Deployment{}), kubeadapter.ErrUnsupported)
+	require.ErrorIs(t, cCur.SubResource("scale").Update(ctx, get()), fenced.ErrUnsupported)
+	require.ErrorIs(t, cCur.Status().Create(ctx, get(), &appsv1.Deployment{}), fenced.ErrUnsupported)
 	require.Equal(t, afterNew, get().ResourceVersion)
 }
 
@@ -282,7 +282,7 @@ func TestClientGo(t *testing.T) {
 	// A concurrent write during the first attempt makes it conflict; the
 	// retry reads again and runs mutate again.
 	var calls int
-	out, err := kubeadapter.UpdateFenced(ctx, cur, get, func(cm *corev1.ConfigMap) error {
+	out, err := fenced.UpdateFenced(ctx, cur, get, func(cm *corev1.ConfigMap) error {
 		calls++
 		if calls == 1 {
 			other := cm.DeepCopy()
@@ -298,7 +298,7 @@ func TestClientGo(t *testing.T) {
 	require.Equal(t, "yes", out.Labels["concurrent"])
 	requireStamped(t, out.Annotations, toks[1])
 
-	_, err = kubeadapter.UpdateFenced(ctx, old, get, set("stale"), update)
+	_, err = fenced.UpdateFenced(ctx, old, get, set("stale"), update)
 	require.ErrorIs(t, err, token.ErrStale)
 	now, err := get(ctx)
 	require.NoError(t, err)
@@ -310,7 +310,7 @@ func TestClientGo(t *testing.T) {
 	uget := func(ctx context.Context) (*unstructured.Unstructured, error) {
 		return res.Get(ctx, "g", metav1.GetOptions{})
 	}
-	uout, err := kubeadapter.UpdateFenced(ctx, cur, uget, func(u *unstructured.Unstructured) error {
+	uout, err := fenced.UpdateFenced(ctx, cur, uget, func(u *unstructured.Unstructured) error {
 		return unstructured.SetNestedField(u.Object, "dynamic", "data", "v")
 	}, func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 		return res.Update(ctx, u, metav1.UpdateOptions{})
@@ -321,8 +321,8 @@ func TestClientGo(t *testing.T) {
 	del := func(ctx context.Context, p metav1.Preconditions) error {
 		return cms.Delete(ctx, "g", metav1.DeleteOptions{Preconditions: &p})
 	}
-	require.ErrorIs(t, kubeadapter.DeleteFenced(ctx, old, get, del), token.ErrStale)
-	require.NoError(t, kubeadapter.DeleteFenced(ctx, cur, uget, func(ctx context.Context, p metav1.Preconditions) error {
+	require.ErrorIs(t, fenced.DeleteFenced(ctx, old, get, del), token.ErrStale)
+	require.NoError(t, fenced.DeleteFenced(ctx, cur, uget, func(ctx context.Context, p metav1.Preconditions) error {
 		return res.Delete(ctx, "g", metav1.DeleteOptions{Preconditions: &p})
 	}))
 	_, err = get(ctx)

@@ -1,16 +1,14 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
 	"fmt"
 	"slices"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -48,7 +46,7 @@ func (s *subResourceClient) Create(_ context.Context, obj client.Object, _ clien
 func (s *subResourceClient) Apply(ctx context.Context, config runtime.ApplyConfiguration, opts ...client.SubResourceApplyOption) error {
 	ao := (&client.SubResourceApplyOptions{}).ApplyOpts(opts)
 	if ao.SubResourceBody != nil {
-		return fmt.Errorf("kubeadapter: apply %s: %w: a separate body", s.name, ErrUnsupported)
+		return fmt.Errorf("fenced: apply %s: %w: a separate body", s.name, ErrUnsupported)
 	}
 	return s.c.apply(ctx, config, ao.ApplyOptions, func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error {
 		return s.Patch(ctx, obj, p, &client.SubResourcePatchOptions{PatchOptions: *(&client.PatchOptions{}).ApplyOptions(po)})
@@ -78,35 +76,23 @@ func (s *subResourceClient) Update(ctx context.Context, obj client.Object, opts 
 	}
 	callerRV, ann := obj.GetResourceVersion(), obj.GetAnnotations()
 	dryRun := len((&client.SubResourceUpdateOptions{}).ApplyOptions(opts).DryRun) > 0
-	err := retry(ctx, s.c.holder, s.c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		// send writes o's status over cur, with cur's fencer annotations
-		// stamped and cur's resourceVersion as the precondition.
-		send := func(ctx context.Context, tok token.Token, cur, o client.Object, opts ...client.SubResourceUpdateOption) error {
-			o.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
-			o.SetResourceVersion(cur.GetResourceVersion())
-			if mutant.On(mutant.KubeTrustCallerVersion) {
-				o.SetResourceVersion(callerRV)
-			}
-			return s.c.inner.Status().Update(ctx, o, opts...)
-		}
-		tok, cur, err := s.c.readChecked(ctx, obj, callerRV, first)
-		if err == nil {
-			read := cur
-			cur, err = s.stamp(ctx, tok, cur, dryRun, func(ctx context.Context) error {
-				return send(ctx, tok, read, obj.DeepCopyObject().(client.Object), append(slices.Clone(opts), client.DryRunAll)...)
-			})
-		}
-		if callerRV != "" && apierrors.IsConflict(err) {
-			return false, s.c.conflictOrStale(ctx, obj, tok, err)
-		}
+	e := s.c.engine(obj, callerRV, callerRV != "")
+	// send writes o's status over cur, with cur's fencer annotations
+	// stamped and cur's resourceVersion as the precondition.
+	send := func(ctx context.Context, tok token.Token, cur, o client.Object, opts ...client.SubResourceUpdateOption) error {
+		o.SetAnnotations(restamp(tok, ann, cur))
+		o.SetResourceVersion(e.version(cur))
+		return s.c.inner.Status().Update(ctx, o, opts...)
+	}
+	err := e.run(ctx, func(ctx context.Context, tok token.Token, cur client.Object) (bool, error) {
+		read := cur
+		cur, err := s.stamp(ctx, tok, cur, dryRun, func(ctx context.Context) error {
+			return send(ctx, tok, read, obj.DeepCopyObject().(client.Object), append(slices.Clone(opts), client.DryRunAll)...)
+		})
 		if err != nil {
 			return true, err
 		}
-		err = send(ctx, tok, cur, obj, opts...)
-		if callerRV != "" && apierrors.IsConflict(err) {
-			return false, s.c.conflictOrStale(ctx, obj, tok, err)
-		}
-		return true, err
+		return true, send(ctx, tok, cur, obj, opts...)
 	})
 	if err != nil {
 		obj.SetAnnotations(ann)
@@ -159,7 +145,7 @@ func (s *subResourceClient) stamp(ctx context.Context, tok token.Token, cur clie
 	if err := probe(ctx); err != nil {
 		return nil, err
 	}
-	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), "")
+	body, err := (&fencedPatch{pt: types.MergePatchType, doc: map[string]any{}}).with(restamp(tok, nil, cur), cur.GetAnnotations(), cur.GetResourceVersion(), "")
 	if err == nil {
 		err = s.c.inner.Patch(ctx, cur, client.RawPatch(types.MergePatchType, body))
 	}

@@ -1,9 +1,8 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
 	"fmt"
-	"maps"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -49,23 +48,20 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 	if err != nil {
 		return out, err
 	}
-	err = retry(ctx, h, o.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		tok, read, err := readChecked(ctx, h, get, o)
-		if err != nil {
-			return false, err
-		}
+	e := &engine[T]{holder: h, opts: o, read: func(ctx context.Context, _ bool) (T, error) { return get(ctx) }}
+	err = e.run(ctx, func(ctx context.Context, tok token.Token, read T) (bool, error) {
 		cur, err := deepCopy(read)
 		if err != nil {
 			return false, err
 		}
-		rv, uid, stored := cur.GetResourceVersion(), cur.GetUID(), maps.Clone(cur.GetAnnotations())
+		rv, uid := e.version(cur), cur.GetUID()
 		if err := mutate(cur); err != nil {
 			return false, err
 		}
 		if err := checkMetadata(cur); err != nil {
 			return false, err
 		}
-		restamp(cur, stored, tok)
+		cur.SetAnnotations(restamp(tok, cur.GetAnnotations(), read))
 		cur.SetResourceVersion(rv)
 		cur.SetUID(uid)
 		out, err = update(ctx, cur)
@@ -73,7 +69,7 @@ func UpdateFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 	})
 	if err != nil {
 		var zero T
-		return zero, fmt.Errorf("kubeadapter: fenced update: %w", err)
+		return zero, fmt.Errorf("fenced: update: %w", err)
 	}
 	return out, nil
 }
@@ -89,16 +85,13 @@ func DeleteFenced[T metav1.Object](ctx context.Context, h Holder, get func(conte
 	if err != nil {
 		return err
 	}
-	err = retry(ctx, h, o.maxAttempts, func(ctx context.Context, _ bool) (bool, error) {
-		_, cur, err := readChecked(ctx, h, get, o)
-		if err != nil {
-			return false, err
-		}
-		uid, rv := cur.GetUID(), cur.GetResourceVersion()
+	e := &engine[T]{holder: h, opts: o, read: func(ctx context.Context, _ bool) (T, error) { return get(ctx) }}
+	err = e.run(ctx, func(ctx context.Context, _ token.Token, cur T) (bool, error) {
+		uid, rv := cur.GetUID(), e.version(cur)
 		return true, del(ctx, metav1.Preconditions{UID: &uid, ResourceVersion: &rv})
 	})
 	if err != nil {
-		return fmt.Errorf("kubeadapter: fenced delete: %w", err)
+		return fmt.Errorf("fenced: delete: %w", err)
 	}
 	return nil
 }
@@ -117,26 +110,4 @@ func deepCopy[T metav1.Object](obj T) (T, error) {
 		return zero, fmt.Errorf("%w: a deep copy of %T is not a %T", ErrUnsupported, obj, zero)
 	}
 	return out, nil
-}
-
-// readChecked reads with get and checks the stamp of what it read. It
-// refuses an object without a resourceVersion, since no write could be
-// conditional on it.
-func readChecked[T metav1.Object](ctx context.Context, h Holder, get func(context.Context) (T, error), o options) (token.Token, T, error) {
-	var zero T
-	tok, err := heldToken(h)
-	if err != nil {
-		return tok, zero, err
-	}
-	cur, err := get(ctx)
-	if err != nil {
-		return tok, zero, err
-	}
-	if cur.GetResourceVersion() == "" {
-		return tok, zero, fmt.Errorf("%w: the object read has no resourceVersion to write conditionally on", ErrUnsupported)
-	}
-	if err := token.CheckStamp(tok, cur.GetAnnotations(), o.takeover); err != nil {
-		return tok, zero, err
-	}
-	return tok, cur, nil
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 )
 
 // benchObjects is how many ConfigMaps BenchmarkFencedUpdate writes round
@@ -114,9 +115,9 @@ func BenchmarkFencedPatch(b *testing.B) {
 type benchFixture struct {
 	k         *kube
 	objs      []*corev1.ConfigMap
-	fromCache *kubeadapter.Client
+	fromCache *fenced.Client
 	apiReads  *countingReader
-	live      *kubeadapter.Client
+	live      *fenced.Client
 }
 
 func newBenchFixture(b *testing.B) *benchFixture {
@@ -133,8 +134,8 @@ func newBenchFixture(b *testing.B) *benchFixture {
 		f.objs[i] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bench-" + strconv.Itoa(i)}, Data: map[string]string{"n": "0"}}
 		require.NoError(b, creator.Create(ctx, f.objs[i]))
 	}
-	f.fromCache = k.client(b, h, kubeadapter.WithReader(startCache(b, k)), kubeadapter.WithAPIReader(f.apiReads))
-	f.live = k.client(b, h, kubeadapter.WithLiveRead())
+	f.fromCache = k.client(b, h, fenced.WithReader(startCache(b, k)), fenced.WithAPIReader(f.apiReads))
+	f.live = k.client(b, h, fenced.WithLiveRead())
 	return f
 }
 

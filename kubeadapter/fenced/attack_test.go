@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -127,16 +128,16 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			return k.client(t, staticHolder{s.a}).Update(ctx, obj)
 		}},
 		{"update with a lagging cache and the current resourceVersion", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Update(ctx, s.handBuilt())
+			return k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, s.handBuilt())
 		}},
 		{"update with a lagging cache, live read and the current resourceVersion", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}), kubeadapter.WithLiveRead())
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}), fenced.WithLiveRead())
 			return c.Update(ctx, s.handBuilt())
 		}},
 		{"unconditional update with a lagging cache", func(t *testing.T, s superseded) error {
 			obj := s.handBuilt()
 			obj.ResourceVersion = ""
-			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Update(ctx, obj)
+			return k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, obj)
 		}},
 		{"retried update of the object read before the supersede", func(t *testing.T, s superseded) error {
 			c := k.client(t, staticHolder{s.a})
@@ -152,7 +153,7 @@ func TestSupersededHolderAttacks(t *testing.T) {
 				client.Preconditions{UID: &s.current.UID, ResourceVersion: &s.current.ResourceVersion})
 		}},
 		{"delete of a hand-built object with a lagging cache", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView})).Delete(ctx, s.handBuilt())
+			return k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView})).Delete(ctx, s.handBuilt())
 		}},
 		{"patch pinned to a hand-built base", func(t *testing.T, s superseded) error {
 			base := s.handBuilt()
@@ -164,29 +165,29 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			base := s.handBuilt()
 			obj := base.DeepCopy()
 			obj.Data["by"] = "a-late"
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		}},
 		{"apply with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Apply(ctx, corev1ac.ConfigMap(s.current.Name, k.ns).WithData(map[string]string{"by": "a-late"}), client.FieldOwner("a"), client.ForceOwnership)
 		}},
 		{"apply pinned to the current resourceVersion with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			cfg := corev1ac.ConfigMap(s.current.Name, k.ns).WithResourceVersion(s.current.ResourceVersion).
 				WithAnnotations(s.a.Stamp(nil)).WithData(map[string]string{"by": "a-late"})
 			return c.Apply(ctx, cfg, client.FieldOwner("a"), client.ForceOwnership)
 		}},
 		{"unpinned merge patch with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
 		{"unpinned strategic merge patch with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
 		{"json patch removing the annotations with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{s.a}, kubeadapter.WithReader(laggingReader{s.aView}))
+			c := k.client(t, staticHolder{s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
 				[]byte(`[{"op":"remove","path":"/metadata/annotations"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
 		}},
@@ -215,9 +216,9 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		late := aView.DeepCopy()
 		late.ResourceVersion = d.ResourceVersion
 		late.Status.ObservedGeneration = 1
-		for _, c := range []*kubeadapter.Client{
+		for _, c := range []*fenced.Client{
 			k.client(t, staticHolder{a}),
-			k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{aView})),
+			k.client(t, staticHolder{a}, fenced.WithReader(laggingReader{aView})),
 		} {
 			require.ErrorIs(t, c.Status().Update(ctx, late.DeepCopy()), token.ErrStale)
 			base := late.DeepCopy()
@@ -245,7 +246,7 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bound"},
 			Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
 		}
-		require.ErrorIs(t, k.client(t, staticHolder{a}).Create(ctx, binding), kubeadapter.ErrUnsupported)
+		require.ErrorIs(t, k.client(t, staticHolder{a}).Create(ctx, binding), fenced.ErrUnsupported)
 		var got corev1.Pod
 		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &got))
 		requireStamped(t, got.Annotations, b)
@@ -262,7 +263,7 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		defer hm.Release(context.Background())
 		obj := s.current.DeepCopy()
 		obj.Data["by"] = "m"
-		require.NoError(t, k.client(t, hm, kubeadapter.WithTakeover()).Update(ctx, obj))
+		require.NoError(t, k.client(t, hm, fenced.WithTakeover()).Update(ctx, obj))
 		stored := k.configMap(t, "takeover")
 		requireStamped(t, stored.Annotations, hm.Token())
 		require.Equal(t, strconv.FormatInt(s.b.Revision, 10), stored.Annotations[token.MarkKey(s.b.Lease)], "the takeover keeps b as the lease's mark")
@@ -270,10 +271,10 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		// A, whose token is older than b, takes the object back: refused.
 		back := stored.DeepCopy()
 		back.Data["by"] = "a-late"
-		require.ErrorIs(t, k.client(t, staticHolder{s.a}, kubeadapter.WithTakeover()).Update(ctx, back), token.ErrStale)
+		require.ErrorIs(t, k.client(t, staticHolder{s.a}, fenced.WithTakeover()).Update(ctx, back), token.ErrStale)
 		require.Equal(t, "m", k.configMap(t, "takeover").Data["by"])
 		// B, the newest holder of the lease, may.
-		require.NoError(t, k.client(t, staticHolder{s.b}, kubeadapter.WithTakeover()).Update(ctx, back))
+		require.NoError(t, k.client(t, staticHolder{s.b}, fenced.WithTakeover()).Update(ctx, back))
 		requireStamped(t, k.configMap(t, "takeover").Annotations, s.b)
 	})
 
@@ -285,12 +286,12 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
 		require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
 		apply := corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"})
-		blind := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(notFoundReader{}))
+		blind := k.client(t, staticHolder{toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(notFoundReader{}))
 		require.True(t, apierrors.IsConflict(blind.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership)))
 		// The live read misses it once, as when the newer holder creates
 		// it between the read and the apply: the retry reads it and finds
 		// the newer stamp.
-		late := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(&missOnce{Reader: k.crc}))
+		late := k.client(t, staticHolder{toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
 		require.ErrorIs(t, late.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership), token.ErrStale)
 		got := k.configMap(t, "missed")
 		require.Equal(t, "newer", got.Data["by"])

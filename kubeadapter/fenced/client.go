@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -7,9 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strings"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -179,26 +176,16 @@ func (c *Client) Update(ctx context.Context, obj client.Object, opts ...client.U
 		return c.fail("update", obj, err)
 	}
 	callerRV, callerUID, ann := obj.GetResourceVersion(), obj.GetUID(), obj.GetAnnotations()
-	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, cur, err := c.readChecked(ctx, obj, callerRV, first)
-		if err != nil {
-			return false, err
-		}
-		obj.SetAnnotations(tok.Restamp(ann, cur.GetAnnotations()))
-		obj.SetResourceVersion(cur.GetResourceVersion())
-		if mutant.On(mutant.KubeTrustCallerVersion) {
-			obj.SetResourceVersion(callerRV)
-		}
+	e := c.engine(obj, callerRV, callerRV != "")
+	err := e.run(ctx, func(ctx context.Context, tok token.Token, cur client.Object) (bool, error) {
+		obj.SetAnnotations(restamp(tok, ann, cur))
+		obj.SetResourceVersion(e.version(cur))
 		if callerUID == "" {
 			// Some kinds' PUT creates an absent object whatever
 			// resourceVersion it carries; with the UID checked it cannot.
 			obj.SetUID(cur.GetUID())
 		}
-		err = c.inner.Update(ctx, obj, opts...)
-		if callerRV != "" && apierrors.IsConflict(err) {
-			return false, c.conflictOrStale(ctx, obj, tok, err)
-		}
-		return true, err
+		return true, c.inner.Update(ctx, obj, opts...)
 	})
 	if err != nil {
 		obj.SetAnnotations(ann)
@@ -304,44 +291,46 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 	// seen is whether the caller's object, or a read, showed the object
 	// existing: an apply must then not create it.
 	seen := obj.GetResourceVersion() != "" || obj.GetUID() != "" || p.uid != ""
-	err = retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, cur, err := c.readChecked(ctx, obj, p.pinned, first)
-		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && first && !c.opts.liveRead {
-			tok, cur, err = c.readChecked(ctx, obj, p.pinned, false)
-		}
-		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && seen {
-			return false, fmt.Errorf("%w: %w", ErrDeleted, err)
-		}
-		if p.pt == types.ApplyPatchType && apierrors.IsNotFound(err) && p.pinned == "" && prepare == nil {
+	e := c.engine(obj, p.pinned, p.pinned != "")
+	if p.pt == types.ApplyPatchType {
+		e.absent = func(ctx context.Context, tok token.Token, err error) (bool, error) {
+			if seen {
+				return false, fmt.Errorf("%w: %w", ErrDeleted, err)
+			}
+			if p.pinned != "" || prepare != nil {
+				return false, err
+			}
 			body, err := p.with(tok.Stamp(nil), nil, absentRV, "")
 			if err != nil {
 				return false, err
 			}
 			return true, send(ctx, client.RawPatch(p.pt, body), false, false)
 		}
-		if err != nil {
-			return false, err
-		}
+	}
+	// over returns the patch to send over cur: the caller's, stamped and
+	// conditional on cur's version.
+	over := func(tok token.Token, cur client.Object) ([]byte, error) {
+		return p.with(restamp(tok, nil, cur), cur.GetAnnotations(), e.version(cur), cur.GetUID())
+	}
+	err = e.run(ctx, func(ctx context.Context, tok token.Token, cur client.Object) (bool, error) {
 		seen = true
 		if p.uid != "" && p.uid != cur.GetUID() {
-			return false, pinnedConflict(obj, fmt.Sprintf("the patch names UID %s, the object has UID %s", p.uid, cur.GetUID()))
+			return false, e.pinnedConflict(fmt.Sprintf("the patch names UID %s, the object has UID %s", p.uid, cur.GetUID()))
 		}
 		if prepare != nil {
 			probe := func(ctx context.Context) error {
-				body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), cur.GetUID())
+				body, err := over(tok, cur)
 				if err != nil {
 					return err
 				}
 				return send(ctx, client.RawPatch(p.pt, body), false, true)
 			}
+			var err error
 			if cur, err = prepare(ctx, tok, cur, probe); err != nil {
-				if p.pinned != "" && apierrors.IsConflict(err) {
-					return false, c.conflictOrStale(ctx, obj, tok, err)
-				}
 				return true, err
 			}
 		}
-		body, err := p.with(tok.Restamp(nil, cur.GetAnnotations()), cur.GetAnnotations(), cur.GetResourceVersion(), cur.GetUID())
+		body, err := over(tok, cur)
 		if err != nil {
 			return false, err
 		}
@@ -349,13 +338,7 @@ func (c *Client) patch(ctx context.Context, op string, obj client.Object, patch 
 		if stampConflictsOnly(err) {
 			err = send(ctx, client.RawPatch(p.pt, body), true, false)
 		}
-		switch {
-		case fieldConflict(err):
-			return false, err
-		case p.pinned != "" && apierrors.IsConflict(err):
-			return false, c.conflictOrStale(ctx, obj, tok, err)
-		}
-		return true, err
+		return !fieldConflict(err), err
 	})
 	if err != nil {
 		return c.fail(op, obj, err)
@@ -382,21 +365,13 @@ func (c *Client) Delete(ctx context.Context, obj client.Object, opts ...client.D
 	if callerPre != nil && callerPre.ResourceVersion != nil {
 		wantRV = *callerPre.ResourceVersion
 	}
-	pinned := wantUID != "" || wantRV != ""
-	err := retry(ctx, c.holder, c.opts.maxAttempts, func(ctx context.Context, first bool) (bool, error) {
-		tok, cur, err := c.readChecked(ctx, obj, wantRV, first)
-		if err != nil {
-			return false, err
-		}
-		uid, rv := cur.GetUID(), cur.GetResourceVersion()
+	e := c.engine(obj, wantRV, wantUID != "" || wantRV != "")
+	err := e.run(ctx, func(ctx context.Context, _ token.Token, cur client.Object) (bool, error) {
+		uid, rv := cur.GetUID(), e.version(cur)
 		if wantUID != "" && wantUID != uid {
-			return false, pinnedConflict(obj, fmt.Sprintf("the precondition names UID %s, the object has UID %s", wantUID, uid))
+			return false, e.pinnedConflict(fmt.Sprintf("the precondition names UID %s, the object has UID %s", wantUID, uid))
 		}
-		err = c.inner.Delete(ctx, obj, append(slices.Clone(opts), client.Preconditions{UID: &uid, ResourceVersion: &rv})...)
-		if pinned && apierrors.IsConflict(err) {
-			return false, c.conflictOrStale(ctx, obj, tok, err)
-		}
-		return true, err
+		return true, c.inner.Delete(ctx, obj, append(slices.Clone(opts), client.Preconditions{UID: &uid, ResourceVersion: &rv})...)
 	})
 	if err != nil {
 		return c.fail("delete", obj, err)
@@ -440,12 +415,12 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 	patch func(ctx context.Context, obj client.Object, p client.Patch, po []client.PatchOption) error) error {
 	data, err := json.Marshal(config)
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: encode %T: %w", config, err)
+		return fmt.Errorf("fenced: apply: encode %T: %w", config, err)
 	}
 	_, unstructuredConfig := config.(runtime.Unstructured)
 	target, err := c.applyTarget(data, unstructuredConfig)
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: %w", err)
+		return fmt.Errorf("fenced: apply: %w", err)
 	}
 	po := []client.PatchOption{&client.PatchOptions{DryRun: ao.DryRun, FieldManager: ao.FieldManager}}
 	if ao.Force != nil && *ao.Force {
@@ -459,7 +434,7 @@ func (c *Client) apply(ctx context.Context, config runtime.ApplyConfiguration, a
 		err = json.Unmarshal(out, config)
 	}
 	if err != nil {
-		return fmt.Errorf("kubeadapter: apply: decode the applied object into %T: %w", config, err)
+		return fmt.Errorf("fenced: apply: decode the applied object into %T: %w", config, err)
 	}
 	return nil
 }
@@ -505,40 +480,14 @@ func (c *Client) SubResource(subResource string) client.SubResourceClient {
 	return &subResourceClient{c: c, name: subResource}
 }
 
-// readChecked returns the holder's token and the object obj names, read
-// and checked: its stamp is one the holder may overwrite. The first
-// attempt reads through the reader, later ones (and every one with
-// WithLiveRead) through the API reader. When want is set, the object must
-// be at that resourceVersion: a first read at another version is repeated
-// through the API reader, and if that is not at want either, readChecked
-// fails with a Conflict error (or the check's refusal, when the current
-// version carries a stamp the holder may not overwrite).
-func (c *Client) readChecked(ctx context.Context, obj client.Object, want string, first bool) (token.Token, client.Object, error) {
-	tok, err := heldToken(c.holder)
-	if err != nil {
-		return tok, nil, err
+// engine returns the fenced write of obj: read with read, want the
+// resourceVersion the caller asked for, pinned whether conflicts are the
+// caller's to handle.
+func (c *Client) engine(obj client.Object, want string, pinned bool) *engine[client.Object] {
+	return &engine[client.Object]{
+		holder: c.holder, opts: c.opts, want: want, pinned: pinned, caller: obj,
+		read: func(ctx context.Context, live bool) (client.Object, error) { return c.read(ctx, obj, live) },
 	}
-	live := !first || c.opts.liveRead
-	cur, err := c.read(ctx, obj, live)
-	if err == nil && want != "" && cur.GetResourceVersion() != want && !live {
-		cur, err = c.read(ctx, obj, true)
-	}
-	if err != nil {
-		return tok, nil, err
-	}
-	if mutant.On(mutant.KubeTrustCallerMarks) && obj.GetResourceVersion() != "" {
-		cur = obj.DeepCopyObject().(client.Object)
-	}
-	if cur.GetResourceVersion() == "" {
-		return tok, nil, fmt.Errorf("%w: the object read has no resourceVersion to write conditionally on", ErrUnsupported)
-	}
-	if err := token.CheckStamp(tok, cur.GetAnnotations(), c.opts.takeover); err != nil {
-		return tok, nil, err
-	}
-	if want != "" && cur.GetResourceVersion() != want {
-		return tok, nil, pinnedConflict(obj, fmt.Sprintf("resourceVersion %s was asked for, the object is at %s", want, cur.GetResourceVersion()))
-	}
-	return tok, cur, nil
 }
 
 // read reads the object obj names, into a new object of obj's type,
@@ -592,33 +541,13 @@ func sameMap(a, b map[string]string) bool {
 	return a != nil && b != nil && reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
-// pinnedConflict is the Conflict error of a write that fencer did not send
-// because the object is not at the version the caller asked for.
-func pinnedConflict(obj client.Object, why string) error {
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	gr := schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(kindOf(obj))}
-	return apierrors.NewConflict(gr, obj.GetName(), fmt.Errorf("the object has been modified: %s", why))
-}
-
-// conflictOrStale classifies a conflict on a write the caller pinned to
-// its own resourceVersion; see the package-level function.
-func (c *Client) conflictOrStale(ctx context.Context, obj client.Object, tok token.Token, conflict error) error {
-	return conflictOrStale(conflict, func() error {
-		cur, err := c.read(ctx, obj, true)
-		if err != nil {
-			return nil
-		}
-		return token.CheckStamp(tok, cur.GetAnnotations(), c.opts.takeover)
-	})
-}
-
 func (c *Client) fail(op string, obj client.Object, err error) error {
-	return fmt.Errorf("kubeadapter: %s %s %s: %w", op, kindOf(obj), client.ObjectKeyFromObject(obj), err)
+	return fmt.Errorf("fenced: %s %s %s: %w", op, kindOf(obj), client.ObjectKeyFromObject(obj), err)
 }
 
 // kindOf names obj's kind for errors: its GroupVersionKind's kind when
 // set, else its Go type's name.
-func kindOf(obj client.Object) string {
+func kindOf(obj runtime.Object) string {
 	if k := obj.GetObjectKind().GroupVersionKind().Kind; k != "" {
 		return k
 	}
@@ -634,11 +563,11 @@ func kindOf(obj client.Object) string {
 func emptyLike(obj client.Object) (client.Object, error) {
 	t := reflect.TypeOf(obj)
 	if t.Kind() != reflect.Pointer {
-		return nil, fmt.Errorf("kubeadapter: %T is not a pointer", obj)
+		return nil, fmt.Errorf("fenced: %T is not a pointer", obj)
 	}
 	n, ok := reflect.New(t.Elem()).Interface().(client.Object)
 	if !ok {
-		return nil, fmt.Errorf("kubeadapter: new %T is not a client.Object", obj)
+		return nil, fmt.Errorf("fenced: new %T is not a client.Object", obj)
 	}
 	n.GetObjectKind().SetGroupVersionKind(obj.GetObjectKind().GroupVersionKind())
 	return n, nil

@@ -1,4 +1,4 @@
-package kubeadapter
+package fenced
 
 import (
 	"context"
@@ -262,29 +262,4 @@ func TestFencedWriteRefusesNonKubeLease(t *testing.T) {
 	require.NoError(t, inner.Get(t.Context(), client.ObjectKeyFromObject(cm), &after))
 	require.Empty(t, after.Data)
 	require.Empty(t, after.Annotations)
-}
-
-// TestLostErrorMatchesSharedEndings checks that a Held's end matches the
-// token package's ending it is a case of, as an etcdstore.Lease's and a
-// client.Lease's do, and no other.
-func TestLostErrorMatchesSharedEndings(t *testing.T) {
-	shared := []error{token.ErrReleased, token.ErrLeaseLost, token.ErrSessionExpired, token.ErrSessionClosed}
-	for _, tc := range []struct {
-		reason, want error
-	}{
-		{ErrReleased, token.ErrReleased},
-		{ErrLeaseTaken, token.ErrLeaseLost},
-		{ErrLeaseDeleted, token.ErrLeaseLost},
-		{ErrLeaseReplaced, token.ErrLeaseLost},
-		{ErrRenewDeadline, token.ErrSessionExpired},
-	} {
-		t.Run(tc.reason.Error(), func(t *testing.T) {
-			err := error(&LostError{Token: token.Token{Lease: "ns/fence", Revision: 1}, Reason: tc.reason})
-			require.ErrorIs(t, err, token.ErrNotHeld)
-			require.ErrorIs(t, err, tc.reason)
-			for _, s := range shared {
-				require.Equal(t, s == tc.want, errors.Is(err, s), "errors.Is(%v, %v)", err, s)
-			}
-		})
-	}
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package fenced_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -30,7 +30,7 @@ func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	wc := widgets(t, k)
-	c, err := kubeadapter.NewClient(wc, staticHolder{tok})
+	c, err := fenced.NewClient(wc, staticHolder{tok})
 	require.NoError(t, err)
 
 	for _, tc := range []struct {
@@ -139,20 +139,20 @@ func TestPatchBadInput(t *testing.T) {
 		pt          types.PatchType
 		want        error
 	}{
-		{"json patch that is not json", `[{"op":`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
-		{"json patch replacing metadata", `[{"op":"replace","path":"/metadata","value":{}}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
-		{"json patch replacing the object", `[{"op":"replace","path":"","value":{}}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
-		{"json patch moving the stamp", `[{"op":"move","from":"/metadata/annotations/fencer.dev~1token","path":"/data/v"}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
-		{"json patch with no path", `[{"op":"remove"}]`, types.JSONPatchType, kubeadapter.ErrInvalidPatch},
-		{"merge patch that is an array", `[]`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
-		{"merge patch with metadata a string", `{"metadata":"x"}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
-		{"merge patch with annotations a list", `{"metadata":{"annotations":["x"]}}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
-		{"merge patch with resourceVersion a number", `{"metadata":{"resourceVersion":7}}`, types.MergePatchType, kubeadapter.ErrInvalidPatch},
-		{"strategic merge patch deleting the object", `{"$patch":"delete"}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
-		{"strategic merge patch retaining no metadata fields", `{"metadata":{"$retainKeys":["name"]}}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
-		{"strategic merge patch deleting the annotations", `{"metadata":{"annotations":{"$patch":"delete"}}}`, types.StrategicMergePatchType, kubeadapter.ErrInvalidPatch},
-		{"apply that is not yaml", "a: [", types.ApplyPatchType, kubeadapter.ErrInvalidPatch},
-		{"unknown patch type", `{}`, types.PatchType("application/x-unknown"), kubeadapter.ErrUnsupported},
+		{"json patch that is not json", `[{"op":`, types.JSONPatchType, fenced.ErrInvalidPatch},
+		{"json patch replacing metadata", `[{"op":"replace","path":"/metadata","value":{}}]`, types.JSONPatchType, fenced.ErrInvalidPatch},
+		{"json patch replacing the object", `[{"op":"replace","path":"","value":{}}]`, types.JSONPatchType, fenced.ErrInvalidPatch},
+		{"json patch moving the stamp", `[{"op":"move","from":"/metadata/annotations/fencer.dev~1token","path":"/data/v"}]`, types.JSONPatchType, fenced.ErrInvalidPatch},
+		{"json patch with no path", `[{"op":"remove"}]`, types.JSONPatchType, fenced.ErrInvalidPatch},
+		{"merge patch that is an array", `[]`, types.MergePatchType, fenced.ErrInvalidPatch},
+		{"merge patch with metadata a string", `{"metadata":"x"}`, types.MergePatchType, fenced.ErrInvalidPatch},
+		{"merge patch with annotations a list", `{"metadata":{"annotations":["x"]}}`, types.MergePatchType, fenced.ErrInvalidPatch},
+		{"merge patch with resourceVersion a number", `{"metadata":{"resourceVersion":7}}`, types.MergePatchType, fenced.ErrInvalidPatch},
+		{"strategic merge patch deleting the object", `{"$patch":"delete"}`, types.StrategicMergePatchType, fenced.ErrInvalidPatch},
+		{"strategic merge patch retaining no metadata fields", `{"metadata":{"$retainKeys":["name"]}}`, types.StrategicMergePatchType, fenced.ErrInvalidPatch},
+		{"strategic merge patch deleting the annotations", `{"metadata":{"annotations":{"$patch":"delete"}}}`, types.StrategicMergePatchType, fenced.ErrInvalidPatch},
+		{"apply that is not yaml", "a: [", types.ApplyPatchType, fenced.ErrInvalidPatch},
+		{"unknown patch type", `{}`, types.PatchType("application/x-unknown"), fenced.ErrUnsupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := c.Patch(ctx, obj.DeepCopy(), client.RawPatch(tc.pt, []byte(tc.patch)), client.FieldOwner("bad"))
@@ -199,7 +199,7 @@ func TestApply(t *testing.T) {
 	// lagging cache.
 	before = k.configMap(t, "ssa").ResourceVersion
 	require.ErrorIs(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
-	lagging := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(laggingReader{got}))
+	lagging := k.client(t, staticHolder{toks[0]}, fenced.WithReader(laggingReader{got}))
 	require.ErrorIs(t, lagging.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
 	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
 }
@@ -219,7 +219,7 @@ func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
 	require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
 
-	late := k.client(t, staticHolder{toks[0]}, kubeadapter.WithReader(notFoundReader{}), kubeadapter.WithAPIReader(&missOnce{Reader: k.crc}))
+	late := k.client(t, staticHolder{toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
 	err := late.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
 	require.ErrorIs(t, err, token.ErrStale)
 	got := k.configMap(t, "missed")
@@ -256,7 +256,7 @@ func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	installPolicy(t, k)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
-	c, err := kubeadapter.NewClient(widgets(t, k), staticHolder{tok})
+	c, err := fenced.NewClient(widgets(t, k), staticHolder{tok})
 	require.NoError(t, err)
 	newWidget(t, k, "applied")
 
@@ -317,9 +317,9 @@ func TestApplyAfterADelete(t *testing.T) {
 
 	t.Run("lagging cache", func(t *testing.T) {
 		aView := deleted(t, "lagging")
-		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(laggingReader{aView}))
+		c := k.client(t, staticHolder{a}, fenced.WithReader(laggingReader{aView}))
 		err := c.Apply(ctx, apply("lagging"), client.FieldOwner("a"), client.ForceOwnership)
-		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.True(t, apierrors.IsNotFound(err), "%v", err)
 		requireGone(t, "lagging")
 	})
@@ -330,18 +330,18 @@ func TestApplyAfterADelete(t *testing.T) {
 		r := &deleteAfterRead{Reader: k.crc, del: func(ctx context.Context) error {
 			return k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy())
 		}}
-		c := k.client(t, staticHolder{a}, kubeadapter.WithLiveRead(), kubeadapter.WithAPIReader(r))
+		c := k.client(t, staticHolder{a}, fenced.WithLiveRead(), fenced.WithAPIReader(r))
 		err := c.Apply(ctx, apply("between"), client.FieldOwner("a"), client.ForceOwnership)
-		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.NoError(t, r.err)
 		requireGone(t, "between")
 	})
 
 	t.Run("apply patch of an object the caller read", func(t *testing.T) {
 		aView := deleted(t, "caller-read")
-		c := k.client(t, staticHolder{a}, kubeadapter.WithReader(notFoundReader{}))
+		c := k.client(t, staticHolder{a}, fenced.WithReader(notFoundReader{}))
 		err := c.Patch(ctx, aView, client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"caller-read"},"data":{"by":"a-late"}}`)), client.FieldOwner("a"))
-		require.ErrorIs(t, err, kubeadapter.ErrDeleted)
+		require.ErrorIs(t, err, fenced.ErrDeleted)
 		requireGone(t, "caller-read")
 	})
 }

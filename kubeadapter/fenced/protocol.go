@@ -1,20 +1,15 @@
-package kubeadapter
+package fenced
 
 import (
-	"context"
-	"errors"
-	"fmt"
-
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/token"
 )
 
 // Holder is what fenced writes need from a held lease: token.Holder, the
-// one lease contract of fencer. *Held and *ShardHeld implement it, and so
-// do the etcd store's and the gRPC client's leases, whose tokens name no
+// one lease contract of fencer. kubeadapter's *Held and *ShardHeld
+// implement it, and so do the etcd store's and the gRPC client's leases,
+// whose tokens name no
 // Kubernetes Lease and are refused with a *token.MalformedError. Fenced
 // writes check Err before every attempt, so that a holder that knows it
 // lost the lease stops retrying; their safety never depends on it.
@@ -89,69 +84,9 @@ func newOptions(opts []Option) (options, error) {
 	return o, nil
 }
 
-// heldToken returns h's token, or an error matching token.ErrNotHeld when
-// h reports that the lease is not held.
-func heldToken(h Holder) (token.Token, error) {
-	if err := h.Err(); err != nil {
-		if errors.Is(err, token.ErrNotHeld) {
-			return token.Token{}, err
-		}
-		return token.Token{}, fmt.Errorf("kubeadapter: %w: %w", token.ErrNotHeld, err)
-	}
-	return h.Token(), nil
-}
-
-// restamp sets on obj the annotations a fenced write sends over a version
-// whose annotations are stored: obj's own, except the protocol keys,
-// which are taken from stored and stamped with tok (token.Restamp). Neither
-// map is written to, so maps shared with the caller or a cache are safe.
-func restamp(obj metav1.Object, stored map[string]string, tok token.Token) {
-	obj.SetAnnotations(tok.Restamp(obj.GetAnnotations(), stored))
-}
-
 // stampedWith reports whether annotations carry exactly tok's lease and
 // revision.
 func stampedWith(annotations map[string]string, tok token.Token) bool {
 	cur, ok, err := token.FromAnnotations(annotations)
 	return err == nil && ok && cur.Lease == tok.Lease && cur.Revision == tok.Revision
-}
-
-// attemptFunc is one attempt of a fenced write. retryable says whether a
-// conflict it returns may be retried after a fresh read: it may not when
-// the caller asked for a resourceVersion precondition of its own.
-type attemptFunc func(ctx context.Context, first bool) (retryable bool, err error)
-
-// retry runs attempt until it succeeds or fails with anything but a
-// retryable conflict, the holder stops holding the lease, ctx is done or
-// maxAttempts attempts were made.
-func retry(ctx context.Context, h Holder, maxAttempts int, attempt attemptFunc) error {
-	var err error
-	for i := range maxAttempts {
-		if _, herr := heldToken(h); herr != nil {
-			if err != nil {
-				return fmt.Errorf("%w (after: %v)", herr, err)
-			}
-			return herr
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			return cerr
-		}
-		var retryable bool
-		retryable, err = attempt(ctx, i == 0)
-		if err == nil || !retryable || !apierrors.IsConflict(err) {
-			return err
-		}
-	}
-	return fmt.Errorf("kubeadapter: %d attempts: %w", maxAttempts, err)
-}
-
-// conflictOrStale classifies a conflict on a write that was conditional on
-// the caller's own resourceVersion: when a fresh read shows a stamp the
-// holder may not overwrite, it returns that refusal (such as a
-// *token.StaleError), otherwise the conflict.
-func conflictOrStale(conflict error, check func() error) error {
-	if err := check(); err != nil {
-		return err
-	}
-	return conflict
 }
