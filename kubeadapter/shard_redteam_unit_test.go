@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,7 +38,7 @@ func TestShardRedTeamStaleIncarnation(t *testing.T) {
 
 	// The new incarnation of "a" takes the heartbeat Lease.
 	hb := f.lease(t, memberLeaseName(unitRing, "a"))
-	hb.Spec = acquiredSpec(&hb.Spec, "a_reborn", time.Minute, clk.Now())
+	hb.Spec = leaserecord.Acquired(&hb.Spec, "a_reborn", time.Minute, clk.Now())
 	f.put(t, hb)
 	// c, from a view where the old incarnation is still live, hands it a
 	// shard.
@@ -54,7 +55,7 @@ func TestShardRedTeamStaleIncarnation(t *testing.T) {
 	require.False(t, owns, "a stale incarnation adopted a shard handed to it")
 	after := f.lease(t, ShardLeaseName(unitRing, mine))
 	require.Equal(t, mineBefore.ResourceVersion, after.ResourceVersion, "the stale incarnation wrote its shard Lease (a takeover naming itself)")
-	require.Equal(t, old, holderOf(&after.Spec))
+	require.Equal(t, old, leaserecord.Holder(&after.Spec))
 }
 
 // TestShardLeaveDrainsThenHandsOff: a leaving member marks its heartbeat
@@ -87,16 +88,16 @@ func TestShardLeaveDrainsThenHandsOff(t *testing.T) {
 	require.ErrorIs(t, h.Err(), ErrReleased)
 	hb := f.lease(t, memberLeaseName(unitRing, "a"))
 	require.Equal(t, a.elector.Identity(), hb.Annotations[LeavingAnnotation], "the heartbeat was not marked as leaving first")
-	require.Equal(t, a.elector.Identity(), holderOf(&hb.Spec), "the heartbeat was released before the handoff")
+	require.Equal(t, a.elector.Identity(), leaserecord.Holder(&hb.Spec), "the heartbeat was released before the handoff")
 	require.Equal(t, before.ResourceVersion, f.lease(t, name).ResourceVersion, "the leave wrote while work was in flight")
 
 	h.exit()
 	<-done
 	after := f.lease(t, name)
-	require.Equal(t, "d_1", holderOf(&after.Spec), "the leave did not hand the shard to its new owner")
+	require.Equal(t, "d_1", leaserecord.Holder(&after.Spec), "the leave did not hand the shard to its new owner")
 	require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
-	require.Equal(t, transitionsOf(&before.Spec)+1, transitionsOf(&after.Spec), "more than one write, or none")
-	require.Empty(t, holderOf(&f.lease(t, memberLeaseName(unitRing, "a")).Spec), "the heartbeat was not released")
+	require.Equal(t, leaserecord.Transitions(&before.Spec)+1, leaserecord.Transitions(&after.Spec), "more than one write, or none")
+	require.Empty(t, leaserecord.Holder(&f.lease(t, memberLeaseName(unitRing, "a")).Spec), "the heartbeat was not released")
 
 	// The same identity joins again: its heartbeat keeps the annotation
 	// of the incarnation that left, yet the others count it live.

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/fencer-dev/fencer/internal/mutant"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -128,8 +129,8 @@ func (c ShardConfig) memberLabels() map[string]string {
 
 // ringSource is where a Sharder reads its ring: the Watcher.
 type ringSource interface {
-	labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
-	subscribe() (<-chan struct{}, func())
+	Labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
+	Subscribe() (<-chan struct{}, func())
 }
 
 // Sharder is one member of a ring of processes that share shards (projects,
@@ -377,7 +378,7 @@ func (s *Sharder) Start(ctx context.Context) error {
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("ring", s.cfg.Ring, "member", s.cfg.Identity)
 	ctx = logr.NewContext(ctx, log)
-	notify, stop := s.src.subscribe()
+	notify, stop := s.src.Subscribe()
 	defer stop()
 	for {
 		member, err := s.join(ctx)
@@ -499,43 +500,17 @@ func (s *Sharder) leave(ctx context.Context, member *Held) {
 	}
 }
 
-// markLeaving renews the heartbeat with LeavingAnnotation set and reports
-// whether the write landed. A renewal that lands first is adopted and the
-// mark retried.
+// markLeaving renews the heartbeat with LeavingAnnotation set (Held.Renew)
+// and reports whether the write landed. The mark names the incarnation
+// the record holds, so a later incarnation that inherits it is not
+// leaving.
 func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
-	leases := s.leases.Leases(s.cfg.Namespace)
-	for range 3 {
-		if member.Err() != nil {
-			return false
-		}
-		member.mu.Lock()
-		next := member.lease.DeepCopy()
-		member.mu.Unlock()
-		next.Annotations = maps.Clone(next.Annotations)
+	return member.Renew(ctx, func(next *coordinationv1.Lease) {
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
 		}
-		next.Annotations[LeavingAnnotation] = holderOf(&next.Spec)
-		start := s.clock.Now()
-		now := metav1.NewMicroTime(start)
-		next.Spec.RenewTime = &now
-		got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			member.adopt(got)
-			member.extend(start)
-			s.metrics().renewal(member.tok.Lease, true)
-			return true
-		case !apierrors.IsConflict(err):
-			return false
-		}
-		cur, err := leases.Get(ctx, next.Name, metav1.GetOptions{})
-		if err != nil || lossReason(next, cur) != nil {
-			return false
-		}
-		member.adopt(cur)
-	}
-	return false
+		next.Annotations[LeavingAnnotation] = leaserecord.Holder(&next.Spec)
+	}) == nil
 }
 
 // handOffAll writes the handoff of every shard the ring shows this member
@@ -544,7 +519,7 @@ func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
 // HandoffTimeout after drainBy. Each shard's ownership ends right before
 // its write, and its work drains until drainBy at most.
 func (s *Sharder) handOffAll(ctx context.Context, member *Held, drainBy time.Time) {
-	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+	leases, progress, synced := s.src.Labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
 	if !synced {
 		return
 	}
@@ -633,13 +608,13 @@ func (s *Sharder) trackedShards() []string {
 // makes the moves of plan that the rate limit allows.
 func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 	wait := s.cfg.RetryPeriod
-	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+	leases, progress, synced := s.src.Labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
 	if !synced || member.Err() != nil {
 		return wait
 	}
 	me := s.me()
 	v := s.view(leases, progress, member)
-	if hb := v.members[me.lease]; hb == nil || holderOf(&hb.Spec) != me.holder {
+	if hb := v.members[me.lease]; hb == nil || leaserecord.Holder(&hb.Spec) != me.holder {
 		// The newest heartbeat record this member knows names another
 		// incarnation (a restart under the same identity, a tombstone)
 		// or is gone: it is lost, even if its Held has not noticed yet.
@@ -742,9 +717,7 @@ func (s *Sharder) writeMoves(ctx context.Context, batch []move, yield func(move)
 // view is the ring as the Watcher last saw it, with this member's own
 // writes that the Watcher has not shown yet laid over it.
 func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *Held) ringView {
-	member.mu.Lock()
-	own := member.lease
-	member.mu.Unlock()
+	own := member.Lease()
 	overlay := maps.Clone(s.written)
 	if prev, ok := overlay[own.Name]; !ok || rvOf(prev) < rvOf(own) {
 		overlay[own.Name] = own
@@ -802,10 +775,10 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		if mutant.On(mutant.SharderTrustsRenewTime) && m.Spec.RenewTime != nil {
 			seen.at = m.Spec.RenewTime.Time
 		}
-		holder := holderOf(&m.Spec)
+		holder := leaserecord.Holder(&m.Spec)
 		switch {
 		case name == me.lease || holder == "":
-		case now.Sub(seen.at) >= durationOf(&m.Spec):
+		case now.Sub(seen.at) >= leaserecord.Duration(&m.Spec):
 			dead = append(dead, m)
 		case m.Annotations[LeavingAnnotation] == holder:
 			// Alive, so its shards are not orphaned, but leaving: it is

@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -54,7 +55,7 @@ func (r *trackerRing) current() []*coordinationv1.Lease {
 	return out
 }
 
-func (r *trackerRing) labelled(string, string, string) ([]*coordinationv1.Lease, int64, bool) {
+func (r *trackerRing) Labelled(string, string, string) ([]*coordinationv1.Lease, int64, bool) {
 	r.mu.Lock()
 	frozen := r.frozen
 	r.mu.Unlock()
@@ -78,7 +79,7 @@ func (r *trackerRing) thaw() {
 	r.mu.Unlock()
 }
 
-func (r *trackerRing) subscribe() (<-chan struct{}, func()) { return nil, func() {} }
+func (r *trackerRing) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }
 
 // put stores l as another process would write it, with a new
 // resourceVersion, and returns the stored copy.
@@ -153,7 +154,7 @@ func otherMember(identity, holder string, renew time.Time) *coordinationv1.Lease
 	d, n := int32(10), int32(0)
 	t := metav1.NewMicroTime(renew)
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: memberLeaseName(unitRing, identity), Labels: fenceLabels(nil, ringLabels(unitRing, RoleMember))},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: memberLeaseName(unitRing, identity), Labels: leaserecord.FenceLabels(nil, ringLabels(unitRing, RoleMember))},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d, LeaseTransitions: &n, AcquireTime: &t, RenewTime: &t},
 	}
 }
@@ -232,13 +233,13 @@ func TestFutureRenewTimeIgnored(t *testing.T) {
 	a.step()
 	clk.Step(10*time.Second - time.Millisecond)
 	a.step()
-	require.Equal(t, "b_1", holderOf(&f.lease(t, "r-m-b").Spec), "declared dead before its lease duration")
+	require.Equal(t, "b_1", leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "declared dead before its lease duration")
 	_, owns := a.Owns(shard)
 	require.False(t, owns)
 
 	clk.Step(time.Millisecond)
 	a.step()
-	require.Empty(t, holderOf(&f.lease(t, "r-m-b").Spec), "a renewTime in the future kept a dead member alive")
+	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a renewTime in the future kept a dead member alive")
 	require.Equal(t, 1.0, a.writes(WriteTombstone))
 	tok, owns := a.Owns(shard)
 	require.True(t, owns, "the survivor did not take the orphaned shard")
@@ -265,7 +266,7 @@ func TestTombstoneCASRace(t *testing.T) {
 	// b renews; a does not see it.
 	f.put(t, f.lease(t, "r-m-b"))
 	a.step()
-	require.Equal(t, "b_1", holderOf(&f.lease(t, "r-m-b").Spec), "a tombstone written over a renewal it had not seen killed a live member")
+	require.Equal(t, "b_1", leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a tombstone written over a renewal it had not seen killed a live member")
 	require.Equal(t, 0.0, a.writes(WriteTombstone))
 
 	// Now b stops. Both survivors see the same last renewal.
@@ -279,7 +280,7 @@ func TestTombstoneCASRace(t *testing.T) {
 	wg.Go(a.step)
 	wg.Go(c.step)
 	wg.Wait()
-	require.Empty(t, holderOf(&f.lease(t, "r-m-b").Spec))
+	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec))
 	require.Equal(t, 1.0, a.writes(WriteTombstone)+c.writes(WriteTombstone), "both tombstones landed")
 }
 
@@ -325,9 +326,9 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			tc.finish(clk, h)
 			<-done
 			after := f.lease(t, before.Name)
-			require.Equal(t, "d_1", holderOf(&after.Spec))
+			require.Equal(t, "d_1", leaserecord.Holder(&after.Spec))
 			require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
-			require.Equal(t, transitionsOf(&before.Spec)+1, transitionsOf(&after.Spec))
+			require.Equal(t, leaserecord.Transitions(&before.Spec)+1, leaserecord.Transitions(&after.Spec))
 			require.Equal(t, tc.forced, testutil.ToFloat64(a.cfg.Watcher.metrics.handoffForced))
 			require.Equal(t, 1.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
 		})
@@ -363,14 +364,14 @@ func TestHandoffWaitsOnlyForItsOwnShard(t *testing.T) {
 	f.put(t, otherMember("d", "d_1", clk.Now()))
 	done := make(chan struct{})
 	go func() { a.step(); close(done) }()
-	require.Eventually(t, func() bool { return holderOf(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return leaserecord.Holder(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
 		"the other shard's handoff waited for the slow shard's work")
 	require.ErrorIs(t, slow.Err(), ErrShardMoved)
 	require.Equal(t, before.ResourceVersion, f.lease(t, slowName).ResourceVersion, "the slow shard was handed off while its work was in flight")
 
 	slow.exit()
 	<-done
-	require.Equal(t, "d_1", holderOf(&f.lease(t, slowName).Spec))
+	require.Equal(t, "d_1", leaserecord.Holder(&f.lease(t, slowName).Spec))
 	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
 }
 
@@ -394,7 +395,7 @@ func TestHandoffConditional(t *testing.T) {
 
 	a.step()
 	cur := f.lease(t, name)
-	require.Equal(t, "c_1", holderOf(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
+	require.Equal(t, "c_1", leaserecord.Holder(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
 	require.Equal(t, taken.ResourceVersion, cur.ResourceVersion)
 	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
 }

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 )
 
 // This file holds the pure part of the Sharder: how ring Leases are named
@@ -110,12 +111,12 @@ func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 // and no timestamp: whether a heartbeat is still renewed is decided
 // elsewhere, by the tombstone that ends it.
 func orphaned(shard *coordinationv1.Lease, members map[string]*coordinationv1.Lease) bool {
-	holder := holderOf(&shard.Spec)
+	holder := leaserecord.Holder(&shard.Spec)
 	if holder == "" {
 		return true
 	}
 	m, ok := members[shard.Annotations[MemberAnnotation]]
-	return !ok || holderOf(&m.Spec) != holder
+	return !ok || leaserecord.Holder(&m.Spec) != holder
 }
 
 // incarnation is a live member as the planner sees it.
@@ -195,7 +196,7 @@ func plan(v ringView, tracked []string, live []incarnation, me incarnation) []mo
 
 // holds reports whether the shard Lease names incarnation m.
 func holds(shard *coordinationv1.Lease, m incarnation) bool {
-	return holderOf(&shard.Spec) == m.holder && shard.Annotations[MemberAnnotation] == m.lease
+	return leaserecord.Holder(&shard.Spec) == m.holder && shard.Annotations[MemberAnnotation] == m.lease
 }
 
 // assigned returns the shard Lease that a move writes: over cur (nil for a
@@ -212,14 +213,14 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 		next = cur.DeepCopy()
 		old = &cur.Spec
 	}
-	next.Labels = fenceLabels(next.Labels, ringLabels(ring, RoleShard))
+	next.Labels = leaserecord.FenceLabels(next.Labels, ringLabels(ring, RoleShard))
 	next.Annotations = maps.Clone(next.Annotations)
 	if next.Annotations == nil {
 		next.Annotations = map[string]string{}
 	}
 	next.Annotations[ShardAnnotation] = shard
 	next.Annotations[MemberAnnotation] = to.lease
-	next.Spec = acquiredSpec(old, to.holder, d, now)
+	next.Spec = leaserecord.Acquired(old, to.holder, d, now)
 	return next
 }
 
@@ -228,6 +229,6 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 // exactly the resourceVersion that was observed unchanged.
 func tombstoned(member *coordinationv1.Lease, now time.Time) *coordinationv1.Lease {
 	next := member.DeepCopy()
-	next.Spec = releasedSpec(&member.Spec, now)
+	next.Spec = leaserecord.Released(&member.Spec, now)
 	return next
 }

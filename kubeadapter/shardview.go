@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -118,7 +119,7 @@ func (v *ShardView) Start(ctx context.Context) error {
 	if !v.started.CompareAndSwap(false, true) {
 		return ErrAlreadyStarted
 	}
-	notify, stop := v.src.subscribe()
+	notify, stop := v.src.Subscribe()
 	defer stop()
 	defer v.sweep(true)
 	for {
@@ -138,7 +139,7 @@ func (v *ShardView) Start(ctx context.Context) error {
 
 // read takes a new snapshot of the ring.
 func (v *ShardView) read() {
-	leases, _, synced := v.src.labelled(v.cfg.Namespace, RingLabel, v.cfg.Ring)
+	leases, _, synced := v.src.Labelled(v.cfg.Namespace, RingLabel, v.cfg.Ring)
 	if !synced {
 		return
 	}
@@ -157,9 +158,9 @@ func (s *viewSnapshot) acting(shard string, ring, operator string, deadline time
 	l := s.v.shards[shard]
 	hb := s.heartbeat
 	switch {
-	case l == nil || hb == nil || holderOf(&hb.Spec) == "":
+	case l == nil || hb == nil || leaserecord.Holder(&hb.Spec) == "":
 		return nil, ErrNotOwner
-	case !holds(l, incarnation{holder: holderOf(&hb.Spec), lease: memberLeaseName(ring, operator)}):
+	case !holds(l, incarnation{holder: leaserecord.Holder(&hb.Spec), lease: memberLeaseName(ring, operator)}):
 		return nil, ErrNotOwner
 	case now.Sub(s.changed) >= deadline:
 		return nil, ErrMemberLost
