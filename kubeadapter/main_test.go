@@ -35,9 +35,6 @@ var shared struct {
 }
 
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(shardMemberEnv); spec != "" {
-		os.Exit(shardMember(spec))
-	}
 	code := m.Run()
 	if shared.env != nil {
 		shared.env.Stop()

@@ -13,7 +13,7 @@ import (
 )
 
 // Holder is what fenced writes need from a held lease: token.Holder, the
-// one lease contract of fencer. *Held and *ShardHeld implement it, and so
+// one lease contract of fencer. *Held and kubeadapter/shard's *Held implement it, and so
 // do the etcd store's and the gRPC client's leases, whose tokens name no
 // Kubernetes Lease and are refused with a *token.MalformedError. Fenced
 // writes check Err before every attempt, so that a holder that knows it

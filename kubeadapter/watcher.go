@@ -560,6 +560,17 @@ func (w *Watcher) Labelled(namespace, key, value string) (leases []*coordination
 	return out, s.progress, s.listed
 }
 
+// RecordLeaseWrite counts one Lease write of kind (WriteRenew, WriteAssign
+// or WriteTombstone) that the API server accepted, in MetricLeaseWrites,
+// for a component that writes Leases of its own through this process's
+// Watcher, such as a shard.Sharder's shard Lease writes and tombstones,
+// so that the metric stays the process's whole Lease write load. Electors
+// configured with the Watcher count their writes themselves. It records
+// nothing when the Watcher has no metrics (WithRegisterer).
+func (w *Watcher) RecordLeaseWrite(kind string) {
+	w.metrics.wrote(kind)
+}
+
 // register makes the Watcher watch over h, acquired by the write that
 // returned acquired. What the Watcher has already seen of the Lease is
 // checked at once: a change it applied before h registered ends h too.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,10 @@ type rule struct {
 	pkg     string
 	stdOnly bool     // only the standard library
 	forbid  []string // import paths, each also forbidding the tree under it
+	// only, when not nil, lists the fencer packages (paths, or trees
+	// ending in "/...") that are all pkg may import of fencer's: any
+	// other package of the root module or the light modules is refused.
+	only []string
 }
 
 func rules() []rule {
@@ -54,7 +59,13 @@ func rules() []rule {
 		{pkg: root + "/etcdstore", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
+		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto", "kubeadapter/shard"))},
+		// kubeadapter/shard owns the Sharder, View, Gate, AcquiredSource,
+		// the shard record and its metrics, on kubeadapter's exported API.
+		{pkg: root + "/kubeadapter/shard", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/...", "token", "internal/rendezvous", "internal/mutant")},
+		// kubeadapter/internal holds the pure Lease-record functions that
+		// kubeadapter and kubeadapter/shard share: Kubernetes API types only.
+		{pkg: root + "/kubeadapter/internal/...", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
@@ -75,6 +86,10 @@ func (r rule) violations(deps []string) []string {
 			if first, _, _ := strings.Cut(d, "/"); strings.Contains(first, ".") {
 				bad = append(bad, d)
 			}
+			continue
+		}
+		if r.only != nil && (d == root || strings.HasPrefix(d, root+"/")) && !slices.ContainsFunc(r.only, func(p string) bool { return (rule{pkg: p}).matches(d) }) {
+			bad = append(bad, d)
 			continue
 		}
 		for _, f := range r.forbid {
@@ -189,6 +204,14 @@ func TestRuleBites(t *testing.T) {
 		{root + "/client", "k8s.io/utils/clock"},
 		{root + "/etcdstore", "k8s.io/client-go/kubernetes"},
 		{root + "/kubeadapter", root + "/server"},
+		{root + "/kubeadapter", root + "/kubeadapter/shard"},
+		{root + "/kubeadapter/shard", root + "/etcdstore"},
+		{root + "/kubeadapter/shard", root + "/server"},
+		{root + "/kubeadapter/shard", root + "/fencertest"},
+		{root + "/kubeadapter/shard", root + "/internal/kubetest"},
+		{root + "/kubeadapter/shard", "go.etcd.io/etcd/client/v3"},
+		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
+		{root + "/kubeadapter/internal/leaserecord", "k8s.io/client-go/kubernetes"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 	} {
 		refused := false

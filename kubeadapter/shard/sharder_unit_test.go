@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -29,9 +30,9 @@ import (
 
 const unitRing = "r"
 
-// trackerRing serves a Sharder its ring from the fake store, as a Watcher
+// trackerRing serves a Sharder its ring from the fake store, as a kubeadapter.Watcher
 // that has seen every write would. frozen, when set, is served instead:
-// a Watcher that lags.
+// a kubeadapter.Watcher that lags.
 type trackerRing struct {
 	f      *fakeLeases
 	mu     sync.Mutex
@@ -114,7 +115,8 @@ func (f *fakeLeases) lease(t *testing.T, name string) *coordinationv1.Lease {
 // not end it.
 type unitSharder struct {
 	*Sharder
-	member *Held
+	t      *testing.T
+	member *kubeadapter.Held
 	reg    *prometheus.Registry
 	ring   *trackerRing
 }
@@ -122,12 +124,14 @@ type unitSharder struct {
 func newUnitSharder(t *testing.T, f *fakeLeases, clk *clocktesting.FakeClock, identity string) *unitSharder {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	w, err := NewWatcher(f.CoordinationV1(), WithRegisterer(reg))
+	w, err := kubeadapter.NewWatcher(f.CoordinationV1(), kubeadapter.WithRegisterer(reg))
 	require.NoError(t, err)
-	cfg := ShardConfig{
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	cfg := Config{
 		Namespace: "ns", Ring: unitRing, Identity: identity,
 		LeaseDuration: 60 * time.Second, RenewDeadline: 50 * time.Second, RetryPeriod: 20 * time.Second,
-		HandoffTimeout: 3 * time.Second, MovesPerSecond: 1000, Watcher: w, Clock: clk,
+		HandoffTimeout: 3 * time.Second, MovesPerSecond: 1000, Watcher: w, Metrics: m, Clock: clk,
 	}
 	require.NoError(t, cfg.Validate())
 	ring := &trackerRing{f: f}
@@ -136,16 +140,32 @@ func newUnitSharder(t *testing.T, f *fakeLeases, clk *clocktesting.FakeClock, id
 	member, err := s.join(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		s.endAll(ErrReleased)
+		s.endAll(kubeadapter.ErrReleased)
 		_ = member.Release(context.Background())
 	})
-	return &unitSharder{Sharder: s, member: member, reg: reg, ring: ring}
+	return &unitSharder{Sharder: s, t: t, member: member, reg: reg, ring: ring}
 }
 
 func (u *unitSharder) step() { u.Sharder.step(context.Background(), u.member) }
 
+// writes returns the Lease writes of kind the Watcher's metrics counted.
 func (u *unitSharder) writes(kind string) float64 {
-	return testutil.ToFloat64(u.cfg.Watcher.metrics.leaseWrites.WithLabelValues(kind))
+	u.t.Helper()
+	mfs, err := u.reg.Gather()
+	require.NoError(u.t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != kubeadapter.MetricLeaseWrites {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // otherMember is the heartbeat Lease of a member that is not under test,
@@ -226,7 +246,7 @@ func TestFutureRenewTimeIgnored(t *testing.T) {
 	shard := shardOwnedBy(t, "b", "a", "b")
 	f.put(t, otherMember("b", "b_1", clk.Now().Add(time.Hour)))
 	old := f.put(t, assigned("ns", unitRing, shard, nil, incarnation{identity: "b", holder: "b_1", lease: "r-m-b"}, 10*time.Second, clk.Now()))
-	oldTok, err := TokenOf(old)
+	oldTok, err := kubeadapter.TokenOf(old)
 	require.NoError(t, err)
 	a.Track(shard)
 
@@ -240,7 +260,7 @@ func TestFutureRenewTimeIgnored(t *testing.T) {
 	clk.Step(time.Millisecond)
 	a.step()
 	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a renewTime in the future kept a dead member alive")
-	require.Equal(t, 1.0, a.writes(WriteTombstone))
+	require.Equal(t, 1.0, a.writes(kubeadapter.WriteTombstone))
 	tok, owns := a.Owns(shard)
 	require.True(t, owns, "the survivor did not take the orphaned shard")
 	c, err := tok.Compare(oldTok)
@@ -267,7 +287,7 @@ func TestTombstoneCASRace(t *testing.T) {
 	f.put(t, f.lease(t, "r-m-b"))
 	a.step()
 	require.Equal(t, "b_1", leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a tombstone written over a renewal it had not seen killed a live member")
-	require.Equal(t, 0.0, a.writes(WriteTombstone))
+	require.Equal(t, 0.0, a.writes(kubeadapter.WriteTombstone))
 
 	// Now b stops. Both survivors see the same last renewal.
 	a.ring.thaw()
@@ -281,20 +301,20 @@ func TestTombstoneCASRace(t *testing.T) {
 	wg.Go(c.step)
 	wg.Wait()
 	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec))
-	require.Equal(t, 1.0, a.writes(WriteTombstone)+c.writes(WriteTombstone), "both tombstones landed")
+	require.Equal(t, 1.0, a.writes(kubeadapter.WriteTombstone)+c.writes(kubeadapter.WriteTombstone), "both tombstones landed")
 }
 
-// TestHandoffDrainsFirst: a handoff ends the ShardHeld at once, then waits
+// TestHandoffDrainsFirst: a handoff ends the Held at once, then waits
 // for in-flight work before the one write that names the new owner; with
 // work that never finishes it writes after HandoffTimeout and counts it.
 func TestHandoffDrainsFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		finish func(clk *clocktesting.FakeClock, h *ShardHeld)
+		finish func(clk *clocktesting.FakeClock, h *Held)
 		forced float64
 	}{
-		{"drained", func(_ *clocktesting.FakeClock, h *ShardHeld) { h.exit() }, 0},
-		{"timeout", func(clk *clocktesting.FakeClock, _ *ShardHeld) { clk.Step(3 * time.Second) }, 1},
+		{"drained", func(_ *clocktesting.FakeClock, h *Held) { h.exit() }, 0},
+		{"timeout", func(clk *clocktesting.FakeClock, _ *Held) { clk.Step(3 * time.Second) }, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newUnitClock()
@@ -306,7 +326,7 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			h, err := a.Shard(shard)
 			require.NoError(t, err)
 			require.True(t, h.enter(), "a reconcile in flight")
-			before := f.lease(t, ShardLeaseName(unitRing, shard))
+			before := f.lease(t, LeaseName(unitRing, shard))
 
 			f.put(t, otherMember("d", "d_1", clk.Now()))
 			done := make(chan struct{})
@@ -314,9 +334,9 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			select {
 			case <-h.Done():
 			case <-time.After(5 * time.Second):
-				t.Fatal("the handoff did not end the ShardHeld first")
+				t.Fatal("the handoff did not end the Held first")
 			}
-			require.ErrorIs(t, h.Err(), ErrShardMoved)
+			require.ErrorIs(t, h.Err(), ErrMoved)
 			_, owns := a.Owns(shard)
 			require.False(t, owns)
 			// The drain's timer is armed beside the heartbeat's two.
@@ -329,8 +349,8 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			require.Equal(t, "d_1", leaserecord.Holder(&after.Spec))
 			require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
 			require.Equal(t, leaserecord.Transitions(&before.Spec)+1, leaserecord.Transitions(&after.Spec))
-			require.Equal(t, tc.forced, testutil.ToFloat64(a.cfg.Watcher.metrics.handoffForced))
-			require.Equal(t, 1.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+			require.Equal(t, tc.forced, testutil.ToFloat64(a.cfg.Metrics.handoffForced))
+			require.Equal(t, 1.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 		})
 	}
 }
@@ -358,7 +378,7 @@ func TestHandoffWaitsOnlyForItsOwnShard(t *testing.T) {
 	slow, err := a.Shard(slowShard)
 	require.NoError(t, err)
 	require.True(t, slow.enter(), "a reconcile in flight on the slow shard")
-	slowName, fastName := ShardLeaseName(unitRing, slowShard), ShardLeaseName(unitRing, fastShard)
+	slowName, fastName := LeaseName(unitRing, slowShard), LeaseName(unitRing, fastShard)
 	before := f.lease(t, slowName)
 
 	f.put(t, otherMember("d", "d_1", clk.Now()))
@@ -366,13 +386,13 @@ func TestHandoffWaitsOnlyForItsOwnShard(t *testing.T) {
 	go func() { a.step(); close(done) }()
 	require.Eventually(t, func() bool { return leaserecord.Holder(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
 		"the other shard's handoff waited for the slow shard's work")
-	require.ErrorIs(t, slow.Err(), ErrShardMoved)
+	require.ErrorIs(t, slow.Err(), ErrMoved)
 	require.Equal(t, before.ResourceVersion, f.lease(t, slowName).ResourceVersion, "the slow shard was handed off while its work was in flight")
 
 	slow.exit()
 	<-done
 	require.Equal(t, "d_1", leaserecord.Holder(&f.lease(t, slowName).Spec))
-	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 }
 
 // TestHandoffConditional: a handoff written from a view that missed a
@@ -390,19 +410,19 @@ func TestHandoffConditional(t *testing.T) {
 	f.put(t, otherMember("d", "d_1", clk.Now()))
 	f.put(t, otherMember("c", "c_1", clk.Now()))
 	a.ring.freeze()
-	name := ShardLeaseName(unitRing, shard)
+	name := LeaseName(unitRing, shard)
 	taken := f.put(t, assigned("ns", unitRing, shard, f.lease(t, name), incarnation{identity: "c", holder: "c_1", lease: "r-m-c"}, 10*time.Second, clk.Now()))
 
 	a.step()
 	cur := f.lease(t, name)
 	require.Equal(t, "c_1", leaserecord.Holder(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
 	require.Equal(t, taken.ResourceVersion, cur.ResourceVersion)
-	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 }
 
 // TestOwnsFalseAfterMemberLost: when the heartbeat's renewals fail until
 // its renew deadline, Owns is false and Shard refuses at that instant,
-// before any pass of the Sharder notices, and the ShardHeld says why.
+// before any pass of the Sharder notices, and the Held says why.
 func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	clk := newUnitClock()
 	f := newFakeLeases(t)
@@ -416,7 +436,7 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 
 	f.setFailing(true)
 	clk.Step(a.cfg.RenewDeadline)
-	require.ErrorIs(t, a.member.Err(), ErrRenewDeadline)
+	require.ErrorIs(t, a.member.Err(), kubeadapter.ErrRenewDeadline)
 	_, owns = a.Owns("s")
 	require.False(t, owns, "Owns still true after the member was lost")
 	_, err = a.Shard("s")
@@ -461,7 +481,7 @@ func TestPlanWeights(t *testing.T) {
 // TestWeightLabel: the heartbeat carries the configured weight, and a
 // missing or bad label weighs 1.
 func TestWeightLabel(t *testing.T) {
-	c := DefaultShardConfig("ns", "r", "a")
+	c := DefaultConfig("ns", "r", "a")
 	require.Equal(t, "1", c.memberLabels()[WeightLabel])
 	c.Weight = 3
 	require.Equal(t, 3.0, weightOf(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Labels: c.memberLabels()}}))
@@ -477,7 +497,7 @@ type configCase[C any] struct {
 }
 
 // requireConfigErrors checks that each case's config fails Validate with
-// a *ConfigError naming its field and matching ErrInvalidConfig, and that
+// a *kubeadapter.ConfigError naming its field and matching kubeadapter.ErrInvalidConfig, and that
 // build (the constructor) refuses it.
 func requireConfigErrors[C interface{ Validate() error }](t *testing.T, valid C, build func(C) error, cases []configCase[C]) {
 	t.Helper()
@@ -486,30 +506,30 @@ func requireConfigErrors[C interface{ Validate() error }](t *testing.T, valid C,
 		t.Run(tc.field, func(t *testing.T) {
 			c := valid
 			tc.change(&c)
-			var ce *ConfigError
+			var ce *kubeadapter.ConfigError
 			require.ErrorAs(t, c.Validate(), &ce)
 			require.Equal(t, tc.field, ce.Field)
-			require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
-			require.ErrorIs(t, build(c), ErrInvalidConfig)
+			require.ErrorIs(t, c.Validate(), kubeadapter.ErrInvalidConfig)
+			require.ErrorIs(t, build(c), kubeadapter.ErrInvalidConfig)
 		})
 	}
 }
 
 func TestShardConfigValidate(t *testing.T) {
-	w, err := NewWatcher(newFakeLeases(t).CoordinationV1())
+	w, err := kubeadapter.NewWatcher(newFakeLeases(t).CoordinationV1())
 	require.NoError(t, err)
-	valid := DefaultShardConfig("ns", "ring", "x-0")
+	valid := DefaultConfig("ns", "ring", "x-0")
 	valid.Watcher = w
-	build := func(c ShardConfig) error { _, err := NewSharder(newFakeLeases(t).CoordinationV1(), c); return err }
-	requireConfigErrors(t, valid, build, []configCase[ShardConfig]{
-		{"Ring", func(c *ShardConfig) { c.Ring = "Not_A_Label" }},
-		{"Ring", func(c *ShardConfig) { c.Ring = "a-ring-name-that-is-far-too-long-for-shard-leases" }},
-		{"Identity", func(c *ShardConfig) { c.Identity = "" }},
-		{"Identity", func(c *ShardConfig) { c.Identity = "Pod_0" }},
-		{"Watcher", func(c *ShardConfig) { c.Watcher = nil }},
-		{"HandoffTimeout", func(c *ShardConfig) { c.HandoffTimeout = 0 }},
-		{"MovesPerSecond", func(c *ShardConfig) { c.MovesPerSecond = 0 }},
-		{"RenewDeadline", func(c *ShardConfig) { c.RenewDeadline = c.LeaseDuration }},
-		{"Namespace", func(c *ShardConfig) { c.Namespace = "" }},
+	build := func(c Config) error { _, err := NewSharder(newFakeLeases(t).CoordinationV1(), c); return err }
+	requireConfigErrors(t, valid, build, []configCase[Config]{
+		{"Ring", func(c *Config) { c.Ring = "Not_A_Label" }},
+		{"Ring", func(c *Config) { c.Ring = "a-ring-name-that-is-far-too-long-for-shard-leases" }},
+		{"Identity", func(c *Config) { c.Identity = "" }},
+		{"Identity", func(c *Config) { c.Identity = "Pod_0" }},
+		{"Watcher", func(c *Config) { c.Watcher = nil }},
+		{"HandoffTimeout", func(c *Config) { c.HandoffTimeout = 0 }},
+		{"MovesPerSecond", func(c *Config) { c.MovesPerSecond = 0 }},
+		{"RenewDeadline", func(c *Config) { c.RenewDeadline = c.LeaseDuration }},
+		{"Namespace", func(c *Config) { c.Namespace = "" }},
 	})
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -35,8 +36,8 @@ func (k *kube) createNamespaces(t *testing.T, prefix string, n int, want string,
 // function that stops it, and counts the writes that landed.
 func runScopeManager(t *testing.T, m *ringMember, namespaces []string, landed *sync.Map) func() {
 	t.Helper()
-	gate := kubeadapter.Gate(m.s, func(ns string) string { return ns }, kubeadapter.ShardReconcilerFunc[string](
-		func(ctx context.Context, ns string, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
+	gate := shard.Gate(m.s, func(ns string) string { return ns }, shard.ReconcilerFunc[string](
+		func(ctx context.Context, ns string, h *shard.Held) (reconcile.Result, error) {
 			fc, err := kubeadapter.NewClient(m.crc, h)
 			if err != nil {
 				return reconcile.Result{}, err
@@ -129,7 +130,7 @@ func TestShardScopesOneActive(t *testing.T) {
 	// acquisition and renewals, and no object write at all.
 	require.Equal(t, 1.0, c2.metric(t, kubeadapter.MetricLeaseWrites, "kind", kubeadapter.WriteAssign), "passive member's assign writes")
 	require.Equal(t, 0.0, c2.metric(t, kubeadapter.MetricLeaseWrites, "kind", kubeadapter.WriteTombstone), "passive member's tombstones")
-	require.Equal(t, 0.0, c2.metric(t, kubeadapter.MetricShardMoves), "passive member's shard moves")
+	require.Equal(t, 0.0, c2.metric(t, shard.MetricMoves), "passive member's shard moves")
 	for _, ns := range namespaces {
 		_, wrote := landed.Load("cluster-2/" + ns)
 		require.False(t, wrote, "the passive member wrote in %s", ns)

@@ -1,6 +1,6 @@
 //go:build linux
 
-package kubeadapter_test
+package shard_test
 
 import (
 	"bufio"
@@ -43,6 +43,7 @@ import (
 	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -181,7 +182,7 @@ func runShardMember(specPath string) error {
 	if spec.ClockOffset != 0 {
 		cfg.Clock = skewedClock{offset: spec.ClockOffset}
 	}
-	s, err := kubeadapter.NewSharder(cs.CoordinationV1(), cfg)
+	s, err := shard.NewSharder(cs.CoordinationV1(), cfg)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -54,8 +55,8 @@ func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV 
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); q.ShutDown(); wg.Wait() })
 
-	gate := kubeadapter.Gate(m.s, func(p string) string { return p }, kubeadapter.ShardReconcilerFunc[string](
-		func(ctx context.Context, project string, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
+	gate := shard.Gate(m.s, func(p string) string { return p }, shard.ReconcilerFunc[string](
+		func(ctx context.Context, project string, h *shard.Held) (reconcile.Result, error) {
 			var down corev1.ConfigMap
 			if err := m.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "downstream"}, &down); err != nil {
 				return reconcile.Result{}, err
@@ -81,7 +82,7 @@ func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV 
 			}
 			return reconcile.Result{}, err
 		}))
-	acquired := kubeadapter.AcquiredSource(m.s, func(_ context.Context, shard string) ([]string, error) { return []string{shard}, nil })
+	acquired := shard.AcquiredSource(m.s, func(_ context.Context, shard string) ([]string, error) { return []string{shard}, nil })
 	require.NoError(t, acquired.Start(ctx, q))
 
 	cs, err := kubernetes.NewForConfig(k.env.Admin())
@@ -161,7 +162,7 @@ func TestShardIncident(t *testing.T) {
 	for _, v := range []string{"1", "2"} {
 		skipped0 := map[string]float64{}
 		for _, m := range members {
-			skipped0[m.name] = m.metric(t, kubeadapter.MetricShardDispatchSkipped)
+			skipped0[m.name] = m.metric(t, shard.MetricDispatchSkipped)
 		}
 		down.Data["v"] = v
 		require.NoError(t, k.crc.Update(ctx, down))
@@ -172,7 +173,7 @@ func TestShardIncident(t *testing.T) {
 				}
 			}
 			for _, m := range members {
-				if m.metric(t, kubeadapter.MetricShardDispatchSkipped)-skipped0[m.name] < 2 {
+				if m.metric(t, shard.MetricDispatchSkipped)-skipped0[m.name] < 2 {
 					return false
 				}
 			}
@@ -186,14 +187,14 @@ func TestShardIncident(t *testing.T) {
 			require.Equal(t, owner[p], rec.Data["by"])
 		}
 		for _, m := range members {
-			require.Equal(t, 2.0, m.metric(t, kubeadapter.MetricShardDispatchSkipped)-skipped0[m.name], "%s skipped", m.name)
+			require.Equal(t, 2.0, m.metric(t, shard.MetricDispatchSkipped)-skipped0[m.name], "%s skipped", m.name)
 		}
 	}
 
 	// A replica that does not own a project has no ShardHeld for it.
 	pa, r0 := projects[0], members[0]
 	_, err := members[1].s.Shard(pa)
-	require.ErrorIs(t, err, kubeadapter.ErrNotOwner)
+	require.ErrorIs(t, err, shard.ErrNotOwner)
 	require.ErrorIs(t, err, token.ErrNotHeld)
 
 	// The incident: r0 reads project-a's record, keeps its ShardHeld, and
@@ -207,7 +208,7 @@ func TestShardIncident(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stalled owner's ShardHeld did not end")
 	}
-	require.ErrorIs(t, hOld.Err(), kubeadapter.ErrMemberLost)
+	require.ErrorIs(t, hOld.Err(), shard.ErrMemberLost)
 	// A survivor takes the project with a greater token, and its
 	// AcquiredSource has it write fresh state.
 	var fresh token.Token

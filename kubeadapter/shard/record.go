@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"crypto/sha256"
@@ -31,9 +31,9 @@ const (
 	// RoleMember and RoleShard are the values of RoleLabel.
 	RoleMember = "member"
 	RoleShard  = "shard"
-	// ShardAnnotation holds the shard's name on its Lease, whose name is
+	// NameAnnotation holds the shard's name on its Lease, whose name is
 	// a hash of it.
-	ShardAnnotation = "fencer.dev/shard"
+	NameAnnotation = "fencer.dev/shard"
 	// MemberAnnotation holds, on a shard Lease, the name of the heartbeat
 	// Lease of the member whose incarnation holderIdentity names.
 	MemberAnnotation = "fencer.dev/member"
@@ -45,7 +45,7 @@ const (
 	// leaving.
 	LeavingAnnotation = "fencer.dev/leaving"
 	// WeightLabel holds, on a heartbeat Lease, the member's rendezvous
-	// weight (ShardConfig.Weight) as a decimal integer. A missing or
+	// weight (Config.Weight) as a decimal integer. A missing or
 	// unparsable value counts as 1.
 	WeightLabel = "fencer.dev/weight"
 )
@@ -62,11 +62,11 @@ func weightOf(member *coordinationv1.Lease) float64 {
 // memberLeaseName is the name of the heartbeat Lease of identity in ring.
 func memberLeaseName(ring, identity string) string { return ring + "-m-" + identity }
 
-// ShardLeaseName returns the name of the Lease of shard in ring: the ring,
+// LeaseName returns the name of the Lease of shard in ring: the ring,
 // "-s-" and 16 hex digits of the SHA-256 of the shard's name, so that any
 // shard name, whatever its characters or length, gives a valid Lease
-// name. The name itself is in ShardAnnotation.
-func ShardLeaseName(ring, shard string) string {
+// name. The name itself is in NameAnnotation.
+func LeaseName(ring, shard string) string {
 	sum := sha256.Sum256([]byte(shard))
 	return ring + "-s-" + hex.EncodeToString(sum[:8])
 }
@@ -89,7 +89,7 @@ type ringView struct {
 }
 
 // newRingView sorts the Leases of ring by role. A shard Lease without its
-// ShardAnnotation, or whose name is not the hash of it, is ignored.
+// NameAnnotation, or whose name is not the hash of it, is ignored.
 func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 	v := ringView{members: map[string]*coordinationv1.Lease{}, shards: map[string]*coordinationv1.Lease{}}
 	for _, l := range leases {
@@ -97,7 +97,7 @@ func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 		case RoleMember:
 			v.members[l.Name] = l
 		case RoleShard:
-			if shard, ok := l.Annotations[ShardAnnotation]; ok && l.Name == ShardLeaseName(ring, shard) {
+			if shard, ok := l.Annotations[NameAnnotation]; ok && l.Name == LeaseName(ring, shard) {
 				v.shards[shard] = l
 			}
 		}
@@ -132,7 +132,7 @@ type incarnation struct {
 }
 
 // Kinds of move, and the values of the reason label of
-// MetricShardMoves.
+// MetricMoves.
 const (
 	MoveCreate  = "create"
 	MoveHandoff = "handoff"
@@ -208,7 +208,7 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 	var next *coordinationv1.Lease
 	var old *coordinationv1.LeaseSpec
 	if cur == nil {
-		next = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ShardLeaseName(ring, shard)}}
+		next = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: LeaseName(ring, shard)}}
 	} else {
 		next = cur.DeepCopy()
 		old = &cur.Spec
@@ -218,7 +218,7 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 	if next.Annotations == nil {
 		next.Annotations = map[string]string{}
 	}
-	next.Annotations[ShardAnnotation] = shard
+	next.Annotations[NameAnnotation] = shard
 	next.Annotations[MemberAnnotation] = to.lease
 	next.Spec = leaserecord.Acquired(old, to.holder, d, now)
 	return next
