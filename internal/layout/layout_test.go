@@ -59,13 +59,17 @@ func rules() []rule {
 		{pkg: root + "/etcdstore", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto", "kubeadapter/shard"))},
+		{pkg: root + "/kubeadapter", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto", "kubeadapter/shard", "kubeadapter/internal/leasefake", "internal/kubetest"))},
 		// kubeadapter/shard owns the Sharder, View, Gate, AcquiredSource,
 		// the shard record and its metrics, on kubeadapter's exported API.
-		{pkg: root + "/kubeadapter/shard", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/...", "token", "internal/rendezvous", "internal/mutant")},
-		// kubeadapter/internal holds the pure Lease-record functions that
-		// kubeadapter and kubeadapter/shard share: Kubernetes API types only.
-		{pkg: root + "/kubeadapter/internal/...", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
+		{pkg: root + "/kubeadapter/shard", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "token", "internal/rendezvous", "internal/mutant")},
+		// kubeadapter/internal/leaserecord holds the pure Lease-record
+		// functions that kubeadapter and kubeadapter/shard share:
+		// Kubernetes API types only.
+		{pkg: root + "/kubeadapter/internal/leaserecord", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
+		// kubeadapter/internal/leasefake is the fake Lease clientset of
+		// their unit tests: a harness, so no fencer package of its own.
+		{pkg: root + "/kubeadapter/internal/leasefake", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/internal/holderkey", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
@@ -211,6 +215,8 @@ func TestRuleBites(t *testing.T) {
 		{root + "/kubeadapter/shard", root + "/internal/kubetest"},
 		{root + "/kubeadapter/shard", "go.etcd.io/etcd/client/v3"},
 		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
+		{root + "/kubeadapter", root + "/kubeadapter/internal/leasefake"},
+		{root + "/kubeadapter/shard", root + "/kubeadapter/internal/leasefake"},
 		{root + "/kubeadapter/internal/leaserecord", "k8s.io/client-go/kubernetes"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 	} {

@@ -125,7 +125,7 @@ func TestShardIncident(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ids := []string{"r0", "r1", "r2"}
 	var projects []string
 	for _, id := range ids {
@@ -202,7 +202,7 @@ func TestShardIncident(t *testing.T) {
 	hOld, err := r0.s.Shard(pa)
 	require.NoError(t, err)
 	aView := k.configMap(t, "dns-record-"+pa)
-	r0.leases.stalled.Store(true)
+	r0.leases.Stalled.Store(true)
 	select {
 	case <-hOld.Done():
 	case <-time.After(10 * time.Second):
@@ -252,5 +252,5 @@ func TestShardIncident(t *testing.T) {
 	final := k.configMap(t, "dns-record-"+pa)
 	require.Equal(t, afterNew.ResourceVersion, final.ResourceVersion, "a stale write landed")
 	require.Equal(t, newOwner.name, final.Data["by"])
-	r0.leases.stalled.Store(false)
+	r0.leases.Stalled.Store(false)
 }

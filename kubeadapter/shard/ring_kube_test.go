@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/kubetest"
 	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/shard"
@@ -34,7 +35,7 @@ type ringMember struct {
 	name   string
 	s      *shard.Sharder
 	reg    *prometheus.Registry
-	leases *stallable
+	leases *kubetest.Stallable
 	net    *netCut
 	crc    client.Client
 	cancel context.CancelFunc
@@ -80,7 +81,7 @@ func (k *kube) startMemberVia(tb testing.TB, cfg shard.Config, shards []string, 
 	if wrap != nil {
 		leases = wrap(leases)
 	}
-	st := &stallable{LeasesGetter: leases}
+	st := &kubetest.Stallable{LeasesGetter: leases}
 	reg := prometheus.NewRegistry()
 	w, err := kubeadapter.NewWatcher(st, kubeadapter.WatchNamespaces(cfg.Namespace), kubeadapter.WithRegisterer(reg))
 	require.NoError(tb, err)
@@ -176,7 +177,7 @@ func (c *closeHook) Close() error {
 // stop leaves the ring gracefully and waits until the member's goroutines
 // have returned.
 func (m *ringMember) stop() {
-	m.leases.stalled.Store(false)
+	m.leases.Stalled.Store(false)
 	m.cancel()
 	<-m.done
 }

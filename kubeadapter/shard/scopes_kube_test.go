@@ -148,7 +148,7 @@ func TestShardScopesOneActive(t *testing.T) {
 		old[ns] = tok
 	}
 	stop1()
-	c1.leases.killed.Store(true)
+	c1.leases.Killed.Store(true)
 	require.True(t, waitFor(15*time.Second, func() bool {
 		for _, ns := range namespaces {
 			if _, ok := c2.s.Owns(ns); !ok {

@@ -508,7 +508,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 	})
 	b.Run("crash", func(b *testing.B) {
 		measure(b, members, names(members[:2]), func() []*ringMember {
-			members[2].leases.killed.Store(true)
+			members[2].leases.Killed.Store(true)
 			return members[:2]
 		})
 	})

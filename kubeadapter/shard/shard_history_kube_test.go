@@ -153,7 +153,7 @@ func (r *registers) read(ctx context.Context, reg string) {
 // -shard-history-rounds repeats the churn.
 func TestShardHistory(t *testing.T) {
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	shards := []string{"reg-a", "reg-b"}
 	for _, sh := range shards {
@@ -244,7 +244,7 @@ func TestShardHistory(t *testing.T) {
 		paused, at := ownerOf("reg-a")
 		old, err := paused.s.Shard("reg-a")
 		require.NoError(t, err)
-		paused.leases.stalled.Store(true)
+		paused.leases.Stalled.Store(true)
 		late(paused, 100+round, "reg-a", old.Token(), "pause")
 		paused.stop()
 		members[at] = k.startMember(t, "hist", paused.name, shards)
@@ -272,7 +272,7 @@ func TestShardHistory(t *testing.T) {
 		killed, at := ownerOf("reg-a")
 		old, err = killed.s.Shard("reg-a")
 		require.NoError(t, err)
-		killed.leases.killed.Store(true)
+		killed.leases.Killed.Store(true)
 		killed.stop()
 		members[at] = k.startMember(t, "hist", killed.name, shards)
 		work(members[at], 400+round)

@@ -171,7 +171,7 @@ func holderOfLease(t *testing.T, k *kube, name string) string {
 func TestShardRedTeamLateHandoff(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	ids := []string{"x-0", "x-1"}
 	moving := shardsOwnedBy("late-", "x-1", 1, ids...)[0]
@@ -194,7 +194,7 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 	movingLease := shard.LeaseName("late", moving)
 	require.NotEqual(t, holderOfLease(t, k, "late-m-x-1"), holderOfLease(t, k, movingLease), "the handoff landed")
 
-	x0.leases.stalled.Store(true)
+	x0.leases.Stalled.Store(true)
 	clk.off.Add(int64(cfg.LeaseDuration))
 	require.True(t, waitFor(20*time.Second, func() bool {
 		_, a := x1.s.Owns(moving)
@@ -214,7 +214,7 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 	// x-0 resumes: its Lease client works again, and the handoff it had
 	// in flight reaches the API server.
 	lost := x0.s.Member()
-	x0.leases.stalled.Store(false)
+	x0.leases.Stalled.Store(false)
 	err = held.release(t)
 	require.True(t, apierrors.IsConflict(err), "the late handoff was not refused: %v", err)
 	_, owns := x0.s.Owns(moving)
@@ -236,7 +236,7 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 func TestShardRedTeamForcedHandoff(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	moving := shardsOwnedBy("forced-", "x-1", 1, "x-0", "x-1")[0]
 	x0 := k.startMember(t, "forced", "x-0", []string{moving})
@@ -279,7 +279,7 @@ func TestShardRedTeamForcedHandoff(t *testing.T) {
 func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	ids := []string{"x-0", "x-1"}
 	cases := []struct {
@@ -408,7 +408,7 @@ func TestShardRedTeamMoveRateUnderChurn(t *testing.T) {
 	sample(time.Second)
 	x1.stop()
 	sample(time.Second)
-	x2.leases.killed.Store(true)
+	x2.leases.Killed.Store(true)
 	require.True(t, waitFor(time.Minute, func() bool {
 		sampleOnce()
 		return len(owners([]*ringMember{x0}, shards)) == len(shards)

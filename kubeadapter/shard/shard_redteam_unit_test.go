@@ -18,7 +18,7 @@ import (
 // TestShardRedTeamStaleIncarnation: a member restarted under the same
 // identity (a new incarnation) takes the heartbeat Lease while the old
 // incarnation's goroutines still run and its kubeadapter.Held has not yet noticed (the
-// kubeadapter.Watcher ends it a moment after it updates its cache, and a paused
+// Watcher ends it a moment after it updates its cache, and a paused
 // process notices later still). The old incarnation's pass sees its
 // heartbeat naming another incarnation: it must stop owning its shards at
 // once, adopt none handed to it from a stale view, and write no takeover

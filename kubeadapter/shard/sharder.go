@@ -80,7 +80,7 @@ type Config struct {
 // DefaultConfig returns a Config for the ring in namespace and
 // the member identity, with client-go's durations for the heartbeat (15s,
 // 10s, 2s), a HandoffTimeout of 10s and 20 moves per second, the default
-// client QPS of controller-runtime. The caller sets kubeadapter.Watcher.
+// client QPS of controller-runtime. The caller sets Watcher.
 func DefaultConfig(namespace, ring, identity string) Config {
 	return Config{
 		Namespace: namespace, Ring: ring, Identity: identity,
@@ -95,7 +95,7 @@ const maxRingLen = 40
 
 // Validate reports the first invalid field as a *kubeadapter.ConfigError, or nil: the
 // rules of kubeadapter.Config.Validate for the heartbeat, a Ring that is a DNS-1123
-// label of at most 40 characters, a required kubeadapter.Watcher, and positive
+// label of at most 40 characters, a required Watcher, and positive
 // HandoffTimeout and MovesPerSecond.
 func (c Config) Validate() error {
 	switch {
@@ -133,7 +133,7 @@ func (c Config) memberLabels() map[string]string {
 	return l
 }
 
-// ringSource is where a Sharder reads its ring: the kubeadapter.Watcher.
+// ringSource is where a Sharder reads its ring: the Watcher.
 type ringSource interface {
 	Labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
 	Subscribe() (<-chan struct{}, func())
@@ -226,7 +226,7 @@ type Sharder struct {
 	// when, on this member's clock, it was first seen.
 	seen map[string]seenAt
 	// written is, by Lease name, the result of this member's last write
-	// of a ring Lease not yet seen through the kubeadapter.Watcher.
+	// of a ring Lease not yet seen through the Watcher.
 	written map[string]*coordinationv1.Lease
 }
 
@@ -373,11 +373,11 @@ func (s *Sharder) onAcquire(fn func(string)) func() {
 
 // Start runs the member until ctx is done: it acquires the heartbeat
 // Lease (as a new incarnation after every loss), and makes a pass over the
-// ring on every change the kubeadapter.Watcher sees and at least every RetryPeriod.
+// ring on every change the Watcher sees and at least every RetryPeriod.
 // When ctx is done it leaves (ends and drains each Held and hands its
 // shard off, releases the heartbeat; see leave) and returns nil. It returns the *kubeadapter.AcquireError of a heartbeat
 // the API server refuses for good, and kubeadapter.ErrAlreadyStarted when called a
-// second time. The kubeadapter.Watcher must be running.
+// second time. The Watcher must be running.
 func (s *Sharder) Start(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
 		return kubeadapter.ErrAlreadyStarted
@@ -422,7 +422,7 @@ func (s *Sharder) join(ctx context.Context) (*kubeadapter.Held, error) {
 	return h, nil
 }
 
-// minPassInterval bounds how often kubeadapter.Watcher events start a pass: a pass
+// minPassInterval bounds how often Watcher events start a pass: a pass
 // is O(shards), and a burst of shard Lease writes (a rebalance) is one
 // event each.
 func (s *Sharder) minPassInterval() time.Duration {
@@ -728,8 +728,8 @@ func (s *Sharder) writeMoves(ctx context.Context, batch []move, yield func(move)
 	return out
 }
 
-// view is the ring as the kubeadapter.Watcher last saw it, with this member's own
-// writes that the kubeadapter.Watcher has not shown yet laid over it.
+// view is the ring as the Watcher last saw it, with this member's own
+// writes that the Watcher has not shown yet laid over it.
 func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *kubeadapter.Held) ringView {
 	own := member.Lease()
 	overlay := maps.Clone(s.written)
@@ -750,7 +750,7 @@ func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *k
 	}
 	for name, w := range overlay {
 		if rvOf(w) <= progress {
-			// Written, seen by the kubeadapter.Watcher and gone since.
+			// Written, seen by the Watcher and gone since.
 			delete(s.written, name)
 			continue
 		}
@@ -899,7 +899,7 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 // shard's, writes the move over it, conditional on the version read, as
 // any takeover: a new token, greater than every one issued on it. A
 // Lease that does look like the shard's (another member created it
-// first) is left to the kubeadapter.Watcher, and reclaim returns its AlreadyExists.
+// first) is left to the Watcher, and reclaim returns its AlreadyExists.
 func (s *Sharder) reclaim(ctx context.Context, mv move) (*coordinationv1.Lease, error) {
 	leases := s.leases.Leases(s.cfg.Namespace)
 	name := LeaseName(s.cfg.Ring, mv.shard)

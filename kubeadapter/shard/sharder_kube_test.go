@@ -127,7 +127,7 @@ func TestShardJoinLeave(t *testing.T) {
 	c0 = countWrites(t, k, members)
 	orphans0 = moves(t, members[:2], shard.MoveOrphan)
 	start := time.Now()
-	members[2].leases.killed.Store(true)
+	members[2].leases.Killed.Store(true)
 	final := settled(t, members[:2], shards)
 	t.Logf("crash: %d shards moved %v after the kill (lease duration 2s)", crashed, time.Since(start).Round(10*time.Millisecond))
 	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "shards moved before the crashed member's lease duration")

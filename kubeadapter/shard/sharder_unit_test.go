@@ -30,9 +30,9 @@ import (
 
 const unitRing = "r"
 
-// trackerRing serves a Sharder its ring from the fake store, as a kubeadapter.Watcher
+// trackerRing serves a Sharder its ring from the fake store, as a Watcher
 // that has seen every write would. frozen, when set, is served instead:
-// a kubeadapter.Watcher that lags.
+// a Watcher that lags.
 type trackerRing struct {
 	f      *fakeLeases
 	mu     sync.Mutex
@@ -40,8 +40,8 @@ type trackerRing struct {
 }
 
 func (r *trackerRing) current() []*coordinationv1.Lease {
-	r.f.mu.Lock()
-	defer r.f.mu.Unlock()
+	r.f.Mu.Lock()
+	defer r.f.Mu.Unlock()
 	objs, err := r.f.Tracker().List(leasesGVR, coordinationv1.SchemeGroupVersion.WithKind("Lease"), "ns")
 	if err != nil {
 		panic(err)
@@ -86,11 +86,11 @@ func (r *trackerRing) Subscribe() (<-chan struct{}, func()) { return nil, func()
 // resourceVersion, and returns the stored copy.
 func (f *fakeLeases) put(t *testing.T, l *coordinationv1.Lease) *coordinationv1.Lease {
 	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
 	l = l.DeepCopy()
-	f.rv++
-	l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+	f.RV++
+	l.ResourceVersion = strconv.FormatInt(f.RV, 10)
 	if l.UID == "" {
 		l.UID = types.UID("uid-" + l.Name)
 	}
@@ -434,7 +434,7 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	_, owns := a.Owns("s")
 	require.True(t, owns)
 
-	f.setFailing(true)
+	f.SetFailing(true)
 	clk.Step(a.cfg.RenewDeadline)
 	require.ErrorIs(t, a.member.Err(), kubeadapter.ErrRenewDeadline)
 	_, owns = a.Owns("s")
@@ -444,7 +444,7 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	require.ErrorIs(t, err, token.ErrNotHeld)
 	require.ErrorIs(t, h.Err(), ErrMemberLost)
 	require.ErrorIs(t, h.Err(), token.ErrNotHeld)
-	f.setFailing(false)
+	f.SetFailing(false)
 }
 
 // TestPlanWeights: a member of weight 2 plans the creates of about half

@@ -30,7 +30,7 @@ type ViewConfig struct {
 	// RenewDeadline: the ring's LeaseDuration minus it is the margin
 	// that absorbs the view's watch lag.
 	RenewDeadline time.Duration
-	// kubeadapter.Watcher is the view's process's one Lease watcher. It must watch
+	// Watcher is the view's process's one Lease watcher. It must watch
 	// Namespace.
 	Watcher *kubeadapter.Watcher
 	// Clock measures durations; nil means the real clock.
@@ -60,7 +60,7 @@ func (c ViewConfig) Validate() error {
 // O(members) however many delegates there are. It never writes a Lease.
 //
 // A delegate acts on a shard (Shard, and the Delegate's Err) only
-// while the shard Lease, as its kubeadapter.Watcher last saw it, is the assignment
+// while the shard Lease, as its Watcher last saw it, is the assignment
 // its token came from and names the operator's current incarnation, and
 // it has seen the operator's heartbeat Lease change within RenewDeadline
 // on its own clock. Its writes carry the shard's token, so the fenced
@@ -111,11 +111,11 @@ func NewView(cfg ViewConfig) (*View, error) {
 // NeedLeaderElection returns false: every delegate runs.
 func (v *View) NeedLeaderElection() bool { return false }
 
-// Start reads the ring on every change the kubeadapter.Watcher sees, and at least
+// Start reads the ring on every change the Watcher sees, and at least
 // every RenewDeadline/4, ending the Context of each delegate that may no
 // longer act, until ctx is done; it then ends every delegate's Context
 // (a stopped view vouches for none) and returns nil, or kubeadapter.ErrAlreadyStarted
-// when called a second time. The kubeadapter.Watcher must be running.
+// when called a second time. The Watcher must be running.
 func (v *View) Start(ctx context.Context) error {
 	if !v.started.CompareAndSwap(false, true) {
 		return kubeadapter.ErrAlreadyStarted
@@ -232,7 +232,7 @@ func (d *Delegate) Token() token.Token { return d.tok }
 
 // Context returns a context that ends, with Err's error as its cause, once
 // the view finds the delegate may no longer act: at once on a change its
-// kubeadapter.Watcher sees, within RenewDeadline/4 of the heartbeat's deadline, and
+// Watcher sees, within RenewDeadline/4 of the heartbeat's deadline, and
 // when the view stops. Err is exact at the moment of the call; Context
 // may end a little later than Err starts failing, never earlier.
 func (d *Delegate) Context() context.Context { return d.ctx }

@@ -40,7 +40,7 @@ func (k *kube) startView(t *testing.T, ring, operator string) *shard.View {
 func TestShardView(t *testing.T) {
 	// Not parallel: it counts every Lease write the API server accepts.
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	ids := []string{"x-0", "x-1"}
 	sh := shardsOwnedBy("view-", "x-0", 1, ids...)[0]
@@ -71,7 +71,7 @@ func TestShardView(t *testing.T) {
 	require.NoError(t, d.Context().Err(), "the Context of a delegate that may act")
 
 	// The operator pauses: its heartbeat stops changing.
-	x0.leases.stalled.Store(true)
+	x0.leases.Stalled.Store(true)
 	require.True(t, waitFor(10*time.Second, func() bool { return d.Err() != nil }), "the delegate kept acting after the operator's heartbeat stopped")
 	require.ErrorIs(t, d.Err(), shard.ErrMemberLost)
 	select {
