@@ -85,6 +85,8 @@
 // any go.etcd.io module, etcdstore, server, client, embedetcd, proto or
 // its own kubeadapter/shard (internal/layout enforces it). The pure
 // Lease-record functions it shares with kubeadapter/shard are in
-// kubeadapter/internal/leaserecord. Its fenced writes take a token.Holder, so
+// kubeadapter/internal/leaserecord; the fake Lease clientset of both
+// packages' unit tests is kubeadapter/internal/leasefake, which no
+// production package imports. Its fenced writes take a token.Holder, so
 // any fencer lease type is accepted where the type system is concerned.
 package kubeadapter
