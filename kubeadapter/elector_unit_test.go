@@ -253,15 +253,7 @@ func TestRenewDetectsLoss(t *testing.T) {
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			f := newFakeLeases(t)
-			cfg := testConfig(clk)
-			e, err := NewElector(f.CoordinationV1(), cfg)
-			require.NoError(t, err)
-			ctx := context.Background()
-			h, err := e.TryAcquire(ctx)
-			require.NoError(t, err)
-			defer h.Release(ctx)
+			clk, f, cfg, h := heldOnFake(t)
 
 			tc.change(t, f)
 			waitForRenewLoop(t, clk)
@@ -309,6 +301,21 @@ func TestReleaseNeverClobbers(t *testing.T) {
 	require.NoError(t, h.Release(ctx), "second Release")
 }
 
+// heldOnFake acquires the Lease of testConfig on a new fake clientset,
+// on a fake clock, and releases it when t ends.
+func heldOnFake(t *testing.T) (*clocktesting.FakeClock, *fakeLeases, Config, *Held) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := newFakeLeases(t)
+	cfg := testConfig(clk)
+	e, err := NewElector(f.CoordinationV1(), cfg)
+	require.NoError(t, err)
+	h, err := e.TryAcquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Release(context.Background()) })
+	return clk, f, cfg, h
+}
+
 // TestHeldRenewWithMutation checks Held.Renew's contract: a renewal now
 // that carries the mutation, which the Held adopts so that its own later
 // renewals keep it; after a conflict with a write that is still this
@@ -345,18 +352,11 @@ func TestHeldRenewWithMutation(t *testing.T) {
 		}, ErrReleased, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			f := newFakeLeases(t)
-			cfg := testConfig(clk)
-			e, err := NewElector(f.CoordinationV1(), cfg)
-			require.NoError(t, err)
-			ctx := context.Background()
-			h, err := e.TryAcquire(ctx)
-			require.NoError(t, err)
-			defer h.Release(ctx)
+			clk, f, cfg, h := heldOnFake(t)
 
 			tc.before(t, f, h)
-			err = h.Renew(ctx, mark)
+			ctx := context.Background()
+			err := h.Renew(ctx, mark)
 			switch {
 			case tc.name == "server failing":
 				require.Error(t, err)
