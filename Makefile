@@ -79,7 +79,7 @@ mutants: kube-apiserver
 ## shardchaos: shard members as processes (SIGSTOP, partition, SIGKILL mid-write, restart) for SHARD_ROUNDS rounds; prints the counts
 SHARD_ROUNDS ?= 5
 shardchaos: kube-apiserver
-	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v ./kubeadapter -shard-process-rounds=$(SHARD_ROUNDS)
+	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v ./kubeadapter/shard -shard-process-rounds=$(SHARD_ROUNDS)
 
 ## lint: gofmt and go vet, in the root module and the light modules
 lint:

@@ -48,7 +48,7 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
 	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
 	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/testkit/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
-	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter", tests: []string{"TestFutureRenewTimeIgnored"}},
+	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter/shard", tests: []string{"TestFutureRenewTimeIgnored"}},
 	// The etcd chaos test's forged and foreign writes at each takeover
 	// make these two guards' absence a linearizability violation. It does
 	// not catch batch-shared-guard (each holder process batches only its

@@ -28,10 +28,10 @@ func TestClientGoBaseline(t *testing.T) {
 		retryPeriod   = 100 * time.Millisecond
 	)
 	deleteLease := func(t *testing.T, f *fakeLeases) {
-		f.mu.Lock()
+		f.Mu.Lock()
 		err := f.Tracker().Delete(leasesGVR, "ns", "fence")
-		f.rv++
-		f.mu.Unlock()
+		f.RV++
+		f.Mu.Unlock()
 		require.NoError(t, err)
 	}
 	for _, tc := range []struct {
@@ -50,12 +50,12 @@ func TestClientGoBaseline(t *testing.T) {
 		{"replaced for another holder", func(t *testing.T, f *fakeLeases) {
 			deleteLease(t, f)
 			l := heldLease("other", 0, time.Now())
-			f.mu.Lock()
-			f.rv++
-			l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+			f.Mu.Lock()
+			f.RV++
+			l.ResourceVersion = strconv.FormatInt(f.RV, 10)
 			l.UID = types.UID("uid-" + l.ResourceVersion)
 			err := f.Tracker().Create(leasesGVR, l, "ns")
-			f.mu.Unlock()
+			f.Mu.Unlock()
 			require.NoError(t, err)
 		}, true},
 		{"deleted", deleteLease, false},

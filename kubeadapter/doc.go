@@ -43,20 +43,11 @@
 //
 // # Sharding
 //
-// A Sharder makes the replicas of a controller members of a ring that
-// shares shards: each member renews one heartbeat Lease (an Elector and
-// Held), and each shard has a Lease written only when the shard moves
-// (create, handoff, release, takeover of an orphaned shard), so renewal
-// writes grow with members, not shards. A shard's token comes from its
-// own Lease, so the fenced client and the admission policy fence a
-// shard's writers unchanged. Owns answers without a lock; Shard returns a
-// ShardHeld for fenced.NewClient; Gate drops requests of shards the member does
-// not own at dispatch, and AcquiredSource enqueues a shard's objects when
-// the member starts to own it. Dead members are detected on each
-// survivor's own clock from an unchanged resourceVersion, never from a
-// record's timestamps. A ShardView is a read-only delegate of one member
-// (a pod per namespace) that acts on the member's shards with their
-// tokens and writes no Lease. See docs/sharding.md.
+// Sharding lives in kubeadapter/shard, which builds on this package's
+// exported API only: an Elector and Held for each member's heartbeat
+// (renewed out of turn, with a mark, by Held.Renew), the Watcher's ring
+// source (Labelled and Subscribe) and Watcher.RecordLeaseWrite for its
+// Lease writes. This package does not import it. See docs/sharding.md.
 //
 // # What is not guaranteed
 //
@@ -73,6 +64,10 @@
 // # Imports
 //
 // kubeadapter imports token and the Kubernetes client libraries, never
-// any go.etcd.io module, etcdstore, server, client, embedetcd or proto
-// (internal/layout enforces it).
+// any go.etcd.io module, etcdstore, server, client, embedetcd, proto or
+// its own kubeadapter/shard (internal/layout enforces it). The pure
+// Lease-record functions it shares with kubeadapter/shard are in
+// kubeadapter/internal/leaserecord; the fake Lease clientset of both
+// packages' unit tests is kubeadapter/internal/leasefake, which no
+// production package imports.
 package kubeadapter

@@ -20,6 +20,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -160,8 +161,8 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 	case apierrors.IsNotFound(err):
 		start := e.clock.Now()
 		got, err = leases.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name, Labels: fenceLabels(nil, e.cfg.Labels)},
-			Spec:       acquiredSpec(nil, e.identity, e.cfg.LeaseDuration, start),
+			ObjectMeta: metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name, Labels: leaserecord.FenceLabels(nil, e.cfg.Labels)},
+			Spec:       leaserecord.Acquired(nil, e.identity, e.cfg.LeaseDuration, start),
 		}, metav1.CreateOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("kubeadapter: acquire %s: create: %w", e.Lease(), err)
@@ -177,9 +178,9 @@ func (e *Elector) TryAcquire(ctx context.Context) (*Held, error) {
 		return nil, err
 	}
 	next := cur.DeepCopy()
-	next.Labels = fenceLabels(cur.Labels, e.cfg.Labels)
+	next.Labels = leaserecord.FenceLabels(cur.Labels, e.cfg.Labels)
 	start := e.clock.Now()
-	next.Spec = acquiredSpec(&cur.Spec, e.identity, e.cfg.LeaseDuration, start)
+	next.Spec = leaserecord.Acquired(&cur.Spec, e.identity, e.cfg.LeaseDuration, start)
 	got, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("kubeadapter: acquire %s: update: %w", e.Lease(), err)

@@ -4,21 +4,17 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
-	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leasefake"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -26,90 +22,29 @@ import (
 // down exact timing decisions only; behaviour against a store is tested on
 // a real kube-apiserver in kube_test.go.
 
-var leasesGVR = coordinationv1.SchemeGroupVersion.WithResource("leases")
+var leasesGVR = leasefake.GVR
 
-// fakeLeases is a fake clientset whose Lease writes check and assign
-// resourceVersions like the API server (the plain fake does neither;
-// an update without one is unconditional, as on the API server), and
-// whose updates can be made to fail.
-type fakeLeases struct {
-	*fake.Clientset
-	mu      sync.Mutex
-	rv      int64
-	failing bool
-	updates int
-}
-
-// CoordinationV1 returns the fake's Lease client, marked as one that
-// cannot stream a list's initial events (as client-go's fake clientset
-// is), so that a Watcher on it lists and then watches.
-func (f *fakeLeases) CoordinationV1() coordinationv1client.CoordinationV1Interface {
-	return listThenWatch{f.Clientset.CoordinationV1()}
-}
-
-type listThenWatch struct {
-	coordinationv1client.CoordinationV1Interface
-}
-
-func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
+// fakeLeases is leasefake's clientset, whose Lease writes check and
+// assign resourceVersions like the API server, with this package's
+// helpers.
+type fakeLeases struct{ *leasefake.Clientset }
 
 func newFakeLeases(t *testing.T, objs ...runtime.Object) *fakeLeases {
 	t.Helper()
-	f := &fakeLeases{Clientset: fake.NewClientset(), rv: 100}
-	tr := f.Tracker()
-	for _, o := range objs {
-		require.NoError(t, tr.Add(o))
-	}
-	f.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		f.rv++
-		l.ResourceVersion = strconv.FormatInt(f.rv, 10)
-		l.UID = types.UID("uid-" + l.ResourceVersion)
-		return true, l, tr.Create(leasesGVR, l, l.Namespace)
-	})
-	f.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		f.updates++
-		if f.failing {
-			return true, nil, apierrors.NewServiceUnavailable("injected")
-		}
-		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		cur, err := tr.Get(leasesGVR, l.Namespace, l.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		// Like the API server, an update without a resourceVersion is
-		// unconditional.
-		if l.ResourceVersion != "" && cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
-			return true, nil, apierrors.NewConflict(leasesGVR.GroupResource(), l.Name, nil)
-		}
-		f.rv++
-		l.ResourceVersion = strconv.FormatInt(f.rv, 10)
-		return true, l, tr.Update(leasesGVR, l, l.Namespace)
-	})
-	return f
-}
-
-func (f *fakeLeases) setFailing(v bool) {
-	f.mu.Lock()
-	f.failing = v
-	f.mu.Unlock()
+	return &fakeLeases{leasefake.New(t, objs...)}
 }
 
 // edit changes the stored Lease as another writer would.
 func (f *fakeLeases) edit(t *testing.T, change func(*coordinationv1.Lease)) {
 	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
 	cur, err := f.Tracker().Get(leasesGVR, "ns", "fence")
 	require.NoError(t, err)
 	l := cur.(*coordinationv1.Lease).DeepCopy()
 	change(l)
-	f.rv++
-	l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+	f.RV++
+	l.ResourceVersion = strconv.FormatInt(f.RV, 10)
 	require.NoError(t, f.Tracker().Update(leasesGVR, l, "ns"))
 }
 
@@ -258,7 +193,7 @@ func TestRenewDeadlineFailsClosed(t *testing.T) {
 	defer h.Release(ctx)
 	require.Equal(t, uint64(0), h.Token().Epoch, "a created Lease starts at leaseTransitions 0")
 
-	f.setFailing(true)
+	f.SetFailing(true)
 	for range 2 { // renewals at +2s and +4s fail
 		clk.Step(cfg.RetryPeriod)
 		require.NoError(t, h.Err())
@@ -280,7 +215,7 @@ func TestRenewDeadlineFailsClosed(t *testing.T) {
 	require.Equal(t, e.Identity(), *f.get(t).Spec.HolderIdentity)
 
 	// Another acquisition by the same Elector is a new, greater token.
-	f.setFailing(false)
+	f.SetFailing(false)
 	h2, err := e.TryAcquire(ctx)
 	require.NoError(t, err)
 	defer h2.Release(ctx)
@@ -319,15 +254,7 @@ func TestRenewDetectsLoss(t *testing.T) {
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			f := newFakeLeases(t)
-			cfg := testConfig(clk)
-			e, err := NewElector(f.CoordinationV1(), cfg)
-			require.NoError(t, err)
-			ctx := context.Background()
-			h, err := e.TryAcquire(ctx)
-			require.NoError(t, err)
-			defer h.Release(ctx)
+			clk, f, cfg, h := heldOnFake(t)
 
 			tc.change(t, f)
 			waitForRenewLoop(t, clk)
@@ -396,6 +323,97 @@ func TestLostErrorMatchesSharedEndings(t *testing.T) {
 			for _, s := range shared {
 				require.Equal(t, s == tc.want, errors.Is(err, s), "errors.Is(%v, %v)", err, s)
 			}
+		})
+	}
+}
+
+// heldOnFake acquires the Lease of testConfig on a new fake clientset,
+// on a fake clock, and releases it when t ends.
+func heldOnFake(t *testing.T) (*clocktesting.FakeClock, *fakeLeases, Config, *Held) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	f := newFakeLeases(t)
+	cfg := testConfig(clk)
+	e, err := NewElector(f.CoordinationV1(), cfg)
+	require.NoError(t, err)
+	h, err := e.TryAcquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Release(context.Background()) })
+	return clk, f, cfg, h
+}
+
+// TestHeldRenewWithMutation checks Held.Renew's contract: a renewal now
+// that carries the mutation, which the Held adopts so that its own later
+// renewals keep it; after a conflict with a write that is still this
+// acquisition it applies the mutation again over the adopted record; a
+// record that is no longer this acquisition ends the Held; an API error
+// is returned and ends nothing; and an ended Held is not renewed.
+func TestHeldRenewWithMutation(t *testing.T) {
+	mark := func(l *coordinationv1.Lease) {
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations["mark"] = "set"
+	}
+	for _, tc := range []struct {
+		name    string
+		before  func(t *testing.T, f *fakeLeases, h *Held)
+		wantErr error // nil: the renewal lands
+		ended   bool
+	}{
+		{"lands", func(*testing.T, *fakeLeases, *Held) {}, nil, false},
+		{"conflict with our own record", func(t *testing.T, f *fakeLeases, _ *Held) {
+			f.edit(t, func(l *coordinationv1.Lease) { l.Labels = map[string]string{"a": "b"} })
+		}, nil, false},
+		{"taken", func(t *testing.T, f *fakeLeases, _ *Held) {
+			f.edit(t, func(l *coordinationv1.Lease) {
+				other := "other"
+				n := *l.Spec.LeaseTransitions + 1
+				l.Spec.HolderIdentity, l.Spec.LeaseTransitions = &other, &n
+			})
+		}, ErrLeaseTaken, true},
+		{"server failing", func(_ *testing.T, f *fakeLeases, _ *Held) { f.SetFailing(true) }, nil, false},
+		{"released", func(t *testing.T, _ *fakeLeases, h *Held) {
+			require.NoError(t, h.Release(context.Background()))
+		}, ErrReleased, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk, f, cfg, h := heldOnFake(t)
+
+			tc.before(t, f, h)
+			ctx := context.Background()
+			err := h.Renew(ctx, mark)
+			switch {
+			case tc.name == "server failing":
+				require.Error(t, err)
+				require.NotErrorIs(t, err, token.ErrNotHeld)
+				require.NoError(t, h.Err(), "a failed write ended the Held")
+				f.SetFailing(false)
+				return
+			case tc.wantErr != nil:
+				require.ErrorIs(t, err, tc.wantErr)
+				require.ErrorIs(t, err, token.ErrNotHeld)
+				require.Equal(t, tc.ended, h.Err() != nil)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, h.Err())
+			stored := f.get(t)
+			require.Equal(t, "set", stored.Annotations["mark"], "the renewal did not carry the mutation")
+			require.Equal(t, stored.ResourceVersion, h.Lease().ResourceVersion, "the Held did not adopt its renewal")
+			if tc.name == "conflict with our own record" {
+				require.Equal(t, "b", stored.Labels["a"], "the retry wrote over the other field's change")
+			}
+
+			// The Held's own next renewal keeps what the mutation set.
+			waitForRenewLoop(t, clk)
+			clk.Step(cfg.RetryPeriod)
+			require.Eventually(t, func() bool {
+				l := f.get(t)
+				return l.Spec.RenewTime.Time.Equal(clk.Now()) && l.ResourceVersion != stored.ResourceVersion
+			}, 5*time.Second, time.Millisecond, "the loop did not renew")
+			require.Equal(t, "set", f.get(t).Annotations["mark"], "the loop's renewal dropped the mutation")
+			require.NoError(t, h.Err())
 		})
 	}
 }

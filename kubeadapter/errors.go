@@ -27,16 +27,6 @@ var (
 	// a Watcher or Leader that had already been started.
 	ErrAlreadyStarted = errors.New("kubeadapter: already started")
 
-	// ErrNotOwner means this member does not own the shard now. It is
-	// returned together with token.ErrNotHeld, so errors.Is matches both.
-	ErrNotOwner = errors.New("kubeadapter: not owner")
-	// ErrShardMoved is the reason a ShardHeld ended because the shard was
-	// handed off, taken over or its Lease deleted.
-	ErrShardMoved = errors.New("kubeadapter: shard moved")
-	// ErrMemberLost is the reason a ShardHeld ended because the member's
-	// heartbeat Held ended.
-	ErrMemberLost = errors.New("kubeadapter: member lost")
-
 	// ErrReleased is the reason a Held ended because Release was called.
 	// It is token.ErrReleased, which ends the etcd store's and the gRPC
 	// client's released leases too.

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -50,6 +51,9 @@ type Held struct {
 	// acquisition, and serializes Release.
 	mu    sync.Mutex
 	lease *coordinationv1.Lease
+	// renewMu serializes renewals (Renew), so that an out-of-turn one
+	// never conflicts with the loop's.
+	renewMu sync.Mutex
 }
 
 // start turns the acquiring write's result into a running Held. e.mu is
@@ -138,7 +142,7 @@ func (h *Held) Release(ctx context.Context) error {
 	var err error
 	for range maxReleaseAttempts {
 		next := cur.DeepCopy()
-		next.Spec = releasedSpec(&cur.Spec, h.e.clock.Now())
+		next.Spec = leaserecord.Released(&cur.Spec, h.e.clock.Now())
 		_, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
@@ -177,55 +181,97 @@ func (h *Held) renewLoop() {
 			return
 		case <-t.C():
 		}
-		h.renew()
+		_ = h.Renew(h.ctx, nil)
 		t.Reset(h.e.cfg.RetryPeriod)
 	}
 }
 
-// renew makes one renewal: an Update with the last written resourceVersion
-// as precondition. On a conflict it re-reads the Lease: a record that is
-// no longer this acquisition ends the Held; one that still is (someone
-// changed another field) is adopted and the renewal retried once. Other
-// errors are left to the renew deadline.
-func (h *Held) renew() {
+// Renew makes one renewal now, out of turn, with mutate (when not nil)
+// applied to a copy of the last known record before the write: the
+// renewal the Held's own loop makes every RetryPeriod (with a nil
+// mutate), an Update that carries the last written resourceVersion as
+// precondition and a fresh renewTime. Renewals of one Held are
+// serialized, so Renew and the loop never conflict with each other.
+//
+// When the write lands, the Held adopts the written record, so later
+// renewals keep what mutate set, and its renew deadline moves to
+// RenewDeadline after the write's start. On a conflict it re-reads the
+// Lease: a record that is still this acquisition (someone changed another
+// field) is adopted and the write retried once, with mutate applied
+// again; one that names another holder or acquisition, or a deleted
+// Lease, ends the Held with the reason, as the Watcher would. Every write
+// is counted in MetricRenewals or MetricRenewalFailures.
+//
+// mutate may change labels and annotations. It must not change the Spec,
+// whose holderIdentity and leaseTransitions make the acquisition, nor the
+// name or namespace, and must not keep the Lease it is given.
+//
+// Renew returns nil when the write landed; the Held's *LostError (see
+// Err) when the Held had ended or the renewal found it lost; and
+// otherwise the API error, wrapped, after which the Held still ends at
+// its renew deadline unless a later renewal lands. Cancelling ctx aborts
+// the write, not the Held.
+//
+// What it does not guarantee: that the record is still this
+// acquisition's when Renew returns (another candidate may write next),
+// nor that a nil return means anyone has seen what mutate set.
+func (h *Held) Renew(ctx context.Context, mutate func(*coordinationv1.Lease)) error {
+	h.renewMu.Lock()
+	defer h.renewMu.Unlock()
 	leases := h.e.leases.Leases(h.e.cfg.Namespace)
+	var err error
 	for range 2 {
 		if h.ctx.Err() != nil {
-			return
+			return h.Err()
 		}
 		h.mu.Lock()
 		next := h.lease.DeepCopy()
 		h.mu.Unlock()
+		if mutate != nil {
+			mutate(next)
+		}
 		start := h.e.clock.Now()
 		now := metav1.NewMicroTime(start)
 		next.Spec.RenewTime = &now
-		got, err := leases.Update(h.ctx, next, metav1.UpdateOptions{})
+		var got *coordinationv1.Lease
+		got, err = leases.Update(ctx, next, metav1.UpdateOptions{})
 		h.e.metrics().renewal(h.tok.Lease, err == nil)
 		switch {
 		case err == nil:
 			h.adopt(got)
 			h.extend(start)
-			return
+			return nil
 		case apierrors.IsNotFound(err):
 			h.end(ErrLeaseDeleted, "")
-			return
+			return h.Err()
 		case !apierrors.IsConflict(err):
-			return
+			return fmt.Errorf("kubeadapter: renew %s: %w", h.tok, err)
 		}
-		cur, err := leases.Get(h.ctx, h.e.cfg.Name, metav1.GetOptions{})
+		cur, gerr := leases.Get(ctx, h.e.cfg.Name, metav1.GetOptions{})
 		switch {
-		case apierrors.IsNotFound(err):
+		case apierrors.IsNotFound(gerr):
 			h.end(ErrLeaseDeleted, "")
-			return
-		case err != nil:
-			return
+			return h.Err()
+		case gerr != nil:
+			return fmt.Errorf("kubeadapter: renew %s: %w", h.tok, gerr)
 		}
 		if reason := lossReason(next, cur); reason != nil {
-			h.end(reason, holderOf(&cur.Spec))
-			return
+			h.end(reason, leaserecord.Holder(&cur.Spec))
+			return h.Err()
 		}
 		h.adopt(cur)
 	}
+	return fmt.Errorf("kubeadapter: renew %s: %w", h.tok, err)
+}
+
+// Lease returns the Lease record as this acquisition last wrote or
+// adopted it: the acquiring write's result, then each renewal's. The
+// object is shared and must not be modified. It may be older than the
+// record in the API server, and it stays readable after the Held ended.
+func (h *Held) Lease() *coordinationv1.Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
 }
 
 func (h *Held) adopt(l *coordinationv1.Lease) {

@@ -5,17 +5,13 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
@@ -24,69 +20,9 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-// stallable wraps a Lease client; while stalled, Lease updates hang until
-// their context ends, as for a process paused or cut off from the API
-// server. Reads are not stalled. Once killed, every call fails at once
-// without reaching the API server, as for a process that is gone.
-type stallable struct {
-	coordinationv1client.LeasesGetter
-	stalled atomic.Bool
-	killed  atomic.Bool
-}
-
-var errKilled = errors.New("test: process killed")
-
-func (s *stallable) Leases(ns string) coordinationv1client.LeaseInterface {
-	return stalledLeases{s.LeasesGetter.Leases(ns), s}
-}
-
-type stalledLeases struct {
-	coordinationv1client.LeaseInterface
-	s *stallable
-}
-
-func (l stalledLeases) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
-	if l.s.killed.Load() {
-		return nil, errKilled
-	}
-	return l.LeaseInterface.Get(ctx, name, opts)
-}
-
-func (l stalledLeases) List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error) {
-	if l.s.killed.Load() {
-		return nil, errKilled
-	}
-	return l.LeaseInterface.List(ctx, opts)
-}
-
-func (l stalledLeases) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	if l.s.killed.Load() {
-		return nil, errKilled
-	}
-	return l.LeaseInterface.Watch(ctx, opts)
-}
-
-func (l stalledLeases) Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error) {
-	if l.s.killed.Load() {
-		return nil, errKilled
-	}
-	return l.LeaseInterface.Create(ctx, lease, opts)
-}
-
-func (l stalledLeases) Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error) {
-	if l.s.killed.Load() {
-		return nil, errKilled
-	}
-	if l.s.stalled.Load() {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}
-	return l.LeaseInterface.Update(ctx, lease, opts)
-}
-
-func (k *kube) stallableElector(t *testing.T, identity string) (*kubeadapter.Elector, *stallable) {
+func (k *kube) stallableElector(t *testing.T, identity string) (*kubeadapter.Elector, *kubetest.Stallable) {
 	t.Helper()
-	s := &stallable{LeasesGetter: k.cs.CoordinationV1()}
+	s := &kubetest.Stallable{LeasesGetter: k.cs.CoordinationV1()}
 	e, err := kubeadapter.NewElector(s, k.fast(identity))
 	require.NoError(t, err)
 	return e, s
@@ -128,7 +64,7 @@ func TestIncident(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 
 	ea, stallA := k.stallableElector(t, "replica-a")
 	eb := k.elector(t, "replica-b")
@@ -138,7 +74,7 @@ func TestIncident(t *testing.T) {
 	require.NoError(t, ca.Create(ctx, o))
 	aView := o.DeepCopy() // what A holds in memory when it stalls
 
-	stallA.stalled.Store(true)
+	stallA.Stalled.Store(true)
 	hb := acquire(t, eb)
 	require.Error(t, ha.Err(), "A still believed it held the lease when B acquired it")
 	require.ErrorIs(t, ha.Err(), kubeadapter.ErrRenewDeadline)
@@ -190,7 +126,7 @@ func TestIncident(t *testing.T) {
 	require.Equal(t, "b", cur.Data["by"])
 	require.Equal(t, afterB, cur.ResourceVersion)
 
-	stallA.stalled.Store(false)
+	stallA.Stalled.Store(false)
 }
 
 // replicaHolder is a replica's view of its lease: the last token it
@@ -230,7 +166,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 	type replica struct {
 		name  string
 		e     *kubeadapter.Elector
-		stall *stallable
+		stall *kubetest.Stallable
 		view  *replicaHolder
 		c     *fenced.Client
 	}
@@ -301,7 +237,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 
 	// r0 stalls; r1 takes over and stamps the object it now owns, so that
 	// the stalled r0's later writes are fenced.
-	rs[0].stall.stalled.Store(true)
+	rs[0].stall.Stalled.Store(true)
 	h1 := acquire(t, rs[1].e)
 	requireGreater(t, h1.Token(), h0.Token())
 	rs[1].view.set(h1.Token())
@@ -310,7 +246,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 	for n := 6; n <= 10; n++ {
 		change(n, rs[1])
 	}
-	rs[0].stall.stalled.Store(false)
+	rs[0].stall.Stalled.Store(false)
 
 	for i := 1; i < len(history); i++ {
 		require.Greater(t, history[i].rv, history[i-1].rv)
@@ -369,7 +305,7 @@ func TestRestartedProcessSameName(t *testing.T) {
 	c1 := k.client(t, staticHolder{h1.Token()})
 	require.NoError(t, c1.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}}))
 
-	stall.stalled.Store(true) // the process dies without releasing
+	stall.Stalled.Store(true) // the process dies without releasing
 	e2 := k.elector(t, "pod-a")
 	require.NotEqual(t, e1.Identity(), e2.Identity())
 	_, err := e2.TryAcquire(ctx)
@@ -384,7 +320,7 @@ func TestRestartedProcessSameName(t *testing.T) {
 	o := k.configMap(t, "o")
 	require.NoError(t, k.client(t, h2).Update(ctx, o))
 	require.ErrorIs(t, c1.Update(ctx, o.DeepCopy()), token.ErrStale)
-	stall.stalled.Store(false)
+	stall.Stalled.Store(false)
 
 	require.NoError(t, h2.Release(ctx))
 	h3, err := e2.TryAcquire(ctx)

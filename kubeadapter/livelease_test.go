@@ -77,7 +77,7 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	a := k.client(t, staticHolder{ha.Token()}) // A, not noticing its loss
 	require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
 
-	stallA.stalled.Store(true)
+	stallA.Stalled.Store(true)
 	hb := acquire(t, k.elector(t, "replica-b"))
 	requireGreater(t, hb.Token(), ha.Token())
 	require.Greater(t, hb.Token().Epoch, ha.Token().Epoch)
@@ -131,5 +131,5 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	require.NoError(t, b.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "b-new"}}))
 	require.Equal(t, "b", k.configMap(t, "o").Data["by"])
 
-	stallA.stalled.Store(false)
+	stallA.Stalled.Store(false)
 }

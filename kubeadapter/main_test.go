@@ -2,18 +2,12 @@ package kubeadapter_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,51 +20,10 @@ import (
 
 // shared is the one kube-apiserver of this package's tests, started on
 // first use and stopped by TestMain.
-var shared struct {
-	once      sync.Once
-	env       *kubetest.Env
-	dir       string
-	err       error
-	policy    sync.Once
-	policyErr error
-}
+var shared = kubetest.Shared{Prefix: "kubeadapter-"}
 
 func TestMain(m *testing.M) {
-	if spec := os.Getenv(shardMemberEnv); spec != "" {
-		os.Exit(shardMember(spec))
-	}
-	code := m.Run()
-	if shared.env != nil {
-		shared.env.Stop()
-		os.RemoveAll(shared.dir)
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// kubeEnv returns the shared API server, skipping tb when there is no
-// kube-apiserver binary and neither CI nor FENCER_REQUIRE_KUBE demands it.
-func kubeEnv(tb testing.TB) *kubetest.Env {
-	tb.Helper()
-	shared.once.Do(func() {
-		if shared.dir, shared.err = os.MkdirTemp("", "kubeadapter-"); shared.err != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		shared.env, shared.err = kubetest.Start(ctx, shared.dir)
-	})
-	required := os.Getenv("CI") == "true" || os.Getenv(kubetest.RequireEnv) == "1"
-	if errors.Is(shared.err, kubetest.ErrNoBinary) && !required {
-		tb.Skipf("%v", shared.err)
-	}
-	require.NoError(tb, shared.err)
-	return shared.env
+	os.Exit(shared.Main(m))
 }
 
 // kube is what a test needs of the API server: admin clients and a
@@ -84,7 +37,7 @@ type kube struct {
 
 func newKube(tb testing.TB) *kube {
 	tb.Helper()
-	return newKubeOn(tb, kubeEnv(tb))
+	return newKubeOn(tb, shared.Env(tb))
 }
 
 // newKubeOn is newKube on env rather than the shared API server.
@@ -94,19 +47,7 @@ func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
 	require.NoError(tb, err)
 	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
 	require.NoError(tb, err)
-	name := strings.ToLower(tb.Name())
-	name = strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '-'
-	}, name)
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	ns := fmt.Sprintf("%s-%d", strings.Trim(name, "-"), time.Now().UnixNano()%100000)
-	_, err = cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	require.NoError(tb, err)
+	ns := kubetest.CreateNamespace(tb, cs)
 	return &kube{env: env, cs: cs, crc: crc, ns: ns}
 }
 
@@ -162,15 +103,3 @@ type staticHolder struct{ tok token.Token }
 func (h staticHolder) Token() token.Token       { return h.tok }
 func (h staticHolder) Context() context.Context { return context.Background() }
 func (h staticHolder) Err() error               { return nil }
-
-// installPolicy installs deploy/admission/policy.yaml, once per package,
-// and waits until the API server enforces it.
-func installPolicy(tb testing.TB, k *kube) {
-	tb.Helper()
-	shared.policy.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		shared.policyErr = k.env.InstallPolicy(ctx)
-	})
-	require.NoError(tb, shared.policyErr)
-}

@@ -48,21 +48,9 @@ const (
 	// create, handoff, takeover or release) and WriteTombstone (a release
 	// of a heartbeat or leader Lease, or a dead member's tombstone). Its
 	// rate summed over a cluster is the renewal load on the API server.
+	// Writes made outside this package (a shard.Sharder's) are counted
+	// through Watcher.RecordLeaseWrite.
 	MetricLeaseWrites = "fencer_lease_writes_total"
-	// MetricShardsOwned is a gauge: the shards this process's Sharder of
-	// the ring owns now.
-	MetricShardsOwned = "fencer_shards_owned"
-	// MetricShardMoves counts the shard Lease writes of this process that
-	// moved a shard, by reason: MoveCreate, MoveHandoff, MoveOrphan or
-	// MoveRelease.
-	MetricShardMoves = "fencer_shard_moves_total"
-	// MetricShardHandoffForced counts handoffs written before in-flight
-	// work on the shard drained, because ShardConfig.HandoffTimeout
-	// passed.
-	MetricShardHandoffForced = "fencer_shard_handoff_forced_total"
-	// MetricShardDispatchSkipped counts requests that Gate dropped
-	// because this member did not own their shard.
-	MetricShardDispatchSkipped = "fencer_shard_dispatch_skipped_total"
 )
 
 // Values of the kind label of MetricLeaseWrites.
@@ -128,10 +116,6 @@ type metrics struct {
 	watchErrors     *prometheus.CounterVec
 	acquireErrors   *prometheus.CounterVec
 	leaseWrites     *prometheus.CounterVec
-	shardsOwned     *prometheus.GaugeVec
-	shardMoves      *prometheus.CounterVec
-	handoffForced   prometheus.Counter
-	skipped         prometheus.Counter
 }
 
 // newMetrics creates the collectors and registers them with reg. It fails
@@ -172,24 +156,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricLeaseWrites,
 			Help: "Lease writes of this process accepted by the API server, by kind (renew, assign, tombstone).",
 		}, []string{"kind"}),
-		shardsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: MetricShardsOwned,
-			Help: "Shards of the ring this process owns now.",
-		}, []string{"ring"}),
-		shardMoves: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricShardMoves,
-			Help: "Shard Lease writes of this process that moved a shard, by reason (create, handoff, orphan, release).",
-		}, []string{"reason"}),
-		handoffForced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: MetricShardHandoffForced,
-			Help: "Shard handoffs written before in-flight work drained, after the handoff timeout.",
-		}),
-		skipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: MetricShardDispatchSkipped,
-			Help: "Requests dropped at dispatch because this member did not own their shard.",
-		}),
 	}
-	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.leaseWrites, m.shardsOwned, m.shardMoves, m.handoffForced, m.skipped} {
+	for _, c := range []prometheus.Collector{m.leader, m.transitions, m.selfFence, m.latency, m.renewals, m.renewalFailures, m.watchErrors, m.leaseWrites} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("kubeadapter: register metrics: %w", err)
 		}
@@ -208,9 +176,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, k := range []string{WriteRenew, WriteAssign, WriteTombstone} {
 		m.leaseWrites.WithLabelValues(k)
-	}
-	for _, r := range []string{MoveCreate, MoveHandoff, MoveOrphan, MoveRelease} {
-		m.shardMoves.WithLabelValues(r)
 	}
 	return m, nil
 }
@@ -300,35 +265,6 @@ func (m *metrics) renewal(lease string, ok bool) {
 func (m *metrics) wrote(kind string) {
 	if m != nil {
 		m.leaseWrites.WithLabelValues(kind).Inc()
-	}
-}
-
-// moved records one shard move for reason.
-func (m *metrics) moved(reason string) {
-	if m != nil {
-		m.shardMoves.WithLabelValues(reason).Inc()
-		m.leaseWrites.WithLabelValues(WriteAssign).Inc()
-	}
-}
-
-// owned sets the number of shards of ring this process owns.
-func (m *metrics) owned(ring string, n int) {
-	if m != nil {
-		m.shardsOwned.WithLabelValues(ring).Set(float64(n))
-	}
-}
-
-// forced records a handoff written before its drain finished.
-func (m *metrics) forced() {
-	if m != nil {
-		m.handoffForced.Inc()
-	}
-}
-
-// skip records a request dropped at dispatch.
-func (m *metrics) skip() {
-	if m != nil {
-		m.skipped.Inc()
 	}
 }
 

@@ -1,14 +1,13 @@
 package kubeadapter
 
 import (
-	"maps"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -22,23 +21,10 @@ const (
 	// it, whatever labels the Lease had before. The live-Lease admission
 	// policy (deploy/admission/live-lease.yaml) takes the Leases that carry
 	// this label as its parameters; a Lease without it is never consulted.
-	FenceLabel = "fencer.dev/fence"
+	FenceLabel = leaserecord.FenceLabel
 	// FenceLabelValue is the value of FenceLabel on a fence Lease.
-	FenceLabelValue = "true"
+	FenceLabelValue = leaserecord.FenceLabelValue
 )
-
-// fenceLabels returns a copy of labels with the labels of extra and
-// FenceLabel=FenceLabelValue set, so that a map shared with the caller or
-// a cache is never written to.
-func fenceLabels(labels, extra map[string]string) map[string]string {
-	out := maps.Clone(labels)
-	if out == nil {
-		out = make(map[string]string, 1+len(extra))
-	}
-	maps.Copy(out, extra)
-	out[FenceLabel] = FenceLabelValue
-	return out
-}
 
 // TokenOf returns the token that lease carries: Lease "namespace/name",
 // Epoch leaseTransitions and Revision the object's resourceVersion, parsed
@@ -58,78 +44,16 @@ func TokenOf(lease *coordinationv1.Lease) (token.Token, error) {
 	return t, nil
 }
 
-// holderOf returns the holderIdentity of spec, or "".
-func holderOf(spec *coordinationv1.LeaseSpec) string {
-	if spec.HolderIdentity == nil {
-		return ""
-	}
-	return *spec.HolderIdentity
-}
-
-// transitionsOf returns the leaseTransitions of spec, or 0.
-func transitionsOf(spec *coordinationv1.LeaseSpec) int32 {
-	if spec.LeaseTransitions == nil {
-		return 0
-	}
-	return *spec.LeaseTransitions
-}
-
-// durationOf returns the leaseDurationSeconds of spec as a duration, or 0.
-func durationOf(spec *coordinationv1.LeaseSpec) time.Duration {
-	if spec.LeaseDurationSeconds == nil {
-		return 0
-	}
-	return time.Duration(*spec.LeaseDurationSeconds) * time.Second
-}
-
-// acquiredSpec returns the record an acquisition by identity writes over
-// old (nil when the Lease does not exist yet). It keeps old's other fields,
-// names identity as holder, sets both timestamps to now and counts the
-// acquisition in leaseTransitions: 0 on create, as client-go does, and
-// old+1 on every acquisition of an existing Lease, even by the identity
-// already named. An overflowing count is rejected by the API server's
-// validation rather than wrapped silently.
-func acquiredSpec(old *coordinationv1.LeaseSpec, identity string, d time.Duration, now time.Time) coordinationv1.LeaseSpec {
-	var spec coordinationv1.LeaseSpec
-	var transitions int32
-	if old != nil {
-		spec = *old.DeepCopy()
-		transitions = transitionsOf(old) + 1
-	}
-	seconds := int32(d / time.Second)
-	t := metav1.NewMicroTime(now)
-	spec.HolderIdentity = &identity
-	spec.LeaseDurationSeconds = &seconds
-	spec.AcquireTime = &t
-	spec.RenewTime = t.DeepCopy()
-	spec.LeaseTransitions = &transitions
-	return spec
-}
-
-// releasedSpec returns the record a release writes over held: no holder,
-// the acquisition count kept, and the one-second duration that client-go
-// writes on release.
-func releasedSpec(held *coordinationv1.LeaseSpec, now time.Time) coordinationv1.LeaseSpec {
-	spec := *held.DeepCopy()
-	empty, one := "", int32(1)
-	t := metav1.NewMicroTime(now)
-	spec.HolderIdentity = &empty
-	spec.LeaseDurationSeconds = &one
-	spec.AcquireTime = &t
-	spec.RenewTime = t.DeepCopy()
-	return spec
-}
-
 // lossReason compares the Lease as read now with the acquisition ours and
 // returns nil when cur is still that acquisition, or the reason sentinel
 // saying why it is not. A nil cur means the Lease does not exist.
 func lossReason(ours, cur *coordinationv1.Lease) error {
-	switch {
-	case cur == nil:
+	switch leaserecord.Compare(ours, cur) {
+	case leaserecord.Deleted:
 		return ErrLeaseDeleted
-	case cur.UID != ours.UID:
+	case leaserecord.Replaced:
 		return ErrLeaseReplaced
-	case holderOf(&cur.Spec) != holderOf(&ours.Spec) || transitionsOf(&cur.Spec) != transitionsOf(&ours.Spec):
+	case leaserecord.Taken:
 		return ErrLeaseTaken
 	}
 	return nil
@@ -160,7 +84,7 @@ func (o *observation) observe(cur *coordinationv1.Lease, now time.Time) {
 // now: less than its leaseDurationSeconds has passed since the record last
 // changed.
 func (o *observation) live(now time.Time) bool {
-	return o.seen && o.at.Add(durationOf(&o.spec)).After(now)
+	return o.seen && o.at.Add(leaserecord.Duration(&o.spec)).After(now)
 }
 
 // mayAcquire decides whether identity may acquire cur, given whether the
@@ -168,7 +92,7 @@ func (o *observation) live(now time.Time) bool {
 // holder), names identity itself (a previous acquisition of this Elector)
 // or has expired, and a *token.HeldError otherwise.
 func mayAcquire(cur *coordinationv1.Lease, identity string, live bool) error {
-	holder := holderOf(&cur.Spec)
+	holder := leaserecord.Holder(&cur.Spec)
 	if holder == "" || holder == identity || !live {
 		return nil
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -71,7 +72,7 @@ type Watcher struct {
 	mu     sync.Mutex
 	scopes map[string]*scope // by watched namespace, "" for all
 	regs   map[string]map[*Held]*coordinationv1.Lease
-	// subs are the channels of Sharders, each signalled (without
+	// subs are the channels of Subscribe, each signalled (without
 	// blocking, capacity 1) after every applied list or event.
 	subs map[chan struct{}]bool
 }
@@ -407,7 +408,7 @@ func (st *scopeStore) Replace(objs []any, listRV string) error {
 // UpdateResourceVersion records that the stream has been applied up to
 // resourceVersion, which the reflector reports after every event; only a
 // bookmark moves it past the events already applied, and then the
-// Sharders are signalled as after an event.
+// subscribers (Subscribe) are signalled as after an event.
 func (st *scopeStore) UpdateResourceVersion(resourceVersion string) {
 	rv, err := parseRV(resourceVersion)
 	if err != nil {
@@ -451,7 +452,7 @@ func (w *Watcher) saw(s *scope, l *coordinationv1.Lease, rv int64) []ending {
 	}
 	l.ManagedFields = nil
 	s.leases[k] = seen{lease: l, rv: rv}
-	if holder := holderOf(&l.Spec); holder != "" && s.listed {
+	if holder := leaserecord.Holder(&l.Spec); holder != "" && s.listed {
 		if !had || lossReason(prev.lease, l) != nil {
 			w.metrics.transition(k)
 		}
@@ -478,7 +479,7 @@ func (w *Watcher) check(key string, cur *coordinationv1.Lease, rv int64) []endin
 		if reason := lossReason(acquired, cur); reason != nil {
 			e := ending{h: h, reason: reason}
 			if cur != nil {
-				e.holder = holderOf(&cur.Spec)
+				e.holder = leaserecord.Holder(&cur.Spec)
 			}
 			ends = append(ends, e)
 		}
@@ -507,9 +508,18 @@ func (w *Watcher) finish(ends []ending, at time.Time) {
 	w.mu.Unlock()
 }
 
-// subscribe returns a channel that is signalled after every list or
-// event the Watcher applies, and a function that stops the signals.
-func (w *Watcher) subscribe() (<-chan struct{}, func()) {
+// Subscribe returns a channel that is signalled after every list or
+// event the Watcher applies, and after a bookmark that moves its
+// progress, and a function that stops the signals. The channel has a
+// capacity of one and is signalled without blocking, so a burst of
+// changes may come as one signal: read the Leases again (Labelled) on
+// each, rather than counting signals. It is how a component that keeps
+// its own records in Leases, such as a shard.Sharder, learns of a change
+// at once rather than at its next poll.
+//
+// What it does not guarantee: a signal for every change, or any signal
+// while the Watcher is not running or its watch is broken.
+func (w *Watcher) Subscribe() (<-chan struct{}, func()) {
 	c := make(chan struct{}, 1)
 	w.mu.Lock()
 	w.subs[c] = true
@@ -521,11 +531,20 @@ func (w *Watcher) subscribe() (<-chan struct{}, func()) {
 	}
 }
 
-// labelled returns the Leases of namespace that carry label key=value, as
-// last seen, the resourceVersion up to which the stream of namespace has
-// been applied, and whether its first list has been applied. The returned
-// objects are shared and must not be modified.
-func (w *Watcher) labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool) {
+// Labelled returns the Leases of namespace that carry the label
+// key=value, as the Watcher last saw them; progress, the resourceVersion
+// up to which the Watcher has applied the stream of namespace (every
+// change at or below it is reflected); and synced, whether the first
+// list of namespace has been applied. Before that, or for a namespace
+// the Watcher does not watch, synced is false and the Leases are not
+// to be trusted as the whole set. The returned objects are shared with
+// the Watcher and must not be modified; their order is unspecified.
+//
+// What it does not guarantee: that the Leases are current. They are as
+// recent as the last event that reached the Watcher; a write of the
+// caller's own is seen only once its event arrives (compare its
+// resourceVersion with progress).
+func (w *Watcher) Labelled(namespace, key, value string) (leases []*coordinationv1.Lease, progress int64, synced bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.scopeOf(namespace)
@@ -539,6 +558,17 @@ func (w *Watcher) labelled(namespace, key, value string) ([]*coordinationv1.Leas
 		}
 	}
 	return out, s.progress, s.listed
+}
+
+// RecordLeaseWrite counts one Lease write of kind (WriteRenew, WriteAssign
+// or WriteTombstone) that the API server accepted, in MetricLeaseWrites,
+// for a component that writes Leases of its own through this process's
+// Watcher, such as a shard.Sharder's shard Lease writes and tombstones,
+// so that the metric stays the process's whole Lease write load. Electors
+// configured with the Watcher count their writes themselves. It records
+// nothing when the Watcher has no metrics (WithRegisterer).
+func (w *Watcher) RecordLeaseWrite(kind string) {
+	w.metrics.wrote(kind)
 }
 
 // register makes the Watcher watch over h, acquired by the write that

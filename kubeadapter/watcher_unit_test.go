@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -42,14 +43,14 @@ func newWatchedLeases(t *testing.T, objs ...runtime.Object) *watchedLeases {
 		if wl.isDown() {
 			return true, nil, apierrors.NewServiceUnavailable("injected")
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
+		f.Mu.Lock()
+		defer f.Mu.Unlock()
 		objs, err := f.Tracker().List(leasesGVR, coordinationv1.SchemeGroupVersion.WithKind("Lease"), a.GetNamespace())
 		if err != nil {
 			return true, nil, err
 		}
 		list := objs.(*coordinationv1.LeaseList)
-		list.ResourceVersion = strconv.FormatInt(f.rv, 10)
+		list.ResourceVersion = strconv.FormatInt(f.RV, 10)
 		return true, list, nil
 	})
 	wl.PrependWatchReactor("leases", func(k8stesting.Action) (bool, watch.Interface, error) {
@@ -79,7 +80,7 @@ func (wl *watchedLeases) setDown(t *testing.T) {
 	wl.wmu.Lock()
 	wl.down = true
 	wl.wmu.Unlock()
-	wl.setFailing(true)
+	wl.SetFailing(true)
 	fw.Stop()
 }
 
@@ -114,11 +115,11 @@ func (wl *watchedLeases) remove(t *testing.T) {
 	t.Helper()
 	fw := wl.current(t)
 	l := wl.get(t)
-	wl.mu.Lock()
+	wl.Mu.Lock()
 	err := wl.Tracker().Delete(leasesGVR, "ns", "fence")
-	wl.rv++
-	l.ResourceVersion = strconv.FormatInt(wl.rv, 10)
-	wl.mu.Unlock()
+	wl.RV++
+	l.ResourceVersion = strconv.FormatInt(wl.RV, 10)
+	wl.Mu.Unlock()
 	require.NoError(t, err)
 	fw.Delete(l)
 }
@@ -130,18 +131,18 @@ func (wl *watchedLeases) recreate(t *testing.T, holder string) {
 	t.Helper()
 	fw := wl.current(t)
 	l := heldLease(holder, 0, time.Now())
-	wl.mu.Lock()
+	wl.Mu.Lock()
 	err := wl.Tracker().Delete(leasesGVR, "ns", "fence")
 	if apierrors.IsNotFound(err) {
 		err = nil
 	}
-	wl.rv++
-	l.ResourceVersion = strconv.FormatInt(wl.rv, 10)
+	wl.RV++
+	l.ResourceVersion = strconv.FormatInt(wl.RV, 10)
 	l.UID = types.UID("uid-" + l.ResourceVersion)
 	if err == nil {
 		err = wl.Tracker().Create(leasesGVR, l, "ns")
 	}
-	wl.mu.Unlock()
+	wl.Mu.Unlock()
 	require.NoError(t, err)
 	fw.Add(l.DeepCopy())
 }
@@ -212,9 +213,9 @@ func (r *selfFenceRig) requireCancelled(t *testing.T, seen <-chan error, want er
 // applied waits until the Watcher has applied every event sent so far.
 func (r *selfFenceRig) applied(t *testing.T) {
 	t.Helper()
-	r.wl.mu.Lock()
-	want := r.wl.rv
-	r.wl.mu.Unlock()
+	r.wl.Mu.Lock()
+	want := r.wl.RV
+	r.wl.Mu.Unlock()
 	require.Eventually(t, func() bool {
 		r.w.mu.Lock()
 		defer r.w.mu.Unlock()
@@ -362,22 +363,22 @@ func TestWatcherRelist(t *testing.T) {
 		want   error
 	}{
 		{"deleted", func(t *testing.T, wl *watchedLeases) {
-			wl.mu.Lock()
+			wl.Mu.Lock()
 			err := wl.Tracker().Delete(leasesGVR, "ns", "fence")
-			wl.rv++
-			wl.mu.Unlock()
+			wl.RV++
+			wl.Mu.Unlock()
 			require.NoError(t, err)
 		}, ErrLeaseDeleted},
 		{"replaced", func(t *testing.T, wl *watchedLeases) {
-			wl.mu.Lock()
+			wl.Mu.Lock()
 			err := wl.Tracker().Delete(leasesGVR, "ns", "fence")
-			wl.rv++
+			wl.RV++
 			l := heldLease("other", 0, time.Now())
-			l.ResourceVersion, l.UID = strconv.FormatInt(wl.rv, 10), "uid-new"
+			l.ResourceVersion, l.UID = strconv.FormatInt(wl.RV, 10), "uid-new"
 			if err == nil {
 				err = wl.Tracker().Create(leasesGVR, l, "ns")
 			}
-			wl.mu.Unlock()
+			wl.Mu.Unlock()
 			require.NoError(t, err)
 		}, ErrLeaseReplaced},
 	} {
@@ -432,20 +433,20 @@ func TestWatcherSeenBeforeRegistration(t *testing.T) {
 	// the Lease is deleted and the Watcher applies the event.
 	r.wl.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		f := r.wl.fakeLeases
-		f.mu.Lock()
+		f.Mu.Lock()
 		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
-		f.rv++
-		l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+		f.RV++
+		l.ResourceVersion = strconv.FormatInt(f.RV, 10)
 		l.UID = types.UID("uid-" + l.ResourceVersion)
 		deleted := l.DeepCopy()
-		f.rv++
-		deleted.ResourceVersion = strconv.FormatInt(f.rv, 10)
-		f.mu.Unlock()
+		f.RV++
+		deleted.ResourceVersion = strconv.FormatInt(f.RV, 10)
+		f.Mu.Unlock()
 		fw.Delete(deleted)
 		require.Eventually(t, func() bool {
 			r.w.mu.Lock()
 			defer r.w.mu.Unlock()
-			return r.w.scopes["ns"].progress == f.rv
+			return r.w.scopes["ns"].progress == f.RV
 		}, 5*time.Second, time.Millisecond)
 		return true, l, nil
 	})
@@ -497,7 +498,7 @@ func TestWatcherFutureRenewTimeExtendsNothing(t *testing.T) {
 		l.Spec.RenewTime = &future
 	})
 	r.applied(t)
-	r.wl.setFailing(true)
+	r.wl.SetFailing(true)
 	r.clk.Step(cfg.RenewDeadline - time.Millisecond)
 	require.NoError(t, h.Err())
 	r.clk.Step(time.Millisecond)
@@ -618,4 +619,60 @@ func TestWatcherConfig(t *testing.T) {
 	cancel()
 	require.NoError(t, w.Start(ctx))
 	require.ErrorIs(t, w.Start(ctx), ErrAlreadyStarted)
+}
+
+// TestWatcherRingSource checks the Watcher's ring source, which
+// kubeadapter/shard reads: Labelled returns the Leases of a namespace with
+// a label as last seen, the progress and whether the first list was
+// applied (never for a namespace it does not watch); Subscribe signals
+// after an event is applied, until it is stopped; and RecordLeaseWrite
+// counts in MetricLeaseWrites.
+func TestWatcherRingSource(t *testing.T) {
+	r := newSelfFenceRig(t)
+	leases, _, synced := r.w.Labelled("ns", "ring", "r")
+	require.True(t, synced, "listed, but not synced")
+	require.Empty(t, leases)
+	_, _, synced = r.w.Labelled("elsewhere", "ring", "r")
+	require.False(t, synced, "synced for a namespace the Watcher does not watch")
+
+	notify, stop := r.w.Subscribe()
+	cfg := testConfig(r.clk)
+	cfg.Watcher, cfg.Labels = r.w, map[string]string{"ring": "r"}
+	e, err := NewElector(r.wl.CoordinationV1(), cfg)
+	require.NoError(t, err)
+	h, err := e.TryAcquire(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Release(context.Background()) })
+	r.wl.current(t).Add(r.wl.get(t)) // the fake sends events by hand
+	select {
+	case <-notify:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no signal after the acquisition's event")
+	}
+	r.applied(t)
+	leases, progress, synced := r.w.Labelled("ns", "ring", "r")
+	require.True(t, synced)
+	require.Len(t, leases, 1)
+	require.Equal(t, e.Identity(), leaserecord.Holder(&leases[0].Spec))
+	require.GreaterOrEqual(t, progress, h.Token().Revision)
+	leases, _, _ = r.w.Labelled("ns", "ring", "other")
+	require.Empty(t, leases)
+
+	stop()
+	select {
+	case <-notify:
+	default:
+	}
+	require.NoError(t, h.Renew(context.Background(), nil))
+	r.wl.current(t).Modify(r.wl.get(t))
+	r.applied(t)
+	select {
+	case <-notify:
+		t.Fatal("signalled after the subscription was stopped")
+	default:
+	}
+
+	before := testutil.ToFloat64(r.w.metrics.leaseWrites.WithLabelValues(WriteAssign))
+	r.w.RecordLeaseWrite(WriteAssign)
+	require.Equal(t, before+1, testutil.ToFloat64(r.w.metrics.leaseWrites.WithLabelValues(WriteAssign)))
 }

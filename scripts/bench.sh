@@ -51,15 +51,15 @@ run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
 # at a 2s and at a 10s period, counted by the API server's
 # apiserver_request_total between two bracketed scrapes (window >= 30s), with
 # the baseline's offered and achieved rates, its expired Leases and the ratios.
-run ./kubeadapter 'BenchmarkOwns$' 2000000x
-echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter"
-go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+run ./kubeadapter/shard 'BenchmarkOwns$' 2000000x
+echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter/shard"
+go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter/shard | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # Rebalance of 10,000 shards on the real kube-apiserver: a fourth member joins,
 # leaves gracefully, then a member crashes; shards moved, shard-Lease writes,
 # the handover gap of each move (p50, p99, max, overlaps),
 # API server Lease writes beside renewals, and time to converge.
-echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter"
-go test -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter/shard"
+go test -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter/shard | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # End to end through the shipped binary: fencer bench (guarded puts, then
 # acquire/release cycles, 64 clients with a connection and session each)
 # against a fencer serve in its own process, on an embedded etcd.

@@ -30,9 +30,10 @@ type rule struct {
 	owns    string   // what the package owns, for people
 	stdOnly bool     // only the standard library
 	forbid  []string // import paths, each also forbidding the tree under it
-	// fencerOnly, when set, are the only packages of fencer's own that
-	// the package may import.
-	fencerOnly []string
+	// only, when not nil, lists the fencer packages (paths, or trees
+	// ending in "/...") that are all pkg may import of fencer's: any
+	// other package of the root module or the light modules is refused.
+	only []string
 }
 
 func rules() []rule {
@@ -60,8 +61,11 @@ func rules() []rule {
 		{pkg: root + "/etcdstore", owns: "the fencing-token store on etcd: sessions, leases, guarded writes, owner records", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto"))},
-		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", fencerOnly: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
+		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto", "kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/internal/leasefake", "internal/testkit"))},
+		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", only: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
+		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "token", "internal/rendezvous", "internal/mutant")},
+		{pkg: root + "/kubeadapter/internal/leaserecord", owns: "the pure Lease-record functions kubeadapter and kubeadapter/shard share: Kubernetes API types only", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
+		{pkg: root + "/kubeadapter/internal/leasefake", owns: "the fake Lease clientset of their unit tests: a harness, with no fencer package of its own", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/internal/holderkey", owns: "the holder key's layout, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
@@ -95,7 +99,7 @@ func (r rule) violations(deps []string) []string {
 			}
 			continue
 		}
-		if r.fencerOnly != nil && (d == root || strings.HasPrefix(d, root+"/")) && !slices.Contains(r.fencerOnly, d) {
+		if r.only != nil && (d == root || strings.HasPrefix(d, root+"/")) && !slices.ContainsFunc(r.only, func(p string) bool { return (rule{pkg: p}).matches(d) }) {
 			bad = append(bad, d)
 			continue
 		}
@@ -217,6 +221,16 @@ func TestRuleBites(t *testing.T) {
 		{root + "/kubeadapter/fenced", root + "/kubeadapter"},
 		{root + "/kubeadapter/fenced", root + "/etcdstore"},
 		{root + "/kubeadapter/fenced", "go.etcd.io/etcd/client/v3"},
+		{root + "/kubeadapter", root + "/kubeadapter/shard"},
+		{root + "/kubeadapter/shard", root + "/etcdstore"},
+		{root + "/kubeadapter/shard", root + "/server"},
+		{root + "/kubeadapter/shard", root + "/fencertest"},
+		{root + "/kubeadapter/shard", root + "/internal/testkit/kubetest"},
+		{root + "/kubeadapter/shard", "go.etcd.io/etcd/client/v3"},
+		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
+		{root + "/kubeadapter", root + "/kubeadapter/internal/leasefake"},
+		{root + "/kubeadapter/shard", root + "/kubeadapter/internal/leasefake"},
+		{root + "/kubeadapter/internal/leaserecord", "k8s.io/client-go/kubernetes"},
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 		{root + "/etcdstore", root + "/fencertest"},
 		{root + "/cmd/fencer", root + "/internal/testkit/faultproxy"},

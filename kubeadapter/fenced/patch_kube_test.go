@@ -170,7 +170,7 @@ func TestPatchBadInput(t *testing.T) {
 func TestApply(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
 	old, cur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
@@ -213,7 +213,7 @@ func TestApply(t *testing.T) {
 func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
 	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
@@ -253,7 +253,7 @@ func (m *missOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Obj
 func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c, err := fenced.NewClient(widgets(t, k), staticHolder{tok})
@@ -290,7 +290,7 @@ func TestApplyAfterADelete(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	toks := k.tokens(t, 2)
 	a, b := toks[0], toks[1]
 	apply := func(name string) *corev1ac.ConfigMapApplyConfiguration {

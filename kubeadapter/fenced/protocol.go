@@ -7,9 +7,9 @@ import (
 )
 
 // Holder is what fenced writes need from a held lease: token.Holder, the
-// one lease contract of fencer. kubeadapter's *Held and *ShardHeld
-// implement it, and so do the etcd store's and the gRPC client's leases,
-// whose tokens name no
+// one lease contract of fencer. kubeadapter's *Held and kubeadapter/shard's
+// *Held implement it, and so do the etcd store's and the gRPC client's
+// leases, whose tokens name no
 // Kubernetes Lease and are refused with a *token.MalformedError. Fenced
 // writes check Err before every attempt, so that a holder that knows it
 // lost the lease stops retrying; their safety never depends on it.

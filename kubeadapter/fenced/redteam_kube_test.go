@@ -670,7 +670,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 func policyKube(t *testing.T) *kube {
 	t.Helper()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	return k
 }
 

@@ -13,6 +13,9 @@
 // tools/kube-apiserver by scripts/build-kube-apiserver.sh (make
 // kube-apiserver). BinaryPath says where it is looked for.
 //
-// Tests use StartForTest. Packages that share one Env across tests call
-// Start from TestMain and Stop when the tests are done.
+// Tests use StartForTest. Packages that share one Env across tests keep a
+// Shared, which starts it on first use, and call Shared.Main from
+// TestMain. Stallable is a Lease client that a test can pause or kill, as
+// a process's link to the API server; CreateNamespace gives a test a
+// namespace of its own.
 package kubetest

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 )
 
 // moves sums a kind of shard move over members.
@@ -17,7 +18,7 @@ func moves(t testing.TB, members []*ringMember, kind string) float64 {
 	t.Helper()
 	sum := 0.0
 	for _, m := range members {
-		sum += m.metric(t, kubeadapter.MetricShardMoves, "reason", kind)
+		sum += m.metric(t, shard.MetricMoves, "reason", kind)
 	}
 	return sum
 }
@@ -73,11 +74,11 @@ func TestShardJoinLeave(t *testing.T) {
 		members = append(members, k.startMember(t, "jl", fmt.Sprintf("x-%d", i), shards))
 	}
 	before := settled(t, members, shards)
-	require.Equal(t, 300.0, moves(t, members, kubeadapter.MoveCreate), "one create per shard")
+	require.Equal(t, 300.0, moves(t, members, shard.MoveCreate), "one create per shard")
 
 	// Join.
 	c0 := countWrites(t, k, members)
-	handoffs0 := moves(t, members, kubeadapter.MoveHandoff)
+	handoffs0 := moves(t, members, shard.MoveHandoff)
 	x3 := k.startMember(t, "jl", "x-3", shards)
 	all := append(members[:3:3], x3)
 	after := settled(t, all, shards)
@@ -90,7 +91,7 @@ func TestShardJoinLeave(t *testing.T) {
 	}
 	t.Logf("join: %d of %d shards moved", moved, len(shards))
 	require.InDelta(t, 75, moved, 9, "a join must move about a quarter")
-	handoffs := moves(t, all, kubeadapter.MoveHandoff) - handoffs0
+	handoffs := moves(t, all, shard.MoveHandoff) - handoffs0
 	require.Equal(t, float64(moved), handoffs, "one handoff write per moved shard")
 	// The joiner's heartbeat acquisition is one write more.
 	time.Sleep(100 * time.Millisecond)
@@ -98,9 +99,9 @@ func TestShardJoinLeave(t *testing.T) {
 
 	// Graceful leave of the joiner: it hands its shards off.
 	c0 = countWrites(t, k, all)
-	orphans0 := moves(t, members, kubeadapter.MoveOrphan)
+	orphans0 := moves(t, members, shard.MoveOrphan)
 	leaver := []*ringMember{x3}
-	handoffs0 = moves(t, leaver, kubeadapter.MoveHandoff)
+	handoffs0 = moves(t, leaver, shard.MoveHandoff)
 	x3.stop()
 	back := settled(t, members, shards)
 	for _, sh := range shards {
@@ -108,8 +109,8 @@ func TestShardJoinLeave(t *testing.T) {
 			require.Equal(t, after[sh], back[sh], "the leave moved shard %s, which the leaver did not own", sh)
 		}
 	}
-	require.Equal(t, float64(moved), moves(t, leaver, kubeadapter.MoveHandoff)-handoffs0, "one handoff write by the leaver per shard")
-	require.Zero(t, moves(t, members, kubeadapter.MoveOrphan)-orphans0, "the survivors took over shards that the leaver should have handed off")
+	require.Equal(t, float64(moved), moves(t, leaver, shard.MoveHandoff)-handoffs0, "one handoff write by the leaver per shard")
+	require.Zero(t, moves(t, members, shard.MoveOrphan)-orphans0, "the survivors took over shards that the leaver should have handed off")
 	// The leaver's heartbeat release is one write more (its leaving mark
 	// is a renewal).
 	time.Sleep(100 * time.Millisecond)
@@ -124,9 +125,9 @@ func TestShardJoinLeave(t *testing.T) {
 		}
 	}
 	c0 = countWrites(t, k, members)
-	orphans0 = moves(t, members[:2], kubeadapter.MoveOrphan)
+	orphans0 = moves(t, members[:2], shard.MoveOrphan)
 	start := time.Now()
-	members[2].leases.killed.Store(true)
+	members[2].leases.Killed.Store(true)
 	final := settled(t, members[:2], shards)
 	t.Logf("crash: %d shards moved %v after the kill (lease duration 2s)", crashed, time.Since(start).Round(10*time.Millisecond))
 	require.GreaterOrEqual(t, time.Since(start), 2*time.Second, "shards moved before the crashed member's lease duration")
@@ -135,7 +136,7 @@ func TestShardJoinLeave(t *testing.T) {
 			require.Equal(t, back[sh], final[sh], "the crash moved shard %s of a live member", sh)
 		}
 	}
-	require.Equal(t, float64(crashed), moves(t, members[:2], kubeadapter.MoveOrphan)-orphans0)
+	require.Equal(t, float64(crashed), moves(t, members[:2], shard.MoveOrphan)-orphans0)
 	// The crashed member's tombstone is one write more.
 	time.Sleep(100 * time.Millisecond)
 	requireBesideRenewals(t, c0, countWrites(t, k, members), crashed+1, "crash")
@@ -153,7 +154,7 @@ func TestShardHandoverGap(t *testing.T) {
 	}
 	x0 := k.startMember(t, "gap", "x-0", shards)
 	settled(t, []*ringMember{x0}, shards)
-	held := map[string]*kubeadapter.ShardHeld{}
+	held := map[string]*shard.Held{}
 	for _, sh := range shards {
 		h, err := x0.s.Shard(sh)
 		require.NoError(t, err)

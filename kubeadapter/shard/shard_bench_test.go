@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
-	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -47,7 +47,7 @@ func benchMembersEvery(b *testing.B, k *kube, ring string, n int, shards []strin
 	b.Helper()
 	var members []*ringMember
 	for i := range n {
-		cfg := kubeadapter.DefaultShardConfig(k.ns, ring, fmt.Sprintf("x-%d", i))
+		cfg := shard.DefaultConfig(k.ns, ring, fmt.Sprintf("x-%d", i))
 		if period != cfg.RetryPeriod {
 			cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 4*period, 3*period, period
 		}
@@ -57,7 +57,7 @@ func benchMembersEvery(b *testing.B, k *kube, ring string, n int, shards []strin
 	ok := waitFor(5*time.Minute, func() bool {
 		total := 0.0
 		for _, m := range members {
-			total += m.metric(b, kubeadapter.MetricShardsOwned)
+			total += m.metric(b, shard.MetricOwned)
 		}
 		return total == float64(len(shards))
 	})
@@ -326,7 +326,7 @@ type handover struct {
 	mu       sync.Mutex
 	ended    map[string]time.Time
 	started  map[string]time.Time
-	old      map[string]*kubeadapter.ShardHeld
+	old      map[string]*shard.Held
 	overlaps int
 	stop     chan struct{}
 	done     chan struct{}
@@ -344,7 +344,7 @@ func watchHandover(b *testing.B, members []*ringMember, prev map[string]string, 
 	for _, m := range members {
 		byName[m.name] = m
 	}
-	h := &handover{ended: map[string]time.Time{}, started: map[string]time.Time{}, old: map[string]*kubeadapter.ShardHeld{}}
+	h := &handover{ended: map[string]time.Time{}, started: map[string]time.Time{}, old: map[string]*shard.Held{}}
 	for sh, o := range prev {
 		if want, _ := rendezvous.Owner(sh, ms); want == o {
 			continue
@@ -460,7 +460,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 		b.Helper()
 		prev := owner
 		c0 := countWrites(b, k, before)
-		moves0 := moves(b, before, kubeadapter.MoveHandoff) + moves(b, before, kubeadapter.MoveOrphan)
+		moves0 := moves(b, before, shard.MoveHandoff) + moves(b, before, shard.MoveOrphan)
 		gap := watchHandover(b, before, prev, afterNames)
 		start := time.Now()
 		after := change()
@@ -480,7 +480,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 				moved++
 			}
 		}
-		written := moves(b, all, kubeadapter.MoveHandoff) + moves(b, all, kubeadapter.MoveOrphan) - moves0
+		written := moves(b, all, shard.MoveHandoff) + moves(b, all, shard.MoveOrphan) - moves0
 		b.ReportMetric(float64(moved), "shards-moved")
 		b.ReportMetric(written, "shard-lease-writes")
 		b.ReportMetric((c1.api-c0.api)-(c1.renewHi-c0.renewLo), "api-writes-beside-renewals")
@@ -491,7 +491,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 	var x3 *ringMember
 	b.Run("join", func(b *testing.B) {
 		measure(b, members, append(names(members), "x-3"), func() []*ringMember {
-			cfg := kubeadapter.DefaultShardConfig(k.ns, "rebalance", "x-3")
+			cfg := shard.DefaultConfig(k.ns, "rebalance", "x-3")
 			cfg.MovesPerSecond = 2000
 			x3 = k.startMemberWith(parent, cfg, shards)
 			return append(slices.Clone(members), x3)
@@ -508,7 +508,7 @@ func BenchmarkShardRebalance(b *testing.B) {
 	})
 	b.Run("crash", func(b *testing.B) {
 		measure(b, members, names(members[:2]), func() []*ringMember {
-			members[2].leases.killed.Store(true)
+			members[2].leases.Killed.Store(true)
 			return members[:2]
 		})
 	})

@@ -1,6 +1,6 @@
 //go:build linux
 
-package kubeadapter_test
+package shard_test
 
 import (
 	"bufio"
@@ -43,6 +43,8 @@ import (
 	"github.com/fencer-dev/fencer/internal/testkit/history"
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -181,7 +183,7 @@ func runShardMember(specPath string) error {
 	if spec.ClockOffset != 0 {
 		cfg.Clock = skewedClock{offset: spec.ClockOffset}
 	}
-	s, err := kubeadapter.NewSharder(cs.CoordinationV1(), cfg)
+	s, err := shard.NewSharder(cs.CoordinationV1(), cfg)
 	if err != nil {
 		return err
 	}
@@ -322,7 +324,7 @@ func (w *memberWriter) emit(e memberEvent) {
 // client with holder.
 func (w *memberWriter) fenced(holder kubeadapter.Holder) func(context.Context, *corev1.ConfigMap) error {
 	return func(ctx context.Context, cm *corev1.ConfigMap) error {
-		fc, err := kubeadapter.NewClient(w.crc, holder)
+		fc, err := fenced.NewClient(w.crc, holder)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package kubeadapter_test
+package shard_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -38,8 +40,8 @@ type trackerRing struct {
 }
 
 func (r *trackerRing) current() []*coordinationv1.Lease {
-	r.f.mu.Lock()
-	defer r.f.mu.Unlock()
+	r.f.Mu.Lock()
+	defer r.f.Mu.Unlock()
 	objs, err := r.f.Tracker().List(leasesGVR, coordinationv1.SchemeGroupVersion.WithKind("Lease"), "ns")
 	if err != nil {
 		panic(err)
@@ -54,7 +56,7 @@ func (r *trackerRing) current() []*coordinationv1.Lease {
 	return out
 }
 
-func (r *trackerRing) labelled(string, string, string) ([]*coordinationv1.Lease, int64, bool) {
+func (r *trackerRing) Labelled(string, string, string) ([]*coordinationv1.Lease, int64, bool) {
 	r.mu.Lock()
 	frozen := r.frozen
 	r.mu.Unlock()
@@ -78,17 +80,17 @@ func (r *trackerRing) thaw() {
 	r.mu.Unlock()
 }
 
-func (r *trackerRing) subscribe() (<-chan struct{}, func()) { return nil, func() {} }
+func (r *trackerRing) Subscribe() (<-chan struct{}, func()) { return nil, func() {} }
 
 // put stores l as another process would write it, with a new
 // resourceVersion, and returns the stored copy.
 func (f *fakeLeases) put(t *testing.T, l *coordinationv1.Lease) *coordinationv1.Lease {
 	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Mu.Lock()
+	defer f.Mu.Unlock()
 	l = l.DeepCopy()
-	f.rv++
-	l.ResourceVersion = strconv.FormatInt(f.rv, 10)
+	f.RV++
+	l.ResourceVersion = strconv.FormatInt(f.RV, 10)
 	if l.UID == "" {
 		l.UID = types.UID("uid-" + l.Name)
 	}
@@ -113,7 +115,8 @@ func (f *fakeLeases) lease(t *testing.T, name string) *coordinationv1.Lease {
 // not end it.
 type unitSharder struct {
 	*Sharder
-	member *Held
+	t      *testing.T
+	member *kubeadapter.Held
 	reg    *prometheus.Registry
 	ring   *trackerRing
 }
@@ -121,12 +124,14 @@ type unitSharder struct {
 func newUnitSharder(t *testing.T, f *fakeLeases, clk *clocktesting.FakeClock, identity string) *unitSharder {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	w, err := NewWatcher(f.CoordinationV1(), WithRegisterer(reg))
+	w, err := kubeadapter.NewWatcher(f.CoordinationV1(), kubeadapter.WithRegisterer(reg))
 	require.NoError(t, err)
-	cfg := ShardConfig{
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	cfg := Config{
 		Namespace: "ns", Ring: unitRing, Identity: identity,
 		LeaseDuration: 60 * time.Second, RenewDeadline: 50 * time.Second, RetryPeriod: 20 * time.Second,
-		HandoffTimeout: 3 * time.Second, MovesPerSecond: 1000, Watcher: w, Clock: clk,
+		HandoffTimeout: 3 * time.Second, MovesPerSecond: 1000, Watcher: w, Metrics: m, Clock: clk,
 	}
 	require.NoError(t, cfg.Validate())
 	ring := &trackerRing{f: f}
@@ -135,16 +140,32 @@ func newUnitSharder(t *testing.T, f *fakeLeases, clk *clocktesting.FakeClock, id
 	member, err := s.join(context.Background())
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		s.endAll(ErrReleased)
+		s.endAll(kubeadapter.ErrReleased)
 		_ = member.Release(context.Background())
 	})
-	return &unitSharder{Sharder: s, member: member, reg: reg, ring: ring}
+	return &unitSharder{Sharder: s, t: t, member: member, reg: reg, ring: ring}
 }
 
 func (u *unitSharder) step() { u.Sharder.step(context.Background(), u.member) }
 
+// writes returns the Lease writes of kind the Watcher's metrics counted.
 func (u *unitSharder) writes(kind string) float64 {
-	return testutil.ToFloat64(u.cfg.Watcher.metrics.leaseWrites.WithLabelValues(kind))
+	u.t.Helper()
+	mfs, err := u.reg.Gather()
+	require.NoError(u.t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != kubeadapter.MetricLeaseWrites {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // otherMember is the heartbeat Lease of a member that is not under test,
@@ -153,7 +174,7 @@ func otherMember(identity, holder string, renew time.Time) *coordinationv1.Lease
 	d, n := int32(10), int32(0)
 	t := metav1.NewMicroTime(renew)
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: memberLeaseName(unitRing, identity), Labels: fenceLabels(nil, ringLabels(unitRing, RoleMember))},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: memberLeaseName(unitRing, identity), Labels: leaserecord.FenceLabels(nil, ringLabels(unitRing, RoleMember))},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d, LeaseTransitions: &n, AcquireTime: &t, RenewTime: &t},
 	}
 }
@@ -225,21 +246,21 @@ func TestFutureRenewTimeIgnored(t *testing.T) {
 	shard := shardOwnedBy(t, "b", "a", "b")
 	f.put(t, otherMember("b", "b_1", clk.Now().Add(time.Hour)))
 	old := f.put(t, assigned("ns", unitRing, shard, nil, incarnation{identity: "b", holder: "b_1", lease: "r-m-b"}, 10*time.Second, clk.Now()))
-	oldTok, err := TokenOf(old)
+	oldTok, err := kubeadapter.TokenOf(old)
 	require.NoError(t, err)
 	a.Track(shard)
 
 	a.step()
 	clk.Step(10*time.Second - time.Millisecond)
 	a.step()
-	require.Equal(t, "b_1", holderOf(&f.lease(t, "r-m-b").Spec), "declared dead before its lease duration")
+	require.Equal(t, "b_1", leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "declared dead before its lease duration")
 	_, owns := a.Owns(shard)
 	require.False(t, owns)
 
 	clk.Step(time.Millisecond)
 	a.step()
-	require.Empty(t, holderOf(&f.lease(t, "r-m-b").Spec), "a renewTime in the future kept a dead member alive")
-	require.Equal(t, 1.0, a.writes(WriteTombstone))
+	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a renewTime in the future kept a dead member alive")
+	require.Equal(t, 1.0, a.writes(kubeadapter.WriteTombstone))
 	tok, owns := a.Owns(shard)
 	require.True(t, owns, "the survivor did not take the orphaned shard")
 	c, err := tok.Compare(oldTok)
@@ -265,8 +286,8 @@ func TestTombstoneCASRace(t *testing.T) {
 	// b renews; a does not see it.
 	f.put(t, f.lease(t, "r-m-b"))
 	a.step()
-	require.Equal(t, "b_1", holderOf(&f.lease(t, "r-m-b").Spec), "a tombstone written over a renewal it had not seen killed a live member")
-	require.Equal(t, 0.0, a.writes(WriteTombstone))
+	require.Equal(t, "b_1", leaserecord.Holder(&f.lease(t, "r-m-b").Spec), "a tombstone written over a renewal it had not seen killed a live member")
+	require.Equal(t, 0.0, a.writes(kubeadapter.WriteTombstone))
 
 	// Now b stops. Both survivors see the same last renewal.
 	a.ring.thaw()
@@ -279,21 +300,21 @@ func TestTombstoneCASRace(t *testing.T) {
 	wg.Go(a.step)
 	wg.Go(c.step)
 	wg.Wait()
-	require.Empty(t, holderOf(&f.lease(t, "r-m-b").Spec))
-	require.Equal(t, 1.0, a.writes(WriteTombstone)+c.writes(WriteTombstone), "both tombstones landed")
+	require.Empty(t, leaserecord.Holder(&f.lease(t, "r-m-b").Spec))
+	require.Equal(t, 1.0, a.writes(kubeadapter.WriteTombstone)+c.writes(kubeadapter.WriteTombstone), "both tombstones landed")
 }
 
-// TestHandoffDrainsFirst: a handoff ends the ShardHeld at once, then waits
+// TestHandoffDrainsFirst: a handoff ends the Held at once, then waits
 // for in-flight work before the one write that names the new owner; with
 // work that never finishes it writes after HandoffTimeout and counts it.
 func TestHandoffDrainsFirst(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		finish func(clk *clocktesting.FakeClock, h *ShardHeld)
+		finish func(clk *clocktesting.FakeClock, h *Held)
 		forced float64
 	}{
-		{"drained", func(_ *clocktesting.FakeClock, h *ShardHeld) { h.exit() }, 0},
-		{"timeout", func(clk *clocktesting.FakeClock, _ *ShardHeld) { clk.Step(3 * time.Second) }, 1},
+		{"drained", func(_ *clocktesting.FakeClock, h *Held) { h.exit() }, 0},
+		{"timeout", func(clk *clocktesting.FakeClock, _ *Held) { clk.Step(3 * time.Second) }, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newUnitClock()
@@ -305,7 +326,7 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			h, err := a.Shard(shard)
 			require.NoError(t, err)
 			require.True(t, h.enter(), "a reconcile in flight")
-			before := f.lease(t, ShardLeaseName(unitRing, shard))
+			before := f.lease(t, LeaseName(unitRing, shard))
 
 			f.put(t, otherMember("d", "d_1", clk.Now()))
 			done := make(chan struct{})
@@ -313,9 +334,9 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			select {
 			case <-h.Done():
 			case <-time.After(5 * time.Second):
-				t.Fatal("the handoff did not end the ShardHeld first")
+				t.Fatal("the handoff did not end the Held first")
 			}
-			require.ErrorIs(t, h.Err(), ErrShardMoved)
+			require.ErrorIs(t, h.Err(), ErrMoved)
 			_, owns := a.Owns(shard)
 			require.False(t, owns)
 			// The drain's timer is armed beside the heartbeat's two.
@@ -325,11 +346,11 @@ func TestHandoffDrainsFirst(t *testing.T) {
 			tc.finish(clk, h)
 			<-done
 			after := f.lease(t, before.Name)
-			require.Equal(t, "d_1", holderOf(&after.Spec))
+			require.Equal(t, "d_1", leaserecord.Holder(&after.Spec))
 			require.Equal(t, "r-m-d", after.Annotations[MemberAnnotation])
-			require.Equal(t, transitionsOf(&before.Spec)+1, transitionsOf(&after.Spec))
-			require.Equal(t, tc.forced, testutil.ToFloat64(a.cfg.Watcher.metrics.handoffForced))
-			require.Equal(t, 1.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+			require.Equal(t, leaserecord.Transitions(&before.Spec)+1, leaserecord.Transitions(&after.Spec))
+			require.Equal(t, tc.forced, testutil.ToFloat64(a.cfg.Metrics.handoffForced))
+			require.Equal(t, 1.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 		})
 	}
 }
@@ -357,21 +378,21 @@ func TestHandoffWaitsOnlyForItsOwnShard(t *testing.T) {
 	slow, err := a.Shard(slowShard)
 	require.NoError(t, err)
 	require.True(t, slow.enter(), "a reconcile in flight on the slow shard")
-	slowName, fastName := ShardLeaseName(unitRing, slowShard), ShardLeaseName(unitRing, fastShard)
+	slowName, fastName := LeaseName(unitRing, slowShard), LeaseName(unitRing, fastShard)
 	before := f.lease(t, slowName)
 
 	f.put(t, otherMember("d", "d_1", clk.Now()))
 	done := make(chan struct{})
 	go func() { a.step(); close(done) }()
-	require.Eventually(t, func() bool { return holderOf(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return leaserecord.Holder(&f.lease(t, fastName).Spec) == "d_1" }, 5*time.Second, time.Millisecond,
 		"the other shard's handoff waited for the slow shard's work")
-	require.ErrorIs(t, slow.Err(), ErrShardMoved)
+	require.ErrorIs(t, slow.Err(), ErrMoved)
 	require.Equal(t, before.ResourceVersion, f.lease(t, slowName).ResourceVersion, "the slow shard was handed off while its work was in flight")
 
 	slow.exit()
 	<-done
-	require.Equal(t, "d_1", holderOf(&f.lease(t, slowName).Spec))
-	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+	require.Equal(t, "d_1", leaserecord.Holder(&f.lease(t, slowName).Spec))
+	require.Equal(t, 2.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 }
 
 // TestHandoffConditional: a handoff written from a view that missed a
@@ -389,19 +410,19 @@ func TestHandoffConditional(t *testing.T) {
 	f.put(t, otherMember("d", "d_1", clk.Now()))
 	f.put(t, otherMember("c", "c_1", clk.Now()))
 	a.ring.freeze()
-	name := ShardLeaseName(unitRing, shard)
+	name := LeaseName(unitRing, shard)
 	taken := f.put(t, assigned("ns", unitRing, shard, f.lease(t, name), incarnation{identity: "c", holder: "c_1", lease: "r-m-c"}, 10*time.Second, clk.Now()))
 
 	a.step()
 	cur := f.lease(t, name)
-	require.Equal(t, "c_1", holderOf(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
+	require.Equal(t, "c_1", leaserecord.Holder(&cur.Spec), "a handoff from a stale view overwrote a newer assignment")
 	require.Equal(t, taken.ResourceVersion, cur.ResourceVersion)
-	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Watcher.metrics.shardMoves.WithLabelValues(MoveHandoff)))
+	require.Equal(t, 0.0, testutil.ToFloat64(a.cfg.Metrics.moves.WithLabelValues(MoveHandoff)))
 }
 
 // TestOwnsFalseAfterMemberLost: when the heartbeat's renewals fail until
 // its renew deadline, Owns is false and Shard refuses at that instant,
-// before any pass of the Sharder notices, and the ShardHeld says why.
+// before any pass of the Sharder notices, and the Held says why.
 func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	clk := newUnitClock()
 	f := newFakeLeases(t)
@@ -413,9 +434,9 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	_, owns := a.Owns("s")
 	require.True(t, owns)
 
-	f.setFailing(true)
+	f.SetFailing(true)
 	clk.Step(a.cfg.RenewDeadline)
-	require.ErrorIs(t, a.member.Err(), ErrRenewDeadline)
+	require.ErrorIs(t, a.member.Err(), kubeadapter.ErrRenewDeadline)
 	_, owns = a.Owns("s")
 	require.False(t, owns, "Owns still true after the member was lost")
 	_, err = a.Shard("s")
@@ -423,7 +444,7 @@ func TestOwnsFalseAfterMemberLost(t *testing.T) {
 	require.ErrorIs(t, err, token.ErrNotHeld)
 	require.ErrorIs(t, h.Err(), ErrMemberLost)
 	require.ErrorIs(t, h.Err(), token.ErrNotHeld)
-	f.setFailing(false)
+	f.SetFailing(false)
 }
 
 // TestPlanWeights: a member of weight 2 plans the creates of about half
@@ -460,7 +481,7 @@ func TestPlanWeights(t *testing.T) {
 // TestWeightLabel: the heartbeat carries the configured weight, and a
 // missing or bad label weighs 1.
 func TestWeightLabel(t *testing.T) {
-	c := DefaultShardConfig("ns", "r", "a")
+	c := DefaultConfig("ns", "r", "a")
 	require.Equal(t, "1", c.memberLabels()[WeightLabel])
 	c.Weight = 3
 	require.Equal(t, 3.0, weightOf(&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Labels: c.memberLabels()}}))
@@ -476,7 +497,7 @@ type configCase[C any] struct {
 }
 
 // requireConfigErrors checks that each case's config fails Validate with
-// a *ConfigError naming its field and matching ErrInvalidConfig, and that
+// a *kubeadapter.ConfigError naming its field and matching kubeadapter.ErrInvalidConfig, and that
 // build (the constructor) refuses it.
 func requireConfigErrors[C interface{ Validate() error }](t *testing.T, valid C, build func(C) error, cases []configCase[C]) {
 	t.Helper()
@@ -485,30 +506,30 @@ func requireConfigErrors[C interface{ Validate() error }](t *testing.T, valid C,
 		t.Run(tc.field, func(t *testing.T) {
 			c := valid
 			tc.change(&c)
-			var ce *ConfigError
+			var ce *kubeadapter.ConfigError
 			require.ErrorAs(t, c.Validate(), &ce)
 			require.Equal(t, tc.field, ce.Field)
-			require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
-			require.ErrorIs(t, build(c), ErrInvalidConfig)
+			require.ErrorIs(t, c.Validate(), kubeadapter.ErrInvalidConfig)
+			require.ErrorIs(t, build(c), kubeadapter.ErrInvalidConfig)
 		})
 	}
 }
 
 func TestShardConfigValidate(t *testing.T) {
-	w, err := NewWatcher(newFakeLeases(t).CoordinationV1())
+	w, err := kubeadapter.NewWatcher(newFakeLeases(t).CoordinationV1())
 	require.NoError(t, err)
-	valid := DefaultShardConfig("ns", "ring", "x-0")
+	valid := DefaultConfig("ns", "ring", "x-0")
 	valid.Watcher = w
-	build := func(c ShardConfig) error { _, err := NewSharder(newFakeLeases(t).CoordinationV1(), c); return err }
-	requireConfigErrors(t, valid, build, []configCase[ShardConfig]{
-		{"Ring", func(c *ShardConfig) { c.Ring = "Not_A_Label" }},
-		{"Ring", func(c *ShardConfig) { c.Ring = "a-ring-name-that-is-far-too-long-for-shard-leases" }},
-		{"Identity", func(c *ShardConfig) { c.Identity = "" }},
-		{"Identity", func(c *ShardConfig) { c.Identity = "Pod_0" }},
-		{"Watcher", func(c *ShardConfig) { c.Watcher = nil }},
-		{"HandoffTimeout", func(c *ShardConfig) { c.HandoffTimeout = 0 }},
-		{"MovesPerSecond", func(c *ShardConfig) { c.MovesPerSecond = 0 }},
-		{"RenewDeadline", func(c *ShardConfig) { c.RenewDeadline = c.LeaseDuration }},
-		{"Namespace", func(c *ShardConfig) { c.Namespace = "" }},
+	build := func(c Config) error { _, err := NewSharder(newFakeLeases(t).CoordinationV1(), c); return err }
+	requireConfigErrors(t, valid, build, []configCase[Config]{
+		{"Ring", func(c *Config) { c.Ring = "Not_A_Label" }},
+		{"Ring", func(c *Config) { c.Ring = "a-ring-name-that-is-far-too-long-for-shard-leases" }},
+		{"Identity", func(c *Config) { c.Identity = "" }},
+		{"Identity", func(c *Config) { c.Identity = "Pod_0" }},
+		{"Watcher", func(c *Config) { c.Watcher = nil }},
+		{"HandoffTimeout", func(c *Config) { c.HandoffTimeout = 0 }},
+		{"MovesPerSecond", func(c *Config) { c.MovesPerSecond = 0 }},
+		{"RenewDeadline", func(c *Config) { c.RenewDeadline = c.LeaseDuration }},
+		{"Namespace", func(c *Config) { c.Namespace = "" }},
 	})
 }

@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"context"
@@ -22,12 +22,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/fencer-dev/fencer/internal/mutant"
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 	"github.com/fencer-dev/fencer/token"
 )
 
-// ShardConfig configures a Sharder. NewSharder checks it with Validate;
-// DefaultShardConfig fills the durations.
-type ShardConfig struct {
+// Config configures a Sharder. NewSharder checks it with Validate;
+// DefaultConfig fills the durations.
+type Config struct {
 	// Namespace holds the ring's Leases: one heartbeat Lease per member
 	// and one Lease per shard.
 	Namespace string
@@ -42,8 +44,8 @@ type ShardConfig struct {
 	// inherits the ownerships of its previous run.
 	Identity string
 	// LeaseDuration, RenewDeadline and RetryPeriod are those of the
-	// member's heartbeat Lease (see Config): it is renewed every
-	// RetryPeriod, its Held fails closed at RenewDeadline, and the other
+	// member's heartbeat Lease (see kubeadapter.Config): it is renewed every
+	// RetryPeriod, its kubeadapter.Held fails closed at RenewDeadline, and the other
 	// members declare it dead once they have seen it unchanged for
 	// LeaseDuration on their own clocks. RetryPeriod also bounds how long
 	// the Sharder waits between two passes over the ring.
@@ -51,7 +53,7 @@ type ShardConfig struct {
 	// HandoffTimeout bounds the wait for in-flight work on a shard
 	// (registered by Gate) to finish before the handoff write that names
 	// the new owner. When it passes the write is made anyway and counted
-	// in MetricShardHandoffForced; the new owner's writes are still
+	// in MetricHandoffForced; the new owner's writes are still
 	// fenced against the old owner's.
 	HandoffTimeout time.Duration
 	// Weight scales this member's expected share of shards (rendezvous
@@ -63,19 +65,24 @@ type ShardConfig struct {
 	// takeovers of orphaned shards are made before handoffs.
 	MovesPerSecond float64
 	// Watcher is the process's one Lease watcher. It must watch
-	// Namespace. The Sharder reads the ring's Leases from it and reports
-	// its metrics through it.
-	Watcher *Watcher
+	// Namespace. The Sharder reads the ring's Leases from it (Labelled,
+	// Subscribe), its heartbeat Elector is configured with it, and its
+	// Lease writes are counted in the Watcher's metrics
+	// (RecordLeaseWrite).
+	Watcher *kubeadapter.Watcher
+	// Metrics, when not nil, records this package's Metric constants
+	// (NewMetrics); several Sharders may share them. Nil records none.
+	Metrics *Metrics
 	// Clock measures durations; nil means the real clock.
 	Clock clock.WithDelayedExecution
 }
 
-// DefaultShardConfig returns a ShardConfig for the ring in namespace and
+// DefaultConfig returns a Config for the ring in namespace and
 // the member identity, with client-go's durations for the heartbeat (15s,
 // 10s, 2s), a HandoffTimeout of 10s and 20 moves per second, the default
 // client QPS of controller-runtime. The caller sets Watcher.
-func DefaultShardConfig(namespace, ring, identity string) ShardConfig {
-	return ShardConfig{
+func DefaultConfig(namespace, ring, identity string) Config {
+	return Config{
 		Namespace: namespace, Ring: ring, Identity: identity,
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 		HandoffTimeout: 10 * time.Second,
@@ -86,33 +93,33 @@ func DefaultShardConfig(namespace, ring, identity string) ShardConfig {
 // maxRingLen keeps shard Lease names (ring, "-s-", 16 hex digits) short.
 const maxRingLen = 40
 
-// Validate reports the first invalid field as a *ConfigError, or nil: the
-// rules of Config.Validate for the heartbeat, a Ring that is a DNS-1123
+// Validate reports the first invalid field as a *kubeadapter.ConfigError, or nil: the
+// rules of kubeadapter.Config.Validate for the heartbeat, a Ring that is a DNS-1123
 // label of at most 40 characters, a required Watcher, and positive
 // HandoffTimeout and MovesPerSecond.
-func (c ShardConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case len(validation.IsDNS1123Label(c.Ring)) > 0:
-		return &ConfigError{Field: "Ring", Reason: "must be a DNS-1123 label: " + strings.Join(validation.IsDNS1123Label(c.Ring), "; ")}
+		return &kubeadapter.ConfigError{Field: "Ring", Reason: "must be a DNS-1123 label: " + strings.Join(validation.IsDNS1123Label(c.Ring), "; ")}
 	case len(c.Ring) > maxRingLen:
-		return &ConfigError{Field: "Ring", Reason: fmt.Sprintf("must be at most %d characters", maxRingLen)}
+		return &kubeadapter.ConfigError{Field: "Ring", Reason: fmt.Sprintf("must be at most %d characters", maxRingLen)}
 	case c.Identity == "":
-		return &ConfigError{Field: "Identity", Reason: "must not be empty"}
+		return &kubeadapter.ConfigError{Field: "Identity", Reason: "must not be empty"}
 	case len(validation.IsDNS1123Subdomain(memberLeaseName(c.Ring, c.Identity))) > 0:
-		return &ConfigError{Field: "Identity", Reason: "must make a DNS-1123 subdomain of the heartbeat Lease name " + memberLeaseName(c.Ring, c.Identity)}
+		return &kubeadapter.ConfigError{Field: "Identity", Reason: "must make a DNS-1123 subdomain of the heartbeat Lease name " + memberLeaseName(c.Ring, c.Identity)}
 	case c.Watcher == nil:
-		return &ConfigError{Field: "Watcher", Reason: "must not be nil"}
+		return &kubeadapter.ConfigError{Field: "Watcher", Reason: "must not be nil"}
 	case c.HandoffTimeout <= 0:
-		return &ConfigError{Field: "HandoffTimeout", Reason: "must be positive"}
+		return &kubeadapter.ConfigError{Field: "HandoffTimeout", Reason: "must be positive"}
 	case !(c.MovesPerSecond > 0):
-		return &ConfigError{Field: "MovesPerSecond", Reason: "must be positive"}
+		return &kubeadapter.ConfigError{Field: "MovesPerSecond", Reason: "must be positive"}
 	}
 	return c.heartbeat().Validate()
 }
 
-// heartbeat is the Config of the member's heartbeat Elector.
-func (c ShardConfig) heartbeat() Config {
-	return Config{
+// heartbeat is the kubeadapter.Config of the member's heartbeat kubeadapter.Elector.
+func (c Config) heartbeat() kubeadapter.Config {
+	return kubeadapter.Config{
 		Namespace: c.Namespace, Name: memberLeaseName(c.Ring, c.Identity), Identity: c.Identity,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
 		Clock: c.Clock, Watcher: c.Watcher, Labels: c.memberLabels(),
@@ -120,7 +127,7 @@ func (c ShardConfig) heartbeat() Config {
 }
 
 // memberLabels are the labels of the member's heartbeat Lease.
-func (c ShardConfig) memberLabels() map[string]string {
+func (c Config) memberLabels() map[string]string {
 	l := ringLabels(c.Ring, RoleMember)
 	l[WeightLabel] = strconv.FormatUint(uint64(max(c.Weight, 1)), 10)
 	return l
@@ -128,8 +135,8 @@ func (c ShardConfig) memberLabels() map[string]string {
 
 // ringSource is where a Sharder reads its ring: the Watcher.
 type ringSource interface {
-	labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
-	subscribe() (<-chan struct{}, func())
+	Labelled(namespace, key, value string) ([]*coordinationv1.Lease, int64, bool)
+	Subscribe() (<-chan struct{}, func())
 }
 
 // Sharder is one member of a ring of processes that share shards (projects,
@@ -138,24 +145,24 @@ type ringSource interface {
 // and each ownership has a fencing token. It is a controller-runtime
 // manager.Runnable that runs in every replica.
 //
-// Records, all coordination.k8s.io/v1 Leases in ShardConfig.Namespace:
+// Records, all coordination.k8s.io/v1 Leases in Config.Namespace:
 //   - one heartbeat Lease per member, <ring>-m-<identity>, acquired and
-//     renewed every RetryPeriod by an ordinary Elector and Held: the only
+//     renewed every RetryPeriod by an ordinary kubeadapter.Elector and kubeadapter.Held: the only
 //     Lease writes of a steady ring, so renewal writes grow with members,
 //     not shards;
-//   - one Lease per shard, ShardLeaseName(ring, shard), whose
+//   - one Lease per shard, LeaseName(ring, shard), whose
 //     holderIdentity names the owning incarnation and MemberAnnotation
 //     its heartbeat Lease. It is written only when the shard is created,
 //     handed off, released or taken over, always conditional on the
 //     resourceVersion last seen, and each such write counts a new epoch
-//     in leaseTransitions. A shard's token is TokenOf that write, so the
+//     in leaseTransitions. A shard's token is kubeadapter.TokenOf that write, so the
 //     fenced client, token.CheckStamp and the admission policy fence a
 //     shard's writers unchanged.
 //
 // Transitions:
 //   - a tracked shard without a Lease is created by its rendezvous owner;
 //   - a shard whose owner should be another live member is handed off by
-//     its holder: the ShardHeld ends first (Gate admits nothing new),
+//     its holder: the Held ends first (Gate admits nothing new),
 //     in-flight work drains (at most HandoffTimeout), then one
 //     conditional write names the new owner, who starts when it sees the
 //     write. Each shard of a pass's moves ends right before its own
@@ -166,14 +173,14 @@ type ringSource interface {
 //     own clock is dead: that member writes a tombstone (released
 //     record) conditional on exactly the resourceVersion it saw, so a
 //     member that renewed in between is not declared dead, and the dead
-//     member's next renewal conflicts, ending its Held and all its
+//     member's next renewal conflicts, ending its kubeadapter.Held and all its
 //     ShardHelds. No timestamp in any record is read;
 //   - a shard whose Lease names no live incarnation (orphaned: a released
 //     heartbeat, a missing one, or one naming a newer incarnation) is
 //     taken over by its rendezvous owner with a conditional write;
 //   - on Stop, a member marks its heartbeat as leaving
 //     (LeavingAnnotation, in a renewal), so that no one assigns it
-//     shards any more, then for each shard ends its ShardHeld, drains it
+//     shards any more, then for each shard ends its Held, drains it
 //     (at most HandoffTimeout after the mark) and hands the shard off
 //     with one conditional write naming its rendezvous owner among the
 //     others, up to 16 shards at once, and releases its
@@ -182,18 +189,18 @@ type ringSource interface {
 //
 // What it guarantees: at any resourceVersion a shard Lease names one
 // incarnation; a member acts on a shard (Owns, Shard, Gate) only while its
-// heartbeat Held has not ended, the last heartbeat record it knows names
+// heartbeat kubeadapter.Held has not ended, the last heartbeat record it knows names
 // its incarnation, and the last shard record it knows names it; and
 // every assignment's token is greater than the previous one's. What it
 // does not guarantee: that two members never believe they own a shard at
 // the same instant. A paused or partitioned former owner still believes
 // it until it notices; its writes are then refused by the store through
 // the token (the fenced client and the admission policy), per object, as
-// for any Held. Liveness (how fast a dead member's shards move) assumes
+// for any kubeadapter.Held. Liveness (how fast a dead member's shards move) assumes
 // that clocks run at about the same rate; safety does not.
 type Sharder struct {
 	leases  coordinationv1client.LeasesGetter
-	cfg     ShardConfig
+	cfg     Config
 	clock   clock.WithDelayedExecution
 	src     ringSource
 	limiter *rate.Limiter
@@ -202,19 +209,19 @@ type Sharder struct {
 
 	// owned is the immutable set of current ownerships, replaced whole by
 	// the loop goroutine; Owns and Shard read it without a lock. A shard
-	// leaves it, or its ShardHeld is marked gone (which Owns reads),
-	// before its ShardHeld ends; an ended one leaves it at the next pass.
+	// leaves it, or its Held is marked gone (which Owns reads),
+	// before its Held ends; an ended one leaves it at the next pass.
 	owned atomic.Pointer[ownership]
 
 	// mu guards tracked, member and subs.
 	mu      sync.Mutex
 	tracked map[string]bool
-	member  *Held
+	member  *kubeadapter.Held
 	subs    map[*func(string)]bool
 
 	// Owned by the loop goroutine (Start):
-	// elector is the current incarnation's Elector.
-	elector *Elector
+	// elector is the current incarnation's kubeadapter.Elector.
+	elector *kubeadapter.Elector
 	// seen is, by heartbeat Lease name, the resourceVersion last seen and
 	// when, on this member's clock, it was first seen.
 	seen map[string]seenAt
@@ -233,7 +240,7 @@ type ownership struct {
 
 type ownedShard struct {
 	tok token.Token
-	h   *ShardHeld
+	h   *Held
 }
 
 type seenAt struct {
@@ -248,17 +255,17 @@ var (
 
 // NewSharder returns a Sharder for cfg that writes Leases through leases
 // (for a clientset, clientset.CoordinationV1()). It returns a
-// *ConfigError when cfg is invalid and performs no I/O; Start runs it.
-func NewSharder(leases coordinationv1client.LeasesGetter, cfg ShardConfig) (*Sharder, error) {
+// *kubeadapter.ConfigError when cfg is invalid and performs no I/O; Start runs it.
+func NewSharder(leases coordinationv1client.LeasesGetter, cfg Config) (*Sharder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return newSharder(leases, cfg, cfg.Watcher)
 }
 
-func newSharder(leases coordinationv1client.LeasesGetter, cfg ShardConfig, src ringSource) (*Sharder, error) {
+func newSharder(leases coordinationv1client.LeasesGetter, cfg Config, src ringSource) (*Sharder, error) {
 	if leases == nil {
-		return nil, &ConfigError{Field: "leases", Reason: "must not be nil"}
+		return nil, &kubeadapter.ConfigError{Field: "leases", Reason: "must not be nil"}
 	}
 	s := &Sharder{
 		leases:  leases,
@@ -295,7 +302,7 @@ func (s *Sharder) Track(shards ...string) {
 }
 
 // Untrack removes shards from the set this member tracks. A shard it owns
-// is released: its ShardHeld ends, in-flight work drains, and a
+// is released: its Held ends, in-flight work drains, and a
 // conditional write leaves the shard Lease without holder, for a member
 // that tracks it to take over.
 func (s *Sharder) Untrack(shards ...string) {
@@ -316,8 +323,8 @@ func (s *Sharder) poke() {
 
 // Owns returns the token of this member's ownership of shard and true, or
 // false when it does not own it now. It takes no lock. The answer can be
-// stale the moment it is returned; write through NewClient with the
-// ShardHeld (Shard) so that the store refuses writes of a former owner.
+// stale the moment it is returned; write through fenced.NewClient with the
+// Held (Shard) so that the store refuses writes of a former owner.
 func (s *Sharder) Owns(shard string) (token.Token, bool) {
 	o := s.owned.Load()
 	if o.member == nil || o.member.Err() != nil {
@@ -330,10 +337,10 @@ func (s *Sharder) Owns(shard string) (token.Token, bool) {
 	return e.tok, true
 }
 
-// Shard returns this member's ownership of shard, for NewClient. It
+// Shard returns this member's ownership of shard, for fenced.NewClient. It
 // returns an error matching ErrNotOwner and token.ErrNotHeld when the
 // member does not own the shard now.
-func (s *Sharder) Shard(shard string) (*ShardHeld, error) {
+func (s *Sharder) Shard(shard string) (*Held, error) {
 	h := s.owned.Load().shards[shard].h
 	if h == nil || h.ctx.Err() != nil {
 		return nil, fmt.Errorf("%w: shard %q: %w", ErrNotOwner, shard, token.ErrNotHeld)
@@ -341,9 +348,9 @@ func (s *Sharder) Shard(shard string) (*ShardHeld, error) {
 	return h, nil
 }
 
-// Member returns the current heartbeat Held, or nil before the first
+// Member returns the current heartbeat kubeadapter.Held, or nil before the first
 // acquisition.
-func (s *Sharder) Member() *Held {
+func (s *Sharder) Member() *kubeadapter.Held {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.member
@@ -367,17 +374,17 @@ func (s *Sharder) onAcquire(fn func(string)) func() {
 // Start runs the member until ctx is done: it acquires the heartbeat
 // Lease (as a new incarnation after every loss), and makes a pass over the
 // ring on every change the Watcher sees and at least every RetryPeriod.
-// When ctx is done it leaves (ends and drains each ShardHeld and hands its
-// shard off, releases the heartbeat; see leave) and returns nil. It returns the *AcquireError of a heartbeat
-// the API server refuses for good, and ErrAlreadyStarted when called a
+// When ctx is done it leaves (ends and drains each Held and hands its
+// shard off, releases the heartbeat; see leave) and returns nil. It returns the *kubeadapter.AcquireError of a heartbeat
+// the API server refuses for good, and kubeadapter.ErrAlreadyStarted when called a
 // second time. The Watcher must be running.
 func (s *Sharder) Start(ctx context.Context) error {
 	if !s.started.CompareAndSwap(false, true) {
-		return ErrAlreadyStarted
+		return kubeadapter.ErrAlreadyStarted
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("ring", s.cfg.Ring, "member", s.cfg.Identity)
 	ctx = logr.NewContext(ctx, log)
-	notify, stop := s.src.subscribe()
+	notify, stop := s.src.Subscribe()
 	defer stop()
 	for {
 		member, err := s.join(ctx)
@@ -399,8 +406,8 @@ func (s *Sharder) Start(ctx context.Context) error {
 }
 
 // join acquires the heartbeat Lease as a new incarnation.
-func (s *Sharder) join(ctx context.Context) (*Held, error) {
-	e, err := NewElector(s.leases, s.cfg.heartbeat())
+func (s *Sharder) join(ctx context.Context) (*kubeadapter.Held, error) {
+	e, err := kubeadapter.NewElector(s.leases, s.cfg.heartbeat())
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +430,7 @@ func (s *Sharder) minPassInterval() time.Duration {
 }
 
 // serve makes passes over the ring until member ends or ctx is done.
-func (s *Sharder) serve(ctx context.Context, member *Held, notify <-chan struct{}) {
+func (s *Sharder) serve(ctx context.Context, member *kubeadapter.Held, notify <-chan struct{}) {
 	for {
 		wait := s.step(ctx, member)
 		t := s.clock.NewTimer(wait)
@@ -455,7 +462,7 @@ func (s *Sharder) serve(ctx context.Context, member *Held, notify <-chan struct{
 // lost ends every ownership after member ended, and releases the
 // heartbeat if the record is still member's, so that its shards are
 // orphaned at once.
-func (s *Sharder) lost(ctx context.Context, member *Held) {
+func (s *Sharder) lost(ctx context.Context, member *kubeadapter.Held) {
 	s.endAll(ErrMemberLost)
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.RenewDeadline)
 	defer cancel()
@@ -476,7 +483,7 @@ func (s *Sharder) lost(ctx context.Context, member *Held) {
 // then ended and drained, and the heartbeat released: shards it could not
 // hand off (no other live member, a conflict, the time spent) are
 // orphaned by the release, and the survivors take them over.
-func (s *Sharder) leave(ctx context.Context, member *Held) {
+func (s *Sharder) leave(ctx context.Context, member *kubeadapter.Held) {
 	log := logr.FromContextOrDiscard(ctx)
 	ctx = context.WithoutCancel(ctx)
 	marked := s.markLeaving(ctx, member)
@@ -487,7 +494,7 @@ func (s *Sharder) leave(ctx context.Context, member *Held) {
 	owned := s.helds()
 	s.publish(nil)
 	for _, h := range owned {
-		h.end(ErrReleased)
+		h.end(kubeadapter.ErrReleased)
 	}
 	for _, sh := range slices.Sorted(maps.Keys(owned)) {
 		s.drain(ctx, owned[sh], drainBy)
@@ -499,43 +506,17 @@ func (s *Sharder) leave(ctx context.Context, member *Held) {
 	}
 }
 
-// markLeaving renews the heartbeat with LeavingAnnotation set and reports
-// whether the write landed. A renewal that lands first is adopted and the
-// mark retried.
-func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
-	leases := s.leases.Leases(s.cfg.Namespace)
-	for range 3 {
-		if member.Err() != nil {
-			return false
-		}
-		member.mu.Lock()
-		next := member.lease.DeepCopy()
-		member.mu.Unlock()
-		next.Annotations = maps.Clone(next.Annotations)
+// markLeaving renews the heartbeat with LeavingAnnotation set (kubeadapter.Held.Renew)
+// and reports whether the write landed. The mark names the incarnation
+// the record holds, so a later incarnation that inherits it is not
+// leaving.
+func (s *Sharder) markLeaving(ctx context.Context, member *kubeadapter.Held) bool {
+	return member.Renew(ctx, func(next *coordinationv1.Lease) {
 		if next.Annotations == nil {
 			next.Annotations = map[string]string{}
 		}
-		next.Annotations[LeavingAnnotation] = holderOf(&next.Spec)
-		start := s.clock.Now()
-		now := metav1.NewMicroTime(start)
-		next.Spec.RenewTime = &now
-		got, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			member.adopt(got)
-			member.extend(start)
-			s.metrics().renewal(member.tok.Lease, true)
-			return true
-		case !apierrors.IsConflict(err):
-			return false
-		}
-		cur, err := leases.Get(ctx, next.Name, metav1.GetOptions{})
-		if err != nil || lossReason(next, cur) != nil {
-			return false
-		}
-		member.adopt(cur)
-	}
-	return false
+		next.Annotations[LeavingAnnotation] = leaserecord.Holder(&next.Spec)
+	}) == nil
 }
 
 // handOffAll writes the handoff of every shard the ring shows this member
@@ -543,8 +524,8 @@ func (s *Sharder) markLeaving(ctx context.Context, member *Held) bool {
 // release of those it no longer tracks, within the rate limit and
 // HandoffTimeout after drainBy. Each shard's ownership ends right before
 // its write, and its work drains until drainBy at most.
-func (s *Sharder) handOffAll(ctx context.Context, member *Held, drainBy time.Time) {
-	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+func (s *Sharder) handOffAll(ctx context.Context, member *kubeadapter.Held, drainBy time.Time) {
+	leases, progress, synced := s.src.Labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
 	if !synced {
 		return
 	}
@@ -568,9 +549,9 @@ func (s *Sharder) handOffAll(ctx context.Context, member *Held, drainBy time.Tim
 			<-t.C()
 			continue
 		}
-		for i, got := range s.writeMoves(ctx, batch[:n], func(mv move) { s.yieldShard(ctx, mv.shard, ErrReleased, drainBy) }) {
+		for i, got := range s.writeMoves(ctx, batch[:n], func(mv move) { s.yieldShard(ctx, mv.shard, kubeadapter.ErrReleased, drainBy) }) {
 			if got != nil {
-				s.metrics().moved(batch[i].kind)
+				s.moved(batch[i].kind)
 			}
 		}
 		batch = batch[n:]
@@ -586,9 +567,9 @@ func (s *Sharder) endAll(reason error) {
 }
 
 // helds returns the current ownerships by shard.
-func (s *Sharder) helds() map[string]*ShardHeld {
+func (s *Sharder) helds() map[string]*Held {
 	o := s.owned.Load()
-	out := make(map[string]*ShardHeld, len(o.shards))
+	out := make(map[string]*Held, len(o.shards))
 	for sh, e := range o.shards {
 		out[sh] = e.h
 	}
@@ -597,7 +578,7 @@ func (s *Sharder) helds() map[string]*ShardHeld {
 
 // publish replaces the set of ownerships with owned, under the current
 // heartbeat.
-func (s *Sharder) publish(owned map[string]*ShardHeld) {
+func (s *Sharder) publish(owned map[string]*Held) {
 	o := &ownership{shards: make(map[string]ownedShard, len(owned))}
 	if m := s.Member(); m != nil {
 		o.member = m.Context()
@@ -606,14 +587,22 @@ func (s *Sharder) publish(owned map[string]*ShardHeld) {
 		o.shards[sh] = ownedShard{tok: h.tok, h: h}
 	}
 	s.owned.Store(o)
-	s.metrics().owned(s.cfg.Ring, len(owned))
+	s.cfg.Metrics.setOwned(s.cfg.Ring, len(owned))
 }
 
-func (s *Sharder) metrics() *metrics {
-	if s.cfg.Watcher == nil {
-		return nil
+// moved counts one shard move of kind, in MetricMoves and, as a
+// WriteAssign, in the Watcher's kubeadapter.MetricLeaseWrites.
+func (s *Sharder) moved(kind string) {
+	s.cfg.Metrics.moved(kind)
+	s.wrote(kubeadapter.WriteAssign)
+}
+
+// wrote counts one accepted Lease write of kind in the Watcher's
+// kubeadapter.MetricLeaseWrites.
+func (s *Sharder) wrote(kind string) {
+	if s.cfg.Watcher != nil {
+		s.cfg.Watcher.RecordLeaseWrite(kind)
 	}
-	return s.cfg.Watcher.metrics
 }
 
 // me is this incarnation as the planner sees it.
@@ -631,18 +620,18 @@ func (s *Sharder) trackedShards() []string {
 // long to wait at most before the next: it records what it sees of the
 // heartbeats, ends and starts ownerships, tombstones dead members and
 // makes the moves of plan that the rate limit allows.
-func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
+func (s *Sharder) step(ctx context.Context, member *kubeadapter.Held) time.Duration {
 	wait := s.cfg.RetryPeriod
-	leases, progress, synced := s.src.labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
+	leases, progress, synced := s.src.Labelled(s.cfg.Namespace, RingLabel, s.cfg.Ring)
 	if !synced || member.Err() != nil {
 		return wait
 	}
 	me := s.me()
 	v := s.view(leases, progress, member)
-	if hb := v.members[me.lease]; hb == nil || holderOf(&hb.Spec) != me.holder {
+	if hb := v.members[me.lease]; hb == nil || leaserecord.Holder(&hb.Spec) != me.holder {
 		// The newest heartbeat record this member knows names another
 		// incarnation (a restart under the same identity, a tombstone)
-		// or is gone: it is lost, even if its Held has not noticed yet.
+		// or is gone: it is lost, even if its kubeadapter.Held has not noticed yet.
 		s.endAll(ErrMemberLost)
 		return wait
 	}
@@ -663,14 +652,14 @@ func (s *Sharder) step(ctx context.Context, member *Held) time.Duration {
 	}
 	batch := planned[:n]
 	for i, got := range s.writeMoves(ctx, batch, func(mv move) {
-		reason := ErrShardMoved
+		reason := ErrMoved
 		if mv.kind == MoveRelease {
-			reason = ErrReleased
+			reason = kubeadapter.ErrReleased
 		}
 		s.yieldShard(ctx, mv.shard, reason, s.clock.Now().Add(s.cfg.HandoffTimeout))
 	}) {
 		if got != nil {
-			s.metrics().moved(batch[i].kind)
+			s.moved(batch[i].kind)
 			s.written[got.Name] = got
 		}
 	}
@@ -699,7 +688,7 @@ const maxMovesInFlight = 16
 // yieldShard ends this member's ownership of shard, if it has one, with
 // reason, and waits until its in-flight work has drained or deadline has
 // passed. It does not republish the ownerships, which would copy them all
-// for every move: Owns reads the ShardHeld's end, and the pass's last
+// for every move: Owns reads the Held's end, and the pass's last
 // adopt drops it.
 func (s *Sharder) yieldShard(ctx context.Context, shard string, reason error, deadline time.Time) {
 	h := s.owned.Load().shards[shard].h
@@ -741,10 +730,8 @@ func (s *Sharder) writeMoves(ctx context.Context, batch []move, yield func(move)
 
 // view is the ring as the Watcher last saw it, with this member's own
 // writes that the Watcher has not shown yet laid over it.
-func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *Held) ringView {
-	member.mu.Lock()
-	own := member.lease
-	member.mu.Unlock()
+func (s *Sharder) view(leases []*coordinationv1.Lease, progress int64, member *kubeadapter.Held) ringView {
+	own := member.Lease()
 	overlay := maps.Clone(s.written)
 	if prev, ok := overlay[own.Name]; !ok || rvOf(prev) < rvOf(own) {
 		overlay[own.Name] = own
@@ -802,10 +789,10 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 		if mutant.On(mutant.SharderTrustsRenewTime) && m.Spec.RenewTime != nil {
 			seen.at = m.Spec.RenewTime.Time
 		}
-		holder := holderOf(&m.Spec)
+		holder := leaserecord.Holder(&m.Spec)
 		switch {
 		case name == me.lease || holder == "":
-		case now.Sub(seen.at) >= durationOf(&m.Spec):
+		case now.Sub(seen.at) >= leaserecord.Duration(&m.Spec):
 			dead = append(dead, m)
 		case m.Annotations[LeavingAnnotation] == holder:
 			// Alive, so its shards are not orphaned, but leaving: it is
@@ -820,15 +807,15 @@ func (s *Sharder) observe(v ringView, now time.Time, me incarnation) (live []inc
 // adopt ends the ownerships that v shows moved and starts those that v
 // shows assigned to me, then publishes the result and tells the
 // AcquiredSources.
-func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
+func (s *Sharder) adopt(v ringView, member *kubeadapter.Held, me incarnation) {
 	cur := s.helds()
-	next := make(map[string]*ShardHeld, len(cur))
-	var moved []*ShardHeld
+	next := make(map[string]*Held, len(cur))
+	var moved []*Held
 	for shard, h := range cur {
 		l := v.shards[shard]
 		switch {
 		case h.Err() != nil:
-		case l == nil || lossReason(h.lease, l) != nil || !holds(l, me):
+		case l == nil || leaserecord.Compare(h.lease, l) != leaserecord.Same || !holds(l, me):
 			moved = append(moved, h)
 		default:
 			next[shard] = h
@@ -842,7 +829,7 @@ func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
 		if next[shard] != nil || !tracked[shard] || !holds(l, me) || member.Err() != nil {
 			continue
 		}
-		h, err := newShardHeld(member.Context(), shard, l)
+		h, err := newHeld(member.Context(), shard, l)
 		if err != nil {
 			continue
 		}
@@ -851,7 +838,7 @@ func (s *Sharder) adopt(v ringView, member *Held, me incarnation) {
 	}
 	s.publish(next)
 	for _, h := range moved {
-		h.end(ErrShardMoved)
+		h.end(ErrMoved)
 	}
 	if len(acquired) == 0 {
 		return
@@ -876,7 +863,7 @@ func (s *Sharder) tombstone(ctx context.Context, m *coordinationv1.Lease) {
 		}
 		return
 	}
-	s.metrics().wrote(WriteTombstone)
+	s.wrote(kubeadapter.WriteTombstone)
 	s.written[got.Name] = got
 }
 
@@ -907,7 +894,7 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 
 // reclaim makes a create move whose Lease exists under the shard's name
 // but is not in the ring's view: a raw writer stripped or rewrote its
-// ring labels or ShardAnnotation, so no member would ever see the shard
+// ring labels or NameAnnotation, so no member would ever see the shard
 // again. It reads the Lease and, when it still does not look like the
 // shard's, writes the move over it, conditional on the version read, as
 // any takeover: a new token, greater than every one issued on it. A
@@ -915,7 +902,7 @@ func (s *Sharder) writeMove(ctx context.Context, mv move) *coordinationv1.Lease 
 // first) is left to the Watcher, and reclaim returns its AlreadyExists.
 func (s *Sharder) reclaim(ctx context.Context, mv move) (*coordinationv1.Lease, error) {
 	leases := s.leases.Leases(s.cfg.Namespace)
-	name := ShardLeaseName(s.cfg.Ring, mv.shard)
+	name := LeaseName(s.cfg.Ring, mv.shard)
 	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
@@ -929,7 +916,7 @@ func (s *Sharder) reclaim(ctx context.Context, mv move) (*coordinationv1.Lease, 
 
 // drain waits until h's in-flight work has finished, the deadline has
 // passed on the Sharder's clock (counted as forced), or ctx is done.
-func (s *Sharder) drain(ctx context.Context, h *ShardHeld, deadline time.Time) {
+func (s *Sharder) drain(ctx context.Context, h *Held, deadline time.Time) {
 	select {
 	case <-h.drained:
 		return
@@ -940,7 +927,7 @@ func (s *Sharder) drain(ctx context.Context, h *ShardHeld, deadline time.Time) {
 	select {
 	case <-h.drained:
 	case <-t.C():
-		s.metrics().forced()
+		s.cfg.Metrics.forced()
 	case <-ctx.Done():
 	}
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"bufio"
@@ -23,7 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 )
 
 // ringMember is one member of a ring in its own "process": its own
@@ -31,9 +33,9 @@ import (
 // can stall or kill.
 type ringMember struct {
 	name   string
-	s      *kubeadapter.Sharder
+	s      *shard.Sharder
 	reg    *prometheus.Registry
-	leases *stallable
+	leases *kubetest.Stallable
 	net    *netCut
 	crc    client.Client
 	cancel context.CancelFunc
@@ -42,8 +44,8 @@ type ringMember struct {
 
 // fastShardConfig is a ShardConfig with short durations, so that a dead
 // member's shards move in about 2s.
-func fastShardConfig(ns, ring, identity string) kubeadapter.ShardConfig {
-	c := kubeadapter.DefaultShardConfig(ns, ring, identity)
+func fastShardConfig(ns, ring, identity string) shard.Config {
+	c := shard.DefaultConfig(ns, ring, identity)
 	c.LeaseDuration, c.RenewDeadline, c.RetryPeriod = 2*time.Second, 1500*time.Millisecond, 250*time.Millisecond
 	c.HandoffTimeout = time.Second
 	c.MovesPerSecond = 1000
@@ -59,14 +61,14 @@ func (k *kube) startMember(tb testing.TB, ring, identity string, shards []string
 }
 
 // startMemberWith is startMember with cfg, whose Watcher it sets.
-func (k *kube) startMemberWith(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string) *ringMember {
+func (k *kube) startMemberWith(tb testing.TB, cfg shard.Config, shards []string) *ringMember {
 	tb.Helper()
 	return k.startMemberVia(tb, cfg, shards, nil)
 }
 
 // startMemberVia is startMemberWith with the member's Lease client, inside
 // its stallable, wrapped by wrap when wrap is not nil.
-func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards []string, wrap func(coordinationv1client.LeasesGetter) coordinationv1client.LeasesGetter) *ringMember {
+func (k *kube) startMemberVia(tb testing.TB, cfg shard.Config, shards []string, wrap func(coordinationv1client.LeasesGetter) coordinationv1client.LeasesGetter) *ringMember {
 	tb.Helper()
 	net := &netCut{inflight: map[int]context.CancelFunc{}}
 	rc := rest.CopyConfig(k.env.Admin())
@@ -79,12 +81,14 @@ func (k *kube) startMemberVia(tb testing.TB, cfg kubeadapter.ShardConfig, shards
 	if wrap != nil {
 		leases = wrap(leases)
 	}
-	st := &stallable{LeasesGetter: leases}
+	st := &kubetest.Stallable{LeasesGetter: leases}
 	reg := prometheus.NewRegistry()
 	w, err := kubeadapter.NewWatcher(st, kubeadapter.WatchNamespaces(cfg.Namespace), kubeadapter.WithRegisterer(reg))
 	require.NoError(tb, err)
 	cfg.Watcher = w
-	s, err := kubeadapter.NewSharder(st, cfg)
+	cfg.Metrics, err = shard.NewMetrics(reg)
+	require.NoError(tb, err)
+	s, err := shard.NewSharder(st, cfg)
 	require.NoError(tb, err)
 	s.Track(shards...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -173,7 +177,7 @@ func (c *closeHook) Close() error {
 // stop leaves the ring gracefully and waits until the member's goroutines
 // have returned.
 func (m *ringMember) stop() {
-	m.leases.stalled.Store(false)
+	m.leases.Stalled.Store(false)
 	m.cancel()
 	<-m.done
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -35,9 +37,9 @@ func (k *kube) createNamespaces(t *testing.T, prefix string, n int, want string,
 // function that stops it, and counts the writes that landed.
 func runScopeManager(t *testing.T, m *ringMember, namespaces []string, landed *sync.Map) func() {
 	t.Helper()
-	gate := kubeadapter.Gate(m.s, func(ns string) string { return ns }, kubeadapter.ShardReconcilerFunc[string](
-		func(ctx context.Context, ns string, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
-			fc, err := kubeadapter.NewClient(m.crc, h)
+	gate := shard.Gate(m.s, func(ns string) string { return ns }, shard.ReconcilerFunc[string](
+		func(ctx context.Context, ns string, h *shard.Held) (reconcile.Result, error) {
+			fc, err := fenced.NewClient(m.crc, h)
 			if err != nil {
 				return reconcile.Result{}, err
 			}
@@ -129,7 +131,7 @@ func TestShardScopesOneActive(t *testing.T) {
 	// acquisition and renewals, and no object write at all.
 	require.Equal(t, 1.0, c2.metric(t, kubeadapter.MetricLeaseWrites, "kind", kubeadapter.WriteAssign), "passive member's assign writes")
 	require.Equal(t, 0.0, c2.metric(t, kubeadapter.MetricLeaseWrites, "kind", kubeadapter.WriteTombstone), "passive member's tombstones")
-	require.Equal(t, 0.0, c2.metric(t, kubeadapter.MetricShardMoves), "passive member's shard moves")
+	require.Equal(t, 0.0, c2.metric(t, shard.MetricMoves), "passive member's shard moves")
 	for _, ns := range namespaces {
 		_, wrote := landed.Load("cluster-2/" + ns)
 		require.False(t, wrote, "the passive member wrote in %s", ns)
@@ -147,7 +149,7 @@ func TestShardScopesOneActive(t *testing.T) {
 		old[ns] = tok
 	}
 	stop1()
-	c1.leases.killed.Store(true)
+	c1.leases.Killed.Store(true)
 	require.True(t, waitFor(15*time.Second, func() bool {
 		for _, ns := range namespaces {
 			if _, ok := c2.s.Owns(ns); !ok {
@@ -163,7 +165,7 @@ func TestShardScopesOneActive(t *testing.T) {
 	for _, ns := range namespaces {
 		tok, _ := c2.s.Owns(ns)
 		requireGreater(t, tok, old[ns])
-		stale, err := kubeadapter.NewClient(c1.crc, staticHolder{old[ns]})
+		stale, err := fenced.NewClient(c1.crc, staticHolder{old[ns]})
 		require.NoError(t, err)
 		var cm corev1.ConfigMap
 		require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "state"}, &cm))

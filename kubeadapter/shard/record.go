@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"crypto/sha256"
@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fencer-dev/fencer/internal/rendezvous"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
 )
 
 // This file holds the pure part of the Sharder: how ring Leases are named
@@ -30,9 +31,9 @@ const (
 	// RoleMember and RoleShard are the values of RoleLabel.
 	RoleMember = "member"
 	RoleShard  = "shard"
-	// ShardAnnotation holds the shard's name on its Lease, whose name is
+	// NameAnnotation holds the shard's name on its Lease, whose name is
 	// a hash of it.
-	ShardAnnotation = "fencer.dev/shard"
+	NameAnnotation = "fencer.dev/shard"
 	// MemberAnnotation holds, on a shard Lease, the name of the heartbeat
 	// Lease of the member whose incarnation holderIdentity names.
 	MemberAnnotation = "fencer.dev/member"
@@ -44,7 +45,7 @@ const (
 	// leaving.
 	LeavingAnnotation = "fencer.dev/leaving"
 	// WeightLabel holds, on a heartbeat Lease, the member's rendezvous
-	// weight (ShardConfig.Weight) as a decimal integer. A missing or
+	// weight (Config.Weight) as a decimal integer. A missing or
 	// unparsable value counts as 1.
 	WeightLabel = "fencer.dev/weight"
 )
@@ -61,11 +62,11 @@ func weightOf(member *coordinationv1.Lease) float64 {
 // memberLeaseName is the name of the heartbeat Lease of identity in ring.
 func memberLeaseName(ring, identity string) string { return ring + "-m-" + identity }
 
-// ShardLeaseName returns the name of the Lease of shard in ring: the ring,
+// LeaseName returns the name of the Lease of shard in ring: the ring,
 // "-s-" and 16 hex digits of the SHA-256 of the shard's name, so that any
 // shard name, whatever its characters or length, gives a valid Lease
-// name. The name itself is in ShardAnnotation.
-func ShardLeaseName(ring, shard string) string {
+// name. The name itself is in NameAnnotation.
+func LeaseName(ring, shard string) string {
 	sum := sha256.Sum256([]byte(shard))
 	return ring + "-s-" + hex.EncodeToString(sum[:8])
 }
@@ -88,7 +89,7 @@ type ringView struct {
 }
 
 // newRingView sorts the Leases of ring by role. A shard Lease without its
-// ShardAnnotation, or whose name is not the hash of it, is ignored.
+// NameAnnotation, or whose name is not the hash of it, is ignored.
 func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 	v := ringView{members: map[string]*coordinationv1.Lease{}, shards: map[string]*coordinationv1.Lease{}}
 	for _, l := range leases {
@@ -96,7 +97,7 @@ func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 		case RoleMember:
 			v.members[l.Name] = l
 		case RoleShard:
-			if shard, ok := l.Annotations[ShardAnnotation]; ok && l.Name == ShardLeaseName(ring, shard) {
+			if shard, ok := l.Annotations[NameAnnotation]; ok && l.Name == LeaseName(ring, shard) {
 				v.shards[shard] = l
 			}
 		}
@@ -110,12 +111,12 @@ func newRingView(ring string, leases []*coordinationv1.Lease) ringView {
 // and no timestamp: whether a heartbeat is still renewed is decided
 // elsewhere, by the tombstone that ends it.
 func orphaned(shard *coordinationv1.Lease, members map[string]*coordinationv1.Lease) bool {
-	holder := holderOf(&shard.Spec)
+	holder := leaserecord.Holder(&shard.Spec)
 	if holder == "" {
 		return true
 	}
 	m, ok := members[shard.Annotations[MemberAnnotation]]
-	return !ok || holderOf(&m.Spec) != holder
+	return !ok || leaserecord.Holder(&m.Spec) != holder
 }
 
 // incarnation is a live member as the planner sees it.
@@ -131,7 +132,7 @@ type incarnation struct {
 }
 
 // Kinds of move, and the values of the reason label of
-// MetricShardMoves.
+// MetricMoves.
 const (
 	MoveCreate  = "create"
 	MoveHandoff = "handoff"
@@ -195,7 +196,7 @@ func plan(v ringView, tracked []string, live []incarnation, me incarnation) []mo
 
 // holds reports whether the shard Lease names incarnation m.
 func holds(shard *coordinationv1.Lease, m incarnation) bool {
-	return holderOf(&shard.Spec) == m.holder && shard.Annotations[MemberAnnotation] == m.lease
+	return leaserecord.Holder(&shard.Spec) == m.holder && shard.Annotations[MemberAnnotation] == m.lease
 }
 
 // assigned returns the shard Lease that a move writes: over cur (nil for a
@@ -207,19 +208,19 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 	var next *coordinationv1.Lease
 	var old *coordinationv1.LeaseSpec
 	if cur == nil {
-		next = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: ShardLeaseName(ring, shard)}}
+		next = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: LeaseName(ring, shard)}}
 	} else {
 		next = cur.DeepCopy()
 		old = &cur.Spec
 	}
-	next.Labels = fenceLabels(next.Labels, ringLabels(ring, RoleShard))
+	next.Labels = leaserecord.FenceLabels(next.Labels, ringLabels(ring, RoleShard))
 	next.Annotations = maps.Clone(next.Annotations)
 	if next.Annotations == nil {
 		next.Annotations = map[string]string{}
 	}
-	next.Annotations[ShardAnnotation] = shard
+	next.Annotations[NameAnnotation] = shard
 	next.Annotations[MemberAnnotation] = to.lease
-	next.Spec = acquiredSpec(old, to.holder, d, now)
+	next.Spec = leaserecord.Acquired(old, to.holder, d, now)
 	return next
 }
 
@@ -228,6 +229,6 @@ func assigned(namespace, ring, shard string, cur *coordinationv1.Lease, to incar
 // exactly the resourceVersion that was observed unchanged.
 func tombstoned(member *coordinationv1.Lease, now time.Time) *coordinationv1.Lease {
 	next := member.DeepCopy()
-	next.Spec = releasedSpec(&member.Spec, now)
+	next.Spec = leaserecord.Released(&member.Spec, now)
 	return next
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -24,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -42,27 +44,27 @@ func runShardedManager(ctx context.Context, cfg *rest.Config, ringNS, identity s
 	if err != nil {
 		return err
 	}
-	sc := kubeadapter.DefaultShardConfig(ringNS, "app", identity)
+	sc := shard.DefaultConfig(ringNS, "app", identity)
 	sc.Watcher = w
-	s, err := kubeadapter.NewSharder(cs.CoordinationV1(), sc)
+	s, err := shard.NewSharder(cs.CoordinationV1(), sc)
 	if err != nil {
 		return err
 	}
 	s.Track(namespaces...)
-	gated := kubeadapter.Gate(s, func(r reconcile.Request) string { return r.Namespace },
-		kubeadapter.ShardReconcilerFunc[reconcile.Request](func(ctx context.Context, r reconcile.Request, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
+	gated := shard.Gate(s, func(r reconcile.Request) string { return r.Namespace },
+		shard.ReconcilerFunc[reconcile.Request](func(ctx context.Context, r reconcile.Request, h *shard.Held) (reconcile.Result, error) {
 			var cm corev1.ConfigMap
 			if err := mgr.GetClient().Get(ctx, r.NamespacedName, &cm); err != nil || cm.Data["owner"] == identity {
 				return reconcile.Result{}, client.IgnoreNotFound(err)
 			}
-			c, err := kubeadapter.NewClient(mgr.GetClient(), h, kubeadapter.WithAPIReader(mgr.GetAPIReader()))
+			c, err := fenced.NewClient(mgr.GetClient(), h, fenced.WithAPIReader(mgr.GetAPIReader()))
 			if err != nil {
 				return reconcile.Result{}, err
 			}
 			cm.Data = map[string]string{"owner": identity}
 			return reconcile.Result{}, c.Update(ctx, &cm)
 		}))
-	acquired := kubeadapter.AcquiredSource(s, func(_ context.Context, ns string) ([]reconcile.Request, error) {
+	acquired := shard.AcquiredSource(s, func(_ context.Context, ns string) ([]reconcile.Request, error) {
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: ns, Name: "app"}}}, nil
 	})
 	err = builder.ControllerManagedBy(mgr).Named("app").For(&corev1.ConfigMap{}).
@@ -125,7 +127,7 @@ func TestExampleShardedManager(t *testing.T) {
 			}
 			last[ns] = cm.Data["owner"]
 			tok, stamped, err := token.FromAnnotations(cm.Annotations)
-			if err != nil || !stamped || tok.Lease != k.ns+"/"+kubeadapter.ShardLeaseName("app", ns) || cm.Data["owner"] != want[ns] {
+			if err != nil || !stamped || tok.Lease != k.ns+"/"+shard.LeaseName("app", ns) || cm.Data["owner"] != want[ns] {
 				return false
 			}
 		}

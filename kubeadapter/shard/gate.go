@@ -1,4 +1,4 @@
-package kubeadapter
+package shard
 
 import (
 	"context"
@@ -13,18 +13,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 )
 
-// ShardReconciler reconciles requests of shards this member owns. h is
-// the ownership of the request's shard: write through NewClient(inner, h)
+// Reconciler reconciles requests of shards this member owns. h is
+// the ownership of the request's shard: write through fenced.NewClient(inner, h)
 // so that the writes carry the shard's token.
-type ShardReconciler[R comparable] interface {
-	Reconcile(ctx context.Context, req R, h *ShardHeld) (reconcile.Result, error)
+type Reconciler[R comparable] interface {
+	Reconcile(ctx context.Context, req R, h *Held) (reconcile.Result, error)
 }
 
-// ShardReconcilerFunc adapts a function to ShardReconciler.
-type ShardReconcilerFunc[R comparable] func(ctx context.Context, req R, h *ShardHeld) (reconcile.Result, error)
+// ReconcilerFunc adapts a function to Reconciler.
+type ReconcilerFunc[R comparable] func(ctx context.Context, req R, h *Held) (reconcile.Result, error)
 
 // Reconcile calls f(ctx, req, h).
-func (f ShardReconcilerFunc[R]) Reconcile(ctx context.Context, req R, h *ShardHeld) (reconcile.Result, error) {
+func (f ReconcilerFunc[R]) Reconcile(ctx context.Context, req R, h *Held) (reconcile.Result, error) {
 	return f(ctx, req, h)
 }
 
@@ -32,10 +32,10 @@ func (f ShardReconcilerFunc[R]) Reconcile(ctx context.Context, req R, h *ShardHe
 // member owns the request's shard (shardOf), at dispatch, whatever source
 // enqueued the request. When it does not, the request is dropped: Gate
 // returns an empty Result and no error, and counts it in
-// MetricShardDispatchSkipped. When it does, the request is registered as
-// in flight on the shard's ShardHeld, so that a handoff waits for it (up
-// to ShardConfig.HandoffTimeout), and r runs with a context that is also
-// done when the ShardHeld ends.
+// MetricDispatchSkipped. When it does, the request is registered as
+// in flight on the shard's Held, so that a handoff waits for it (up
+// to Config.HandoffTimeout), and r runs with a context that is also
+// done when the Held ends.
 //
 // What it does not guarantee: a dropped request is not remembered. Add an
 // AcquiredSource to the controller so that a member enqueues a shard's
@@ -43,11 +43,11 @@ func (f ShardReconcilerFunc[R]) Reconcile(ctx context.Context, req R, h *ShardHe
 // former owner is lost with the ownership. A reconcile that started
 // before the shard moved may still be running when the handoff timeout
 // passes; its writes are fenced by the store through the token.
-func Gate[R comparable](s *Sharder, shardOf func(R) string, r ShardReconciler[R]) reconcile.TypedReconciler[R] {
+func Gate[R comparable](s *Sharder, shardOf func(R) string, r Reconciler[R]) reconcile.TypedReconciler[R] {
 	return reconcile.TypedFunc[R](func(ctx context.Context, req R) (reconcile.Result, error) {
 		h, err := s.Shard(shardOf(req))
 		if err != nil || !h.enter() {
-			s.metrics().skip()
+			s.cfg.Metrics.skip()
 			return reconcile.Result{}, nil
 		}
 		defer h.exit()

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -21,6 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -113,7 +115,7 @@ func (c *jumpClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 // writeRecord writes value into ConfigMap name through the fenced client
 // of h, creating it if needed.
 func writeRecord(ctx context.Context, k *kube, m *ringMember, h kubeadapter.Holder, name, value string) error {
-	fc, err := kubeadapter.NewClient(m.crc, h)
+	fc, err := fenced.NewClient(m.crc, h)
 	if err != nil {
 		return err
 	}
@@ -138,7 +140,7 @@ func requireFencedOut(t *testing.T, k *kube, m *ringMember, old token.Token, nam
 	t.Helper()
 	ctx := t.Context()
 	before := k.configMap(t, name)
-	blind, err := kubeadapter.NewClient(m.crc, staticHolder{old})
+	blind, err := fenced.NewClient(m.crc, staticHolder{old})
 	require.NoError(t, err)
 	late := before.DeepCopy()
 	late.Data = map[string]string{"by": "superseded"}
@@ -170,7 +172,7 @@ func holderOfLease(t *testing.T, k *kube, name string) string {
 func TestShardRedTeamLateHandoff(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	ids := []string{"x-0", "x-1"}
 	moving := shardsOwnedBy("late-", "x-1", 1, ids...)[0]
@@ -190,10 +192,10 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 	cfg.Clock = clk
 	x1 := k.startMemberWith(t, cfg, shards)
 	held.waitCaptured(t)
-	movingLease := kubeadapter.ShardLeaseName("late", moving)
+	movingLease := shard.LeaseName("late", moving)
 	require.NotEqual(t, holderOfLease(t, k, "late-m-x-1"), holderOfLease(t, k, movingLease), "the handoff landed")
 
-	x0.leases.stalled.Store(true)
+	x0.leases.Stalled.Store(true)
 	clk.off.Add(int64(cfg.LeaseDuration))
 	require.True(t, waitFor(20*time.Second, func() bool {
 		_, a := x1.s.Owns(moving)
@@ -213,7 +215,7 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 	// x-0 resumes: its Lease client works again, and the handoff it had
 	// in flight reaches the API server.
 	lost := x0.s.Member()
-	x0.leases.stalled.Store(false)
+	x0.leases.Stalled.Store(false)
 	err = held.release(t)
 	require.True(t, apierrors.IsConflict(err), "the late handoff was not refused: %v", err)
 	_, owns := x0.s.Owns(moving)
@@ -235,16 +237,16 @@ func TestShardRedTeamLateHandoff(t *testing.T) {
 func TestShardRedTeamForcedHandoff(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	moving := shardsOwnedBy("forced-", "x-1", 1, "x-0", "x-1")[0]
 	x0 := k.startMember(t, "forced", "x-0", []string{moving})
 	settled(t, []*ringMember{x0}, []string{moving})
-	entered := make(chan *kubeadapter.ShardHeld, 1)
+	entered := make(chan *shard.Held, 1)
 	resume := make(chan struct{})
 	result := make(chan error, 1)
-	gate := kubeadapter.Gate(x0.s, func(s string) string { return s }, kubeadapter.ShardReconcilerFunc[string](
-		func(ctx context.Context, _ string, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
+	gate := shard.Gate(x0.s, func(s string) string { return s }, shard.ReconcilerFunc[string](
+		func(ctx context.Context, _ string, h *shard.Held) (reconcile.Result, error) {
 			entered <- h
 			<-resume
 			// A paused goroutine does not look at its context.
@@ -256,8 +258,8 @@ func TestShardRedTeamForcedHandoff(t *testing.T) {
 
 	x1 := k.startMember(t, "forced", "x-1", []string{moving})
 	settled(t, []*ringMember{x0, x1}, []string{moving})
-	require.ErrorIs(t, h.Err(), kubeadapter.ErrShardMoved)
-	require.Equal(t, 1.0, x0.metric(t, kubeadapter.MetricShardHandoffForced))
+	require.ErrorIs(t, h.Err(), shard.ErrMoved)
+	require.Equal(t, 1.0, x0.metric(t, shard.MetricHandoffForced))
 	hNew, err := x1.s.Shard(moving)
 	require.NoError(t, err)
 	requireGreater(t, hNew.Token(), h.Token())
@@ -278,7 +280,7 @@ func TestShardRedTeamForcedHandoff(t *testing.T) {
 func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	ids := []string{"x-0", "x-1"}
 	cases := []struct {
@@ -286,7 +288,7 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 		edit func(t *testing.T, lease string)
 	}{
 		{"merge patch names the other member", func(t *testing.T, lease string) {
-			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"raw-m-x-1"}},"spec":{"holderIdentity":%q}}`, kubeadapter.MemberAnnotation, holderOfLease(t, k, "raw-m-x-1"))
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"raw-m-x-1"}},"spec":{"holderIdentity":%q}}`, shard.MemberAnnotation, holderOfLease(t, k, "raw-m-x-1"))
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
@@ -313,17 +315,17 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 			require.NoError(t, err)
 		}},
 		{"json patch strips the shard annotation", func(t *testing.T, lease string) {
-			patch := fmt.Sprintf(`[{"op":"remove","path":"/metadata/annotations/%s"}]`, strings.ReplaceAll(kubeadapter.ShardAnnotation, "/", "~1"))
+			patch := fmt.Sprintf(`[{"op":"remove","path":"/metadata/annotations/%s"}]`, strings.ReplaceAll(shard.NameAnnotation, "/", "~1"))
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.JSONPatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
 		{"merge patch strips the ring labels", func(t *testing.T, lease string) {
-			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null,%q:null}}}`, kubeadapter.RingLabel, kubeadapter.RoleLabel)
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null,%q:null}}}`, shard.RingLabel, shard.RoleLabel)
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
 		{"merge patch names another shard", func(t *testing.T, lease string) {
-			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"someone-else"}}}`, kubeadapter.ShardAnnotation)
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"someone-else"}}}`, shard.NameAnnotation)
 			_, err := k.cs.CoordinationV1().Leases(k.ns).Patch(ctx, lease, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			require.NoError(t, err)
 		}},
@@ -337,20 +339,20 @@ func TestShardRedTeamRawLeaseWriters(t *testing.T) {
 	members := []*ringMember{x0, x1}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			shard, record := shards[i], fmt.Sprintf("record-%d", i)
+			sh, record := shards[i], fmt.Sprintf("record-%d", i)
 			settled(t, members, shards)
-			old, err := x0.s.Shard(shard)
+			old, err := x0.s.Shard(sh)
 			require.NoError(t, err)
 			require.NoError(t, writeRecord(ctx, k, x0, old, record, "before"))
 
-			tc.edit(t, kubeadapter.ShardLeaseName("raw", shard))
+			tc.edit(t, shard.LeaseName("raw", sh))
 			select {
 			case <-old.Done():
 			case <-time.After(20 * time.Second):
 				t.Fatal("the owner's ShardHeld survived the edit")
 			}
 			settled(t, members, shards)
-			h, err := x0.s.Shard(shard)
+			h, err := x0.s.Shard(sh)
 			require.NoError(t, err)
 			requireGreater(t, h.Token(), old.Token())
 			require.NoError(t, writeRecord(ctx, k, x0, h, record, "after"))
@@ -387,7 +389,7 @@ func TestShardRedTeamMoveRateUnderChurn(t *testing.T) {
 	}
 	sampleOnce := func() {
 		for _, r := range runs {
-			n := r.m.metric(t, kubeadapter.MetricShardMoves)
+			n := r.m.metric(t, shard.MetricMoves)
 			// The burst is MovesPerSecond; the age is read after the count.
 			bound := rate + rate*time.Since(r.start).Seconds()
 			require.LessOrEqual(t, n, bound, "%s made %.0f moves, over its rate limit", r.m.name, n)
@@ -400,18 +402,18 @@ func TestShardRedTeamMoveRateUnderChurn(t *testing.T) {
 	}
 	x0 := start("x-0")
 	sample(time.Second)
-	require.Less(t, x0.metric(t, kubeadapter.MetricShardMoves), float64(len(shards)), "the limit did not hold back the creates")
+	require.Less(t, x0.metric(t, shard.MetricMoves), float64(len(shards)), "the limit did not hold back the creates")
 	x1 := start("x-1")
 	sample(time.Second)
 	x2 := start("x-2")
 	sample(time.Second)
 	x1.stop()
 	sample(time.Second)
-	x2.leases.killed.Store(true)
+	x2.leases.Killed.Store(true)
 	require.True(t, waitFor(time.Minute, func() bool {
 		sampleOnce()
 		return len(owners([]*ringMember{x0}, shards)) == len(shards)
 	}), "x-0 never owned every shard")
 	sampleOnce()
-	t.Logf("moves: x-0 %.0f, x-1 %.0f, x-2 %.0f", x0.metric(t, kubeadapter.MetricShardMoves), x1.metric(t, kubeadapter.MetricShardMoves), x2.metric(t, kubeadapter.MetricShardMoves))
+	t.Logf("moves: x-0 %.0f, x-1 %.0f, x-2 %.0f", x0.metric(t, shard.MetricMoves), x1.metric(t, shard.MetricMoves), x2.metric(t, shard.MetricMoves))
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -17,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -54,13 +55,13 @@ func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV 
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); q.ShutDown(); wg.Wait() })
 
-	gate := kubeadapter.Gate(m.s, func(p string) string { return p }, kubeadapter.ShardReconcilerFunc[string](
-		func(ctx context.Context, project string, h *kubeadapter.ShardHeld) (reconcile.Result, error) {
+	gate := shard.Gate(m.s, func(p string) string { return p }, shard.ReconcilerFunc[string](
+		func(ctx context.Context, project string, h *shard.Held) (reconcile.Result, error) {
 			var down corev1.ConfigMap
 			if err := m.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "downstream"}, &down); err != nil {
 				return reconcile.Result{}, err
 			}
-			fc, err := kubeadapter.NewClient(m.crc, h)
+			fc, err := fenced.NewClient(m.crc, h)
 			if err != nil {
 				return reconcile.Result{}, err
 			}
@@ -81,7 +82,7 @@ func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV 
 			}
 			return reconcile.Result{}, err
 		}))
-	acquired := kubeadapter.AcquiredSource(m.s, func(_ context.Context, shard string) ([]string, error) { return []string{shard}, nil })
+	acquired := shard.AcquiredSource(m.s, func(_ context.Context, shard string) ([]string, error) { return []string{shard}, nil })
 	require.NoError(t, acquired.Start(ctx, q))
 
 	cs, err := kubernetes.NewForConfig(k.env.Admin())
@@ -124,7 +125,7 @@ func TestShardIncident(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ids := []string{"r0", "r1", "r2"}
 	var projects []string
 	for _, id := range ids {
@@ -161,7 +162,7 @@ func TestShardIncident(t *testing.T) {
 	for _, v := range []string{"1", "2"} {
 		skipped0 := map[string]float64{}
 		for _, m := range members {
-			skipped0[m.name] = m.metric(t, kubeadapter.MetricShardDispatchSkipped)
+			skipped0[m.name] = m.metric(t, shard.MetricDispatchSkipped)
 		}
 		down.Data["v"] = v
 		require.NoError(t, k.crc.Update(ctx, down))
@@ -172,7 +173,7 @@ func TestShardIncident(t *testing.T) {
 				}
 			}
 			for _, m := range members {
-				if m.metric(t, kubeadapter.MetricShardDispatchSkipped)-skipped0[m.name] < 2 {
+				if m.metric(t, shard.MetricDispatchSkipped)-skipped0[m.name] < 2 {
 					return false
 				}
 			}
@@ -186,14 +187,14 @@ func TestShardIncident(t *testing.T) {
 			require.Equal(t, owner[p], rec.Data["by"])
 		}
 		for _, m := range members {
-			require.Equal(t, 2.0, m.metric(t, kubeadapter.MetricShardDispatchSkipped)-skipped0[m.name], "%s skipped", m.name)
+			require.Equal(t, 2.0, m.metric(t, shard.MetricDispatchSkipped)-skipped0[m.name], "%s skipped", m.name)
 		}
 	}
 
 	// A replica that does not own a project has no ShardHeld for it.
 	pa, r0 := projects[0], members[0]
 	_, err := members[1].s.Shard(pa)
-	require.ErrorIs(t, err, kubeadapter.ErrNotOwner)
+	require.ErrorIs(t, err, shard.ErrNotOwner)
 	require.ErrorIs(t, err, token.ErrNotHeld)
 
 	// The incident: r0 reads project-a's record, keeps its ShardHeld, and
@@ -201,13 +202,13 @@ func TestShardIncident(t *testing.T) {
 	hOld, err := r0.s.Shard(pa)
 	require.NoError(t, err)
 	aView := k.configMap(t, "dns-record-"+pa)
-	r0.leases.stalled.Store(true)
+	r0.leases.Stalled.Store(true)
 	select {
 	case <-hOld.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stalled owner's ShardHeld did not end")
 	}
-	require.ErrorIs(t, hOld.Err(), kubeadapter.ErrMemberLost)
+	require.ErrorIs(t, hOld.Err(), shard.ErrMemberLost)
 	// A survivor takes the project with a greater token, and its
 	// AcquiredSource has it write fresh state.
 	var fresh token.Token
@@ -230,12 +231,12 @@ func TestShardIncident(t *testing.T) {
 	// r0 resumes. Its fenced client knows its ShardHeld ended.
 	late := aView.DeepCopy()
 	late.Data = map[string]string{"v": "stale", "by": "r0-late"}
-	fc, err := kubeadapter.NewClient(r0.crc, hOld)
+	fc, err := fenced.NewClient(r0.crc, hOld)
 	require.NoError(t, err)
 	require.ErrorIs(t, fc.Update(ctx, late.DeepCopy()), token.ErrNotHeld)
 	// An r0 that has not noticed: the store decides, and the fenced client
 	// reports the typed stale error.
-	blind, err := kubeadapter.NewClient(r0.crc, staticHolder{hOld.Token()})
+	blind, err := fenced.NewClient(r0.crc, staticHolder{hOld.Token()})
 	require.NoError(t, err)
 	err = blind.Update(ctx, late.DeepCopy())
 	require.ErrorIs(t, err, token.ErrStale)
@@ -251,5 +252,5 @@ func TestShardIncident(t *testing.T) {
 	final := k.configMap(t, "dns-record-"+pa)
 	require.Equal(t, afterNew.ResourceVersion, final.ResourceVersion, "a stale write landed")
 	require.Equal(t, newOwner.name, final.Data["by"])
-	r0.leases.stalled.Store(false)
+	r0.leases.Stalled.Store(false)
 }

@@ -1,4 +1,4 @@
-package kubeadapter_test
+package shard_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/fencer-dev/fencer/internal/testkit/history"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -96,7 +97,7 @@ type registers struct {
 func (r *registers) write(ctx context.Context, m *ringMember, cid int, shard string, holder kubeadapter.Holder) (fencedRefused bool) {
 	tok := holder.Token().Revision
 	fencedRefused = r.writeOne(ctx, "fenced-"+shard, cid, tok, func(ctx context.Context, cm *corev1.ConfigMap) error {
-		fc, err := kubeadapter.NewClient(m.crc, holder)
+		fc, err := fenced.NewClient(m.crc, holder)
 		if err != nil {
 			return err
 		}
@@ -153,7 +154,7 @@ func (r *registers) read(ctx context.Context, reg string) {
 // -shard-history-rounds repeats the churn.
 func TestShardHistory(t *testing.T) {
 	k := newKube(t)
-	installPolicy(t, k)
+	shared.InstallPolicy(t)
 	ctx := t.Context()
 	shards := []string{"reg-a", "reg-b"}
 	for _, sh := range shards {
@@ -244,7 +245,7 @@ func TestShardHistory(t *testing.T) {
 		paused, at := ownerOf("reg-a")
 		old, err := paused.s.Shard("reg-a")
 		require.NoError(t, err)
-		paused.leases.stalled.Store(true)
+		paused.leases.Stalled.Store(true)
 		late(paused, 100+round, "reg-a", old.Token(), "pause")
 		paused.stop()
 		members[at] = k.startMember(t, "hist", paused.name, shards)
@@ -272,7 +273,7 @@ func TestShardHistory(t *testing.T) {
 		killed, at := ownerOf("reg-a")
 		old, err = killed.s.Shard("reg-a")
 		require.NoError(t, err)
-		killed.leases.killed.Store(true)
+		killed.leases.Killed.Store(true)
 		killed.stop()
 		members[at] = k.startMember(t, "hist", killed.name, shards)
 		work(members[at], 400+round)
