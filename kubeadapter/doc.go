@@ -38,7 +38,7 @@
 // Package kubeadapter/fenced writes objects with these tokens: its Client
 // wraps a controller-runtime client, and UpdateFenced and DeleteFenced
 // serve client-go's typed and dynamic clients, all through one engine
-// (see its doc). A Held, a ShardHeld and a ShardDelegate are the Holder
+// (see its doc). A Held, a shard.Held and a shard.Delegate are the Holder
 // (token.Holder) that fenced writes take.
 //
 // # Sharding

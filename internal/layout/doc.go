@@ -21,7 +21,8 @@
 // (fencertest) or the project's own harnesses (internal/testkit), and the
 // harnesses the kit is built on never import it back. TestImportRules
 // enforces the table, and TestRuleBites shows that each kind of rule
-// refuses what it names;
+// refuses what it names; TestReadmeLayout checks the README's Layout
+// tree against the checkout's directories and packages;
 // TestLightModuleGraph builds a consumer of the client module alone and
 // checks its module graph; TestModulesTidy checks that go mod tidy would
 // change nothing in any of the four modules. TestCheckoutConsumer builds

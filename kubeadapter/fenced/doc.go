@@ -61,7 +61,7 @@
 // # Holders
 //
 // A write takes a Holder, which is token.Holder: kubeadapter's Held and
-// ShardHeld, and the etcd store's and the gRPC client's leases (whose
+// shard.Held, and the etcd store's and the gRPC client's leases (whose
 // tokens name no Kubernetes Lease and are refused with a
 // *token.MalformedError), satisfy it without this package importing theirs.
 //

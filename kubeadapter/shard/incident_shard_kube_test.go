@@ -47,7 +47,7 @@ func (r *reconciled) by(project, value string) []string {
 // change (the raw-source pattern that caused the incident), and by an
 // AcquiredSource; one worker dispatches through Gate to a reconciler
 // that copies the downstream value into dns-record-<project> through the
-// fenced client of the project's ShardHeld.
+// fenced client of the project's shard.Held.
 func runReplica(t *testing.T, k *kube, m *ringMember, projects []string, fromRV string, log *reconciled) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -191,13 +191,13 @@ func TestShardIncident(t *testing.T) {
 		}
 	}
 
-	// A replica that does not own a project has no ShardHeld for it.
+	// A replica that does not own a project has no shard.Held for it.
 	pa, r0 := projects[0], members[0]
 	_, err := members[1].s.Shard(pa)
 	require.ErrorIs(t, err, shard.ErrNotOwner)
 	require.ErrorIs(t, err, token.ErrNotHeld)
 
-	// The incident: r0 reads project-a's record, keeps its ShardHeld, and
+	// The incident: r0 reads project-a's record, keeps its shard.Held, and
 	// its Lease traffic stalls past its lease duration.
 	hOld, err := r0.s.Shard(pa)
 	require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestShardIncident(t *testing.T) {
 	select {
 	case <-hOld.Done():
 	case <-time.After(10 * time.Second):
-		t.Fatal("the stalled owner's ShardHeld did not end")
+		t.Fatal("the stalled owner's shard.Held did not end")
 	}
 	require.ErrorIs(t, hOld.Err(), shard.ErrMemberLost)
 	// A survivor takes the project with a greater token, and its
@@ -228,7 +228,7 @@ func TestShardIncident(t *testing.T) {
 	require.True(t, stamped)
 	require.Equal(t, fresh, got)
 
-	// r0 resumes. Its fenced client knows its ShardHeld ended.
+	// r0 resumes. Its fenced client knows its shard.Held ended.
 	late := aView.DeepCopy()
 	late.Data = map[string]string{"v": "stale", "by": "r0-late"}
 	fc, err := fenced.NewClient(r0.crc, hOld)

@@ -318,10 +318,10 @@ func reportBracket(b *testing.B, c bracket) {
 }
 
 // handover times the moves of a rebalance: for each shard whose
-// rendezvous owner changes, the instant the old owner's ShardHeld ended
+// rendezvous owner changes, the instant the old owner's shard.Held ended
 // and the instant the new owner was first seen owning it (its Owns,
 // polled every millisecond). A sample in which the new owner owns a
-// shard whose old ShardHeld has not ended is an overlap.
+// shard whose old shard.Held has not ended is an overlap.
 type handover struct {
 	mu       sync.Mutex
 	ended    map[string]time.Time
@@ -418,7 +418,7 @@ func (h *handover) report(b *testing.B) {
 	b.ReportMetric(float64(len(gaps)), "moves-timed")
 	b.ReportMetric(float64(h.overlaps), "overlaps")
 	if h.overlaps > 0 {
-		b.Errorf("%d shards were owned by the new owner while the old ShardHeld had not ended", h.overlaps)
+		b.Errorf("%d shards were owned by the new owner while the old shard.Held had not ended", h.overlaps)
 	}
 	if len(gaps) == 0 {
 		return
@@ -429,7 +429,7 @@ func (h *handover) report(b *testing.B) {
 	b.ReportMetric(ms(gaps[len(gaps)*99/100]), "gap-p99-ms")
 	b.ReportMetric(ms(gaps[len(gaps)-1]), "gap-max-ms")
 	if gaps[0] < 0 {
-		b.Errorf("a new owner started %v before the old ShardHeld ended", -gaps[0])
+		b.Errorf("a new owner started %v before the old shard.Held ended", -gaps[0])
 	}
 }
 

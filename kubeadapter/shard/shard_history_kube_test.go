@@ -262,7 +262,7 @@ func TestShardHistory(t *testing.T) {
 		require.True(t, waitFor(20*time.Second, func() bool {
 			return h.accepted("fenced-reg-b", old.Token().Revision) && h.accepted("plain-reg-b", old.Token().Revision)
 		}), "partition: no new owner wrote reg-b")
-		require.Error(t, old.Context().Err(), "partition: the cut owner's ShardHeld had not ended when the new owner wrote")
+		require.Error(t, old.Context().Err(), "partition: the cut owner's shard.Held had not ended when the new owner wrote")
 		cut.net.set(false)
 		late(cut, 300+round, "reg-b", old.Token(), "partition")
 

@@ -174,7 +174,7 @@ type ringSource interface {
 //     record) conditional on exactly the resourceVersion it saw, so a
 //     member that renewed in between is not declared dead, and the dead
 //     member's next renewal conflicts, ending its kubeadapter.Held and all its
-//     ShardHelds. No timestamp in any record is read;
+//     shard Helds. No timestamp in any record is read;
 //   - a shard whose Lease names no live incarnation (orphaned: a released
 //     heartbeat, a missing one, or one naming a newer incarnation) is
 //     taken over by its rendezvous owner with a conditional write;
