@@ -73,7 +73,7 @@ func TestDeployRole(t *testing.T) {
 	ctx := t.Context()
 	admin := clientset(t, env.Admin())
 
-	data, err := os.ReadFile("../../deploy/rbac/role.yaml")
+	data, err := os.ReadFile("../../../deploy/rbac/role.yaml")
 	require.NoError(t, err)
 	var role rbacv1.Role
 	require.NoError(t, yaml.UnmarshalStrict(data, &role))
