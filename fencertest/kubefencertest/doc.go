@@ -66,8 +66,8 @@
 // # What is not guaranteed
 //
 //   - InstallPolicy, InstallLiveLeasePolicy and InstallRole create objects
-//     and fail if they exist;
-//     they are for a fresh API server, once per suite.
+//     and fail if they exist; they are for a fresh API server, once per
+//     suite.
 //   - Supersede does not wait for the superseded Held to notice; see its
 //     doc for what is refused before and after it does.
 package kubefencertest
