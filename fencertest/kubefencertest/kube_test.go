@@ -67,6 +67,7 @@ func TestKit(t *testing.T) {
 		require.Error(t, kubefencertest.InstallPolicy(ctx, cfg), "a second install must fail, not pass unchecked")
 	})
 
+	// WaitEnforced runs after InstallPolicy, whose policy it waits for.
 	t.Run("WaitEnforced", func(t *testing.T) {
 		cms := cs.CoreV1().ConfigMaps(ns)
 		fresh, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
@@ -76,7 +77,9 @@ func TestKit(t *testing.T) {
 		require.NoError(t, err)
 		stale := fresh.DeepCopy()
 		stale.Annotations["fencer.dev/token"] = "4"
-		require.NoError(t, kubefencertest.WaitEnforced(ctx, cfg, stale, "stale fencing token", fresh))
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		require.NoError(t, kubefencertest.WaitEnforced(wctx, cfg, stale, "stale fencing token", fresh))
 
 		short, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
