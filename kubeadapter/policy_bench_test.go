@@ -15,12 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 )
@@ -142,27 +141,15 @@ func installBoundPolicy(b *testing.B, k *kube, path, label string) {
 	}
 }
 
-// waitEnforced retries two dry-run updates of obj, one unchanged and one
-// with annotation key set to value, until the API server admits the first
-// and denies the second: the policy that forbids the second is enforced,
-// and its parameters, if any, are in the API server's cache.
+// waitEnforced waits until the API server admits a dry-run update of obj
+// unchanged and denies one with annotation key set to value: the policy
+// that forbids the second is enforced, and its parameters, if any, are in
+// the API server's cache (kubefencertest.WaitEnforced).
 func waitEnforced(b *testing.B, k *kube, obj *corev1.ConfigMap, key, value string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dry := &client.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
 	bad := obj.DeepCopy()
 	bad.Annotations[key] = value
-	for {
-		good := k.crc.Update(ctx, obj.DeepCopy(), dry)
-		denied := k.crc.Update(ctx, bad.DeepCopy(), dry)
-		if good == nil && apierrors.IsForbidden(denied) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			b.Fatalf("%s/%s: policy not enforced: dry-run update: %v; with %s=%s: %v", obj.Namespace, obj.Name, good, key, value, denied)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	require.NoError(b, kubefencertest.WaitEnforced(ctx, k.env.Admin(), bad, "", obj))
 }

@@ -7,8 +7,10 @@
 //
 //   - InstallPolicy installs deploy/admission/policy.yaml (from package
 //     deploy, embedded in the module) and waits until the API server
-//     enforces it; CreatePolicies creates another manifest's policies, such
-//     as deploy.LiveLease.
+//     enforces it; InstallLiveLeasePolicy does the same for the opt-in
+//     deploy/admission/live-lease.yaml; CreatePolicies creates another
+//     manifest's policies without waiting, and WaitEnforced waits until a
+//     policy denies a probe update (and admits the ones it must admit).
 //   - InstallRole installs deploy/rbac/role.yaml in a namespace and binds it.
 //   - Supersede makes another identity take a kubeadapter.Held's Lease over
 //     at once: leaseTransitions+1, a new holder, no wait for expiry.
@@ -63,8 +65,9 @@
 //
 // # What is not guaranteed
 //
-//   - InstallPolicy and InstallRole create objects and fail if they exist;
-//     they are for a fresh API server, once per suite.
+//   - InstallPolicy, InstallLiveLeasePolicy and InstallRole create objects
+//     and fail if they exist; they are for a fresh API server, once per
+//     suite.
 //   - Supersede does not wait for the superseded Held to notice; see its
 //     doc for what is refused before and after it does.
 package kubefencertest

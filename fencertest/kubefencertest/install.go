@@ -16,7 +16,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -176,10 +175,7 @@ func waitEnforced(ctx context.Context, cs kubernetes.Interface) (err error) {
 		}
 	}()
 	probe.Annotations["fencer.dev/token"] = "4"
-	return poll(ctx, "policy not enforced", func() (bool, error) {
-		_, err := cms.Update(ctx, probe, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "stale fencing token"), err
-	})
+	return waitDenied(ctx, cs, probe, "stale fencing token")
 }
 
 // RoleName names the Role and RoleBinding InstallRole creates.

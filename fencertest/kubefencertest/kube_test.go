@@ -67,6 +67,31 @@ func TestKit(t *testing.T) {
 		require.Error(t, kubefencertest.InstallPolicy(ctx, cfg), "a second install must fail, not pass unchecked")
 	})
 
+	// WaitEnforced runs after InstallPolicy, whose policy it waits for.
+	t.Run("WaitEnforced", func(t *testing.T) {
+		cms := cs.CoreV1().ConfigMaps(ns)
+		fresh, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name:        "waited",
+			Annotations: map[string]string{"fencer.dev/lease": ns + "/waited", "fencer.dev/token": "5"},
+		}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		stale := fresh.DeepCopy()
+		stale.Annotations["fencer.dev/token"] = "4"
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		require.NoError(t, kubefencertest.WaitEnforced(wctx, cfg, stale, "stale fencing token", fresh))
+
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		require.Error(t, kubefencertest.WaitEnforced(short, cfg, fresh, ""), "an update the policy admits is not a sign of enforcement")
+		short, cancel = context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		require.Error(t, kubefencertest.WaitEnforced(short, cfg, stale, "stale fencing token", stale), "an admitted object that is denied must fail the wait")
+		short, cancel = context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		require.Error(t, kubefencertest.WaitEnforced(short, cfg, stale, "another policy's message"))
+	})
+
 	t.Run("InstallRole", func(t *testing.T) {
 		alice := env.Impersonate("alice")
 		aliceCS, err := kubernetes.NewForConfig(alice)
@@ -228,6 +253,25 @@ func TestKit(t *testing.T) {
 // acquire acquires the Lease name in ns as "replica-a", on a fake clock
 // that never moves and without a Watcher, so that the Held notices
 // nothing by itself, and releases it when t ends.
+// TestInstallLiveLeasePolicy installs the opt-in live-Lease policy on an
+// API server of its own (it would change what TestKit's writes see): it
+// returns once the policy is enforced, leaves no probe behind, and a
+// second install fails.
+func TestInstallLiveLeasePolicy(t *testing.T) {
+	env := kubetest.StartForTest(t)
+	cfg := env.Admin()
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	require.NoError(t, kubefencertest.InstallLiveLeasePolicy(ctx, cfg))
+	_, err = cs.CoreV1().ConfigMaps(kubefencertest.ProbeNamespace).Get(ctx, "fencer-live-lease-probe", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "the probe ConfigMap must be deleted, got %v", err)
+	_, err = cs.CoordinationV1().Leases(kubefencertest.ProbeNamespace).Get(ctx, "fencer-live-lease-probe", metav1.GetOptions{})
+	require.True(t, apierrors.IsNotFound(err), "the probe Lease must be deleted, got %v", err)
+	require.Error(t, kubefencertest.InstallLiveLeasePolicy(ctx, cfg), "a second install must fail, not pass unchecked")
+}
+
 func acquire(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) *kubeadapter.Held {
 	kcfg := kubeadapter.DefaultConfig(ns, name, "replica-a")
 	kcfg.Clock = clocktesting.NewFakeClock(time.Now())
