@@ -28,23 +28,6 @@ func (k *kube) stallableElector(t *testing.T, identity string) (*kubeadapter.Ele
 	return e, s
 }
 
-func acquire(t *testing.T, e *kubeadapter.Elector) *kubeadapter.Held {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	h, err := e.Acquire(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = h.Release(context.Background()) })
-	return h
-}
-
-func requireGreater(t *testing.T, newer, older token.Token) {
-	t.Helper()
-	c, err := newer.Compare(older)
-	require.NoError(t, err)
-	require.Equal(t, 1, c, "%v is not greater than %v", newer, older)
-}
-
 func waitEnded(t *testing.T, h *kubeadapter.Held, reason error) {
 	t.Helper()
 	select {
@@ -95,7 +78,7 @@ func TestIncident(t *testing.T) {
 	// store decides. A's write is conditional on the version A read, which
 	// B's write replaced: the API server rejects it, and the re-read
 	// classifies the rejection as stale.
-	stale := k.client(t, staticHolder{ha.Token()})
+	stale := k.client(t, staticHolder{Tok: ha.Token()})
 	err = stale.Update(ctx, late.DeepCopy())
 	var se *token.StaleError
 	require.ErrorAs(t, err, &se)
@@ -108,7 +91,7 @@ func TestIncident(t *testing.T) {
 	uncond := late.DeepCopy()
 	uncond.ResourceVersion = ""
 	require.ErrorIs(t, stale.Update(ctx, uncond), token.ErrStale)
-	require.ErrorIs(t, k.client(t, staticHolder{ha.Token()}, fenced.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}, fenced.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
 
 	cur := k.configMap(t, "o")
 	require.Equal(t, "b", cur.Data["by"])
@@ -287,8 +270,8 @@ func TestLeaseDeletedAndRecreated(t *testing.T) {
 	late := k.configMap(t, "o")
 	late.Data["by"] = "a"
 	require.ErrorIs(t, ca.Update(ctx, late.DeepCopy()), token.ErrNotHeld)
-	require.ErrorIs(t, k.client(t, staticHolder{ha.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
-	require.ErrorIs(t, k.client(t, staticHolder{ha.Token()}).Delete(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}).Delete(ctx, late.DeepCopy()), token.ErrStale)
 	require.Equal(t, "b", k.configMap(t, "o").Data["by"])
 }
 
@@ -302,7 +285,7 @@ func TestRestartedProcessSameName(t *testing.T) {
 	ctx := t.Context()
 	e1, stall := k.stallableElector(t, "pod-a")
 	h1 := acquire(t, e1)
-	c1 := k.client(t, staticHolder{h1.Token()})
+	c1 := k.client(t, staticHolder{Tok: h1.Token()})
 	require.NoError(t, c1.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}}))
 
 	stall.Stalled.Store(true) // the process dies without releasing
@@ -340,8 +323,8 @@ func TestBadInput(t *testing.T) {
 	k := newKubeOn(t, kubetest.StartForTest(t))
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
-	c := k.client(t, staticHolder{tok})
-	takeover := k.client(t, staticHolder{tok}, fenced.WithTakeover())
+	c := k.client(t, staticHolder{Tok: tok})
+	takeover := k.client(t, staticHolder{Tok: tok}, fenced.WithTakeover())
 	for _, tc := range []struct {
 		name         string
 		annotations  map[string]string

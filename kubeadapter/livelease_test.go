@@ -74,7 +74,7 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	ctx := t.Context()
 	ea, stallA := k.stallableElector(t, "replica-a")
 	ha := acquire(t, ea)
-	a := k.client(t, staticHolder{ha.Token()}) // A, not noticing its loss
+	a := k.client(t, staticHolder{Tok: ha.Token()}) // A, not noticing its loss
 	require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
 
 	stallA.Stalled.Store(true)

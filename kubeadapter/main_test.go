@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
@@ -43,12 +42,8 @@ func newKube(tb testing.TB) *kube {
 // newKubeOn is newKube on env rather than the shared API server.
 func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
 	tb.Helper()
-	cs, err := kubernetes.NewForConfig(env.Admin())
-	require.NoError(tb, err)
-	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
-	require.NoError(tb, err)
-	ns := kubetest.CreateNamespace(tb, cs)
-	return &kube{env: env, cs: cs, crc: crc, ns: ns}
+	cs, crc := kubetest.AdminClients(tb, env)
+	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}
 }
 
 // fast is a Config with short durations, so that takeovers take about 2s.
@@ -95,11 +90,10 @@ func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
 	return &cm
 }
 
-// staticHolder presents a token and never reports it lost: a holder that
-// has not noticed its loss, or a test that bypasses the local check to
-// show the store's.
-type staticHolder struct{ tok token.Token }
+// The kube harness's holder and helpers, by their short names.
+type staticHolder = kubetest.StaticHolder
 
-func (h staticHolder) Token() token.Token       { return h.tok }
-func (h staticHolder) Context() context.Context { return context.Background() }
-func (h staticHolder) Err() error               { return nil }
+var (
+	acquire        = kubetest.Acquire
+	requireGreater = kubetest.RequireGreater
+)

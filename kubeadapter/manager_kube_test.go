@@ -149,7 +149,7 @@ func TestLeaderWithManager(t *testing.T) {
 	stale := k.configMap(t, "target")
 	stale.Data["n"] = "stale"
 	require.ErrorIs(t, k.client(t, first.h).Update(ctx, stale.DeepCopy()), token.ErrNotHeld)
-	require.ErrorIs(t, k.client(t, staticHolder{first.h.Token()}).Update(ctx, stale.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.client(t, staticHolder{Tok: first.h.Token()}).Update(ctx, stale.DeepCopy()), token.ErrStale)
 
 	// Another holder takes the Lease by an update.
 	leases := k.cs.CoordinationV1().Leases(k.ns)

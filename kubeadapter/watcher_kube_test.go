@@ -139,8 +139,8 @@ func TestSelfFenceOnLiveLease(t *testing.T) {
 			// bypassing the local check, then fails in the store.
 			cur := k.configMap(t, "o")
 			cur.Data["by"] = "new"
-			require.NoError(t, k.client(t, staticHolder{newer}).Update(ctx, cur))
-			require.ErrorIs(t, k.client(t, staticHolder{h.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
+			require.NoError(t, k.client(t, staticHolder{Tok: newer}).Update(ctx, cur))
+			require.ErrorIs(t, k.client(t, staticHolder{Tok: h.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
 			require.Equal(t, "new", k.configMap(t, "o").Data["by"])
 		})
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
@@ -49,12 +48,8 @@ func newKube(tb testing.TB) *kube {
 // newKubeOn is newKube on env rather than the shared API server.
 func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
 	tb.Helper()
-	cs, err := kubernetes.NewForConfig(env.Admin())
-	require.NoError(tb, err)
-	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
-	require.NoError(tb, err)
-	ns := kubetest.CreateNamespace(tb, cs)
-	return &kube{env: env, cs: cs, crc: crc, ns: ns}
+	cs, crc := kubetest.AdminClients(tb, env)
+	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}
 }
 
 // fast is a Config with short durations, so that takeovers take about 2s.
@@ -101,32 +96,6 @@ func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
 	return &cm
 }
 
-// staticHolder presents a token and never reports it lost: a holder that
-// has not noticed its loss, or a test that bypasses the local check to
-// show the store's.
-type staticHolder struct{ tok token.Token }
-
-func (h staticHolder) Token() token.Token       { return h.tok }
-func (h staticHolder) Context() context.Context { return context.Background() }
-func (h staticHolder) Err() error               { return nil }
-
-func acquire(t *testing.T, e *kubeadapter.Elector) *kubeadapter.Held {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	h, err := e.Acquire(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = h.Release(context.Background()) })
-	return h
-}
-
-func requireGreater(t *testing.T, newer, older token.Token) {
-	t.Helper()
-	c, err := newer.Compare(older)
-	require.NoError(t, err)
-	require.Equal(t, 1, c, "%v is not greater than %v", newer, older)
-}
-
 // liveKube is newKube on an API server of its own, for a test that
 // installs the live-Lease policy: on the shared API server it would change
 // what the other tests see. The policy is not installed yet.
@@ -143,3 +112,11 @@ func installLiveLease(tb testing.TB, k *kube) {
 	defer cancel()
 	require.NoError(tb, k.env.InstallLiveLeasePolicy(ctx))
 }
+
+// The kube harness's holder and helpers, by their short names.
+type staticHolder = kubetest.StaticHolder
+
+var (
+	acquire        = kubetest.Acquire
+	requireGreater = kubetest.RequireGreater
+)

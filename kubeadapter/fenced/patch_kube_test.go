@@ -30,7 +30,7 @@ func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	wc := widgets(t, k)
-	c, err := fenced.NewClient(wc, staticHolder{tok})
+	c, err := fenced.NewClient(wc, staticHolder{Tok: tok})
 	require.NoError(t, err)
 
 	for _, tc := range []struct {
@@ -97,7 +97,7 @@ func TestPatchCannotWriteTheStamp(t *testing.T) {
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
 	old, cur := toks[0], toks[1]
-	c := k.client(t, staticHolder{cur})
+	c := k.client(t, staticHolder{Tok: cur})
 	forged := token.MarkKey("forged")
 	for _, tc := range []struct {
 		name, patch string
@@ -114,7 +114,7 @@ func TestPatchCannotWriteTheStamp(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := sanitize(tc.name)
 			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"team": "t"}}, Data: map[string]string{"v": "0"}}
-			require.NoError(t, k.client(t, staticHolder{old}).Create(ctx, obj))
+			require.NoError(t, k.client(t, staticHolder{Tok: old}).Create(ctx, obj))
 			require.NoError(t, c.Patch(ctx, obj, client.RawPatch(tc.pt, []byte(tc.patch))))
 			got := k.configMap(t, name)
 			require.Equal(t, "x", got.Data["v"], "the patch's own change landed")
@@ -130,7 +130,7 @@ func TestPatchBadInput(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	c := k.client(t, staticHolder{k.tokens(t, 1)[0]})
+	c := k.client(t, staticHolder{Tok: k.tokens(t, 1)[0]})
 	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bad"}, Data: map[string]string{"v": "0"}}
 	require.NoError(t, c.Create(ctx, obj))
 	before := obj.ResourceVersion
@@ -173,7 +173,7 @@ func TestApply(t *testing.T) {
 	shared.InstallPolicy(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
-	old, cur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
+	old, cur := k.client(t, staticHolder{Tok: toks[0]}), k.client(t, staticHolder{Tok: toks[1]})
 
 	require.NoError(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "1"}), client.FieldOwner("one")))
 	requireStamped(t, k.configMap(t, "ssa").Annotations, toks[0])
@@ -199,7 +199,7 @@ func TestApply(t *testing.T) {
 	// lagging cache.
 	before = k.configMap(t, "ssa").ResourceVersion
 	require.ErrorIs(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
-	lagging := k.client(t, staticHolder{toks[0]}, fenced.WithReader(laggingReader{got}))
+	lagging := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(laggingReader{got}))
 	require.ErrorIs(t, lagging.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
 	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
 }
@@ -217,9 +217,9 @@ func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
 	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
-	require.NoError(t, k.client(t, staticHolder{toks[1]}).Create(ctx, newer))
+	require.NoError(t, k.client(t, staticHolder{Tok: toks[1]}).Create(ctx, newer))
 
-	late := k.client(t, staticHolder{toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
+	late := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
 	err := late.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
 	require.ErrorIs(t, err, token.ErrStale)
 	got := k.configMap(t, "missed")
@@ -256,7 +256,7 @@ func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	shared.InstallPolicy(t)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
-	c, err := fenced.NewClient(widgets(t, k), staticHolder{tok})
+	c, err := fenced.NewClient(widgets(t, k), staticHolder{Tok: tok})
 	require.NoError(t, err)
 	newWidget(t, k, "applied")
 
@@ -299,8 +299,8 @@ func TestApplyAfterADelete(t *testing.T) {
 	deleted := func(t *testing.T, name string) *corev1.ConfigMap {
 		t.Helper()
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
-		require.NoError(t, k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy()))
+		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy()))
 		return obj
 	}
 	requireGone := func(t *testing.T, name string) {
@@ -317,7 +317,7 @@ func TestApplyAfterADelete(t *testing.T) {
 
 	t.Run("lagging cache", func(t *testing.T) {
 		aView := deleted(t, "lagging")
-		c := k.client(t, staticHolder{a}, fenced.WithReader(laggingReader{aView}))
+		c := k.client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{aView}))
 		err := c.Apply(ctx, apply("lagging"), client.FieldOwner("a"), client.ForceOwnership)
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.True(t, apierrors.IsNotFound(err), "%v", err)
@@ -326,11 +326,11 @@ func TestApplyAfterADelete(t *testing.T) {
 
 	t.Run("deleted between the live read and the apply", func(t *testing.T) {
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "between"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 		r := &deleteAfterRead{Reader: k.crc, del: func(ctx context.Context) error {
-			return k.client(t, staticHolder{b}).Delete(ctx, obj.DeepCopy())
+			return k.client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy())
 		}}
-		c := k.client(t, staticHolder{a}, fenced.WithLiveRead(), fenced.WithAPIReader(r))
+		c := k.client(t, staticHolder{Tok: a}, fenced.WithLiveRead(), fenced.WithAPIReader(r))
 		err := c.Apply(ctx, apply("between"), client.FieldOwner("a"), client.ForceOwnership)
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.NoError(t, r.err)
@@ -339,7 +339,7 @@ func TestApplyAfterADelete(t *testing.T) {
 
 	t.Run("apply patch of an object the caller read", func(t *testing.T) {
 		aView := deleted(t, "caller-read")
-		c := k.client(t, staticHolder{a}, fenced.WithReader(notFoundReader{}))
+		c := k.client(t, staticHolder{Tok: a}, fenced.WithReader(notFoundReader{}))
 		err := c.Patch(ctx, aView, client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"caller-read"},"data":{"by":"a-late"}}`)), client.FieldOwner("a"))
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		requireGone(t, "caller-read")
@@ -378,7 +378,7 @@ func TestApplyStampOwnership(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
-	c := k.client(t, staticHolder{tok})
+	c := k.client(t, staticHolder{Tok: tok})
 	config := func(name, v string) *corev1ac.ConfigMapApplyConfiguration {
 		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"v": v})
 	}

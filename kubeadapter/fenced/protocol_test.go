@@ -35,7 +35,7 @@ func TestPatch(t *testing.T) {
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
 	old, cur := toks[0], toks[1]
-	c := k.client(t, staticHolder{cur})
+	c := k.client(t, staticHolder{Tok: cur})
 	require.NoError(t, c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "p"}, Data: map[string]string{"a": "0"}}))
 
 	for _, tc := range []struct {
@@ -98,7 +98,7 @@ func TestPatch(t *testing.T) {
 		base := obj.DeepCopy()
 		obj.Data["a"] = "stale"
 		before := rv()
-		require.ErrorIs(t, k.client(t, staticHolder{old}).Patch(ctx, obj, client.MergeFrom(base)), token.ErrStale)
+		require.ErrorIs(t, k.client(t, staticHolder{Tok: old}).Patch(ctx, obj, client.MergeFrom(base)), token.ErrStale)
 		require.Equal(t, before, rv())
 	})
 	t.Run("unsupported", func(t *testing.T) {
@@ -140,8 +140,8 @@ func TestDelete(t *testing.T) {
 	k := newKube(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
-	c := k.client(t, staticHolder{toks[1]})
-	stale := k.client(t, staticHolder{toks[0]})
+	c := k.client(t, staticHolder{Tok: toks[1]})
+	stale := k.client(t, staticHolder{Tok: toks[0]})
 	create := func(name string) *corev1.ConfigMap {
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"v": "0"}}
 		require.NoError(t, c.Create(ctx, obj))
@@ -213,7 +213,7 @@ func TestStatusWrites(t *testing.T) {
 	k := newKube(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
-	cOld, cCur := k.client(t, staticHolder{toks[0]}), k.client(t, staticHolder{toks[1]})
+	cOld, cCur := k.client(t, staticHolder{Tok: toks[0]}), k.client(t, staticHolder{Tok: toks[1]})
 	dep := deployment(k.ns, "d")
 	require.NoError(t, cOld.Create(ctx, dep))
 	get := func() *appsv1.Deployment {
@@ -267,7 +267,7 @@ func TestClientGo(t *testing.T) {
 	k := newKube(t)
 	ctx := t.Context()
 	toks := k.tokens(t, 2)
-	old, cur := staticHolder{toks[0]}, staticHolder{toks[1]}
+	old, cur := staticHolder{Tok: toks[0]}, staticHolder{Tok: toks[1]}
 	cms := k.cs.CoreV1().ConfigMaps(k.ns)
 	_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "g", Annotations: toks[0].Stamp(nil)}}, metav1.CreateOptions{})
 	require.NoError(t, err)

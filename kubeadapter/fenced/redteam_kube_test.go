@@ -103,7 +103,7 @@ func (s *hopScene) requireFenced(t *testing.T) {
 	}{{s.a, nil}, {s.a, []fenced.Option{fenced.WithTakeover()}}, {s.m0, []fenced.Option{fenced.WithTakeover()}}} {
 		late := cur.DeepCopy()
 		late.Data["by"] = "late " + stale.tok.String()
-		err := s.k.client(t, staticHolder{stale.tok}, stale.opts...).Update(ctx, late)
+		err := s.k.client(t, staticHolder{Tok: stale.tok}, stale.opts...).Update(ctx, late)
 		require.ErrorIs(t, err, token.ErrStale, "superseded holder %v (takeover %v) was not refused: %v", stale.tok, len(stale.opts) > 0, err)
 	}
 	after := s.k.configMap(t, s.name)
@@ -129,7 +129,7 @@ func runHolderPatches(t *testing.T, cases []patchCase) {
 			if tc.typ == types.ApplyYAMLPatchType {
 				opts = append(opts, client.FieldOwner("red"), client.ForceOwnership)
 			}
-			err := k.client(t, staticHolder{s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(body)), opts...)
+			err := k.client(t, staticHolder{Tok: s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(body)), opts...)
 			t.Logf("fenced patch by the current holder: err=%v", err)
 			s.requireFenced(t)
 		})
@@ -268,8 +268,8 @@ func takeoverScene(t *testing.T, k *kube, name string, write func(c *fenced.Clie
 		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
 		Data:       map[string]string{"by": "m", "extra": "keep me"},
 	}
-	require.NoError(t, k.client(t, staticHolder{s.m}).Create(ctx, obj))
-	require.NoError(t, write(k.client(t, staticHolder{s.b}, fenced.WithTakeover()), obj))
+	require.NoError(t, k.client(t, staticHolder{Tok: s.m}).Create(ctx, obj))
+	require.NoError(t, write(k.client(t, staticHolder{Tok: s.b}, fenced.WithTakeover()), obj))
 	s.wantAnnot = map[string]string{
 		token.AnnotationLease:    s.b.Lease,
 		token.AnnotationToken:    fmt.Sprint(s.b.Revision),
@@ -325,7 +325,7 @@ func TestRedTeamTakeoverKeepsTheMarkOnEveryPath(t *testing.T) {
 			s.requireFenced(t)
 			// The holder's own next plain write keeps the mark too.
 			obj := k.configMap(t, s.name)
-			require.NoError(t, apply(k.client(t, staticHolder{s.b}), obj, "again"))
+			require.NoError(t, apply(k.client(t, staticHolder{Tok: s.b}), obj, "again"))
 			s.requireFenced(t)
 		})
 	}
@@ -347,9 +347,9 @@ func newPodScene(t *testing.T, k *kube, name string) *podScene {
 		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 	}
-	require.NoError(t, k.client(t, staticHolder{s.a}).Create(t.Context(), pod))
+	require.NoError(t, k.client(t, staticHolder{Tok: s.a}).Create(t.Context(), pod))
 	pod.Labels = map[string]string{"by": "b"}
-	require.NoError(t, k.client(t, staticHolder{s.b}).Update(t.Context(), pod))
+	require.NoError(t, k.client(t, staticHolder{Tok: s.b}).Update(t.Context(), pod))
 	return s
 }
 
@@ -367,7 +367,7 @@ func (s *podScene) requireFenced(t *testing.T) {
 	ctx := t.Context()
 	cur := s.pod(t)
 	requireStamped(t, cur.Annotations, s.b)
-	ca := s.k.client(t, staticHolder{s.a})
+	ca := s.k.client(t, staticHolder{Tok: s.a})
 	late := cur.DeepCopy()
 	late.Status.Message = "late a"
 	require.ErrorIs(t, ca.Status().Update(ctx, late), token.ErrStale)
@@ -429,12 +429,12 @@ func TestRedTeamPodStatusOnTheStamp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("pod%d", i))
-			err := tc.write(k.client(t, staticHolder{s.b}), s, s.pod(t))
+			err := tc.write(k.client(t, staticHolder{Tok: s.b}), s, s.pod(t))
 			t.Logf("fenced status write by the current holder: err=%v", err)
 			s.requireFenced(t)
 			// The same write by the superseded holder must be refused.
 			before := s.pod(t)
-			err = tc.write(k.client(t, staticHolder{s.a}), s, s.pod(t))
+			err = tc.write(k.client(t, staticHolder{Tok: s.a}), s, s.pod(t))
 			require.Error(t, err, "the superseded holder's status write was accepted")
 			t.Logf("fenced status write by the superseded holder: err=%v", err)
 			require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion, "the superseded holder's status write landed")
@@ -566,7 +566,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 	gc := gadgets(t, k)
 	toks := k.leaseTokens(t, "fence", 2)
 	older, tok := toks[0], toks[1]
-	fc, err := fenced.NewClient(gc, staticHolder{tok})
+	fc, err := fenced.NewClient(gc, staticHolder{Tok: tok})
 	require.NoError(t, err)
 
 	type write func(c client.Client, g *gadget) error
@@ -630,7 +630,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := sanitize(tc.name)
-			newGadget(t, k, name, staticHolder{older})
+			newGadget(t, k, name, staticHolder{Tok: older})
 			newGadget(t, k, name+"-plain", nil)
 			outcome := func(c client.Client, name string) (*unstructured.Unstructured, error) {
 				g := &gadget{}
@@ -755,7 +755,7 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 		// The fenced apply creates the object: "ctrl" alone owns the
 		// protocol keys.
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
-		require.NoError(t, k.client(t, staticHolder{toks[0]}).Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl")))
+		require.NoError(t, k.client(t, staticHolder{Tok: toks[0]}).Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl")))
 		obj = k.configMap(t, name)
 		requireStamped(t, obj.Annotations, toks[0])
 		t.Logf("managed fields: %+v", obj.ManagedFields)
@@ -840,7 +840,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 		}},
 		{"DeleteFenced with b's copy", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			return fenced.DeleteFenced(ctx, staticHolder{s.a},
+			return fenced.DeleteFenced(ctx, staticHolder{Tok: s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
 				},
@@ -850,7 +850,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 		}},
 		{"UpdateFenced with a mutate that restamps", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			_, err := fenced.UpdateFenced(ctx, staticHolder{s.a},
+			_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
 				},
@@ -866,7 +866,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 		}},
 		{"UpdateFenced with a get that returns a's old copy", func(s superseded, _ *fenced.Client) error {
 			cms := k.cs.CoreV1().ConfigMaps(k.ns)
-			_, err := fenced.UpdateFenced(ctx, staticHolder{s.a},
+			_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
 				func(context.Context) (*corev1.ConfigMap, error) { return s.aView.DeepCopy(), nil },
 				func(cm *corev1.ConfigMap) error { cm.Data["by"] = "a-late"; return nil },
 				func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
@@ -877,7 +877,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSuperseded(t, k, sanitize(tc.name))
-			err := tc.write(s, k.client(t, staticHolder{s.a}))
+			err := tc.write(s, k.client(t, staticHolder{Tok: s.a}))
 			t.Logf("superseded holder: %v", err)
 			require.Error(t, err, "the superseded holder's write was accepted")
 			s.requireIntact(t)
@@ -887,11 +887,11 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 
 	t.Run("create of an object b deleted, with b's stamp copied", func(t *testing.T) {
 		s := newSuperseded(t, k, "recreate")
-		require.NoError(t, k.client(t, staticHolder{s.b}).Delete(ctx, s.current.DeepCopy()))
+		require.NoError(t, k.client(t, staticHolder{Tok: s.b}).Delete(ctx, s.current.DeepCopy()))
 		obj := s.current.DeepCopy()
 		obj.ResourceVersion, obj.UID = "", ""
 		obj.Data["by"] = "a-late"
-		err := k.client(t, staticHolder{s.a}).Create(ctx, obj)
+		err := k.client(t, staticHolder{Tok: s.a}).Create(ctx, obj)
 		t.Logf("superseded holder: %v", err)
 		require.ErrorIs(t, err, token.ErrStale)
 		require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(obj), &corev1.ConfigMap{})))
@@ -905,7 +905,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 			"metadata": map[string]any{"namespace": k.ns, "name": s.name},
 			"status":   map[string]any{"message": "a-late"},
 		}}
-		err := k.client(t, staticHolder{s.a}).Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("a"), client.ForceOwnership)
+		err := k.client(t, staticHolder{Tok: s.a}).Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("a"), client.ForceOwnership)
 		t.Logf("superseded holder: %v", err)
 		require.Error(t, err)
 		require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion)
@@ -973,15 +973,15 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 			a, b := toks[0], toks[1]
 			name := sanitize(tc.name)
 			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 			var bRV string
 			hook := &interposingReader{Reader: k.crc, write: func() {
 				cur := k.configMap(t, name)
 				cur.Data["by"] = "b"
-				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+				require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
+			ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 			err := tc.write(ca, obj.DeepCopy())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once, "the fenced client did not read")
@@ -1016,7 +1016,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 			}
-			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, pod))
+			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, pod))
 			get := func() *corev1.Pod {
 				var p corev1.Pod
 				require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
@@ -1026,10 +1026,10 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 			hook := &interposingReader{Reader: k.crc, write: func() {
 				cur := get()
 				cur.Status.Message = "b"
-				require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
+				require.NoError(t, k.client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
+			ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 			err := tc.write(ca, get())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once)
@@ -1045,10 +1045,10 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 		toks := k.leaseTokens(t, "fence", 2)
 		a, b := toks[0], toks[1]
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "mutate"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 		cms := k.cs.CoreV1().ConfigMaps(k.ns)
 		first := true
-		_, err := fenced.UpdateFenced(ctx, staticHolder{a},
+		_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: a},
 			func(ctx context.Context) (*corev1.ConfigMap, error) {
 				return cms.Get(ctx, "mutate", metav1.GetOptions{})
 			},
@@ -1057,7 +1057,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 					first = false
 					cur := k.configMap(t, "mutate")
 					cur.Data["by"] = "b"
-					require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+					require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
 				}
 				cm.Data["by"] = "a-late"
 				return nil
@@ -1105,7 +1105,7 @@ func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
 	require.NoError(t, c.Get(ctx, key, &obj))
 	s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
 	obj.Data = map[string]string{"by": "a-late"}
-	fc := k.client(t, staticHolder{s.a}, fenced.WithReader(c))
+	fc := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(c))
 	err = fc.Update(ctx, &obj)
 	stored := k.configMap(t, s.current.Name)
 	t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
@@ -1136,7 +1136,7 @@ func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
 	require.NoError(t, err)
 	s.a.Stamp(cached.Annotations) // hand-edited, in the lister's memory
 	cms := k.cs.CoreV1().ConfigMaps(k.ns)
-	_, err = fenced.UpdateFenced(ctx, staticHolder{s.a},
+	_, err = fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
 		func(context.Context) (*corev1.ConfigMap, error) { return lister.ConfigMaps(k.ns).Get(s.current.Name) },
 		func(cm *corev1.ConfigMap) error { cm.Data = map[string]string{"by": "a-late"}; return nil },
 		func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
@@ -1159,7 +1159,7 @@ func TestRedTeamResurrectionWithLiveLease(t *testing.T) {
 	ctx := t.Context()
 	ha := acquire(t, k.elector(t, "replica-a"))
 	ta := ha.Token()
-	a := k.client(t, staticHolder{ta})
+	a := k.client(t, staticHolder{Tok: ta})
 	for _, name := range []string{"deleted", "untouched"} {
 		require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}))
 	}
@@ -1270,7 +1270,7 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("bind%d", i))
-			c, err := fenced.NewClient(tc.inner, staticHolder{s.a})
+			c, err := fenced.NewClient(tc.inner, staticHolder{Tok: s.a})
 			require.NoError(t, err)
 			err = tc.write(c, s.pod(t))
 			t.Logf("a's binding: %v", err)
@@ -1292,7 +1292,7 @@ func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
 	tok := k.leaseTokens(t, "fence", 1)[0]
-	c := k.client(t, staticHolder{tok})
+	c := k.client(t, staticHolder{Tok: tok})
 	for i, tc := range []struct {
 		name string
 		edit func(u *unstructured.Unstructured)
@@ -1389,10 +1389,10 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 			}
-			require.NoError(t, k.client(t, staticHolder{toks[0]}).Create(ctx, pod))
+			require.NoError(t, k.client(t, staticHolder{Tok: toks[0]}).Create(ctx, pod))
 			var before corev1.Pod
 			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &before))
-			err := tc.write(k.client(t, staticHolder{toks[1]}), before.DeepCopy())
+			err := tc.write(k.client(t, staticHolder{Tok: toks[1]}), before.DeepCopy())
 			var after corev1.Pod
 			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &after))
 			t.Logf("dry run: %v; stored annotations %v", err, after.Annotations)
@@ -1433,7 +1433,7 @@ func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
 	tok := k.leaseTokens(t, "fence", 1)[0]
-	fc := k.client(t, staticHolder{tok})
+	fc := k.client(t, staticHolder{Tok: tok})
 	j, m, sm := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType
 	for i, tc := range []patchCase{
 		{"json remove then add annotations", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{"x":"1"}}]`},
@@ -1546,7 +1546,7 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 	} {
 		t.Run("current holder "+tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("body%d", i))
-			err := tc.write(k.client(t, staticHolder{s.b}), s, s.pod(t))
+			err := tc.write(k.client(t, staticHolder{Tok: s.b}), s, s.pod(t))
 			pod := s.pod(t)
 			t.Logf("b's write: %v; stored annotations %v, message %q", err, pod.Annotations, pod.Status.Message)
 			s.requireFenced(t)
@@ -1560,7 +1560,7 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "body-late"},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 		}
-		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, pod))
+		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, pod))
 		get := func() *corev1.Pod {
 			var p corev1.Pod
 			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
@@ -1569,9 +1569,9 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 		hook := &interposingReader{Reader: k.crc, write: func() {
 			cur := get()
 			cur.Status.Message = "b"
-			require.NoError(t, k.client(t, staticHolder{b}).Status().Update(ctx, cur))
+			require.NoError(t, k.client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
 		}}
-		ca := k.client(t, staticHolder{a}, fenced.WithReader(hook))
+		ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 		obj := get()
 		body := obj.DeepCopy()
 		body.ResourceVersion = ""
@@ -1628,13 +1628,13 @@ func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
 			a, b := toks[0], toks[1]
 			name := fmt.Sprintf("del%d", i)
 			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-			require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 			hook := &interposingReader{Reader: k.crc, write: func() {
 				cur := k.configMap(t, name)
 				cur.Data["by"] = "b"
-				require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
+				require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
 			}}
-			err := k.client(t, staticHolder{a}, fenced.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
+			err := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
 			t.Logf("a's delete: %v", err)
 			require.Error(t, err, "a's delete was accepted")
 			cur := &corev1.ConfigMap{}
@@ -1664,8 +1664,8 @@ func TestRedTeamApplyForcesOnlyProtocolKeys(t *testing.T) {
 				return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), append(opts, client.FieldOwner(manager))...)
 			}
 			// "other" owns the stamp of the older token and the label.
-			require.NoError(t, apply(k.client(t, staticHolder{toks[0]}), "other", "1"))
-			err := apply(k.client(t, staticHolder{toks[1]}), "ctrl", "2")
+			require.NoError(t, apply(k.client(t, staticHolder{Tok: toks[0]}), "other", "1"))
+			err := apply(k.client(t, staticHolder{Tok: toks[1]}), "ctrl", "2")
 			cur := k.configMap(t, name)
 			t.Logf("ctrl's apply: %v; labels %v", err, cur.Labels)
 			require.Error(t, err, "the apply forced a conflict over a label")
@@ -1719,7 +1719,7 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 		ha := acquire(t, ea)
 		a := ha.Token()
 		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "recreated-lease"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 		require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
 		hb := acquire(t, k.elector(t, "replica-b"))
 		b := hb.Token()
@@ -1736,7 +1736,7 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 		require.True(t, apierrors.IsForbidden(err), "raw stale write not denied: %v", err)
 		late = k.configMap(t, obj.Name)
 		late.Data["by"] = "a-late"
-		require.ErrorIs(t, k.client(t, staticHolder{a}).Update(ctx, late), token.ErrStale)
+		require.ErrorIs(t, k.client(t, staticHolder{Tok: a}).Update(ctx, late), token.ErrStale)
 		got := k.configMap(t, obj.Name)
 		requireStamped(t, got.Annotations, b)
 		require.Equal(t, "b", got.Data["by"])
@@ -1761,7 +1761,7 @@ func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 			"metadata": map[string]any{"namespace": k.ns, "name": "create", "annotations": map[string]any{"keep": "me", "n": int64(5)}},
 		}}
 		plainErr := k.crc.Create(ctx, u.DeepCopy(), client.DryRunAll)
-		err := k.client(t, staticHolder{tok}).Create(ctx, u)
+		err := k.client(t, staticHolder{Tok: tok}).Create(ctx, u)
 		t.Logf("plain (dry run): %v; fenced: %v", plainErr, err)
 		require.Error(t, plainErr)
 		if err == nil {
@@ -1772,13 +1772,13 @@ func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 	})
 
 	t.Run("UpdateFenced with a dynamic client", func(t *testing.T) {
-		require.NoError(t, k.client(t, staticHolder{tok}).Create(ctx, &corev1.ConfigMap{
+		require.NoError(t, k.client(t, staticHolder{Tok: tok}).Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "dyn", Annotations: map[string]string{"keep": "me"}},
 		}))
 		dyn, err := dynamic.NewForConfig(k.env.Admin())
 		require.NoError(t, err)
 		res := dyn.Resource(gvr).Namespace(k.ns)
-		_, err = fenced.UpdateFenced(ctx, staticHolder{tok},
+		_, err = fenced.UpdateFenced(ctx, staticHolder{Tok: tok},
 			func(ctx context.Context) (*unstructured.Unstructured, error) {
 				return res.Get(ctx, "dyn", metav1.GetOptions{})
 			},
@@ -1832,7 +1832,7 @@ func TestRedTeamWholeObjectPatches(t *testing.T) {
 			s := newSuperseded(t, k, sanitize(tc.name))
 			obj := tc.obj(s)
 			obj.Data = map[string]string{"by": "a-late"}
-			err := k.client(t, staticHolder{s.a}).Patch(ctx, obj, tc.patch, client.FieldOwner("a"), client.ForceOwnership)
+			err := k.client(t, staticHolder{Tok: s.a}).Patch(ctx, obj, tc.patch, client.FieldOwner("a"), client.ForceOwnership)
 			t.Logf("a's patch: %v", err)
 			require.Error(t, err)
 			s.requireIntact(t)
@@ -1843,7 +1843,7 @@ func TestRedTeamWholeObjectPatches(t *testing.T) {
 	t.Run("merge of a typed widget by the current holder", func(t *testing.T) {
 		wc := widgets(t, k)
 		tok := k.leaseTokens(t, "fence", 1)[0]
-		c, err := fenced.NewClient(wc, staticHolder{tok})
+		c, err := fenced.NewClient(wc, staticHolder{Tok: tok})
 		require.NoError(t, err)
 		newWidget(t, k, "whole")
 		w := &widget{}
@@ -1884,12 +1884,12 @@ func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
 				toks := k.leaseTokens(t, "fence-"+name, 2)
 				a, b := toks[0], toks[1]
 				obj := newObj(kind, name)
-				require.NoError(t, k.client(t, staticHolder{a}).Create(ctx, obj))
+				require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
 				deleteByB := func() {
 					cur := newObj(kind, name)
 					require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(obj), cur))
-					require.NoError(t, k.client(t, staticHolder{b}).Update(ctx, cur))
-					require.NoError(t, k.client(t, staticHolder{b}).Delete(ctx, cur))
+					require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
+					require.NoError(t, k.client(t, staticHolder{Tok: b}).Delete(ctx, cur))
 				}
 				w := obj.DeepCopyObject().(client.Object)
 				w.SetUID("")
@@ -1898,11 +1898,11 @@ func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
 				if scene == "lagging cache, hand-built object" {
 					cached := obj.DeepCopyObject().(client.Object)
 					deleteByB()
-					ca = k.client(t, staticHolder{a}, fenced.WithReader(laggingReader{cached}))
+					ca = k.client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{cached}))
 					w.SetResourceVersion("")
 				} else {
 					hook := &interposingReader{Reader: k.crc, write: deleteByB}
-					ca = k.client(t, staticHolder{a}, fenced.WithReader(hook), fenced.WithAPIReader(hook))
+					ca = k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook), fenced.WithAPIReader(hook))
 					if strings.HasSuffix(scene, "unpinned") {
 						w.SetResourceVersion("")
 					}

@@ -236,7 +236,7 @@ func TestShardIncident(t *testing.T) {
 	require.ErrorIs(t, fc.Update(ctx, late.DeepCopy()), token.ErrNotHeld)
 	// An r0 that has not noticed: the store decides, and the fenced client
 	// reports the typed stale error.
-	blind, err := fenced.NewClient(r0.crc, staticHolder{hOld.Token()})
+	blind, err := fenced.NewClient(r0.crc, staticHolder{Tok: hOld.Token()})
 	require.NoError(t, err)
 	err = blind.Update(ctx, late.DeepCopy())
 	require.ErrorIs(t, err, token.ErrStale)

@@ -8,11 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
-	"github.com/fencer-dev/fencer/token"
 )
 
 // shared is the one kube-apiserver of this package's tests, started on
@@ -38,12 +36,8 @@ type kube struct {
 func newKube(tb testing.TB) *kube {
 	tb.Helper()
 	env := shared.Env(tb)
-	cs, err := kubernetes.NewForConfig(env.Admin())
-	require.NoError(tb, err)
-	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
-	require.NoError(tb, err)
-	ns := kubetest.CreateNamespace(tb, cs)
-	return &kube{env: env, cs: cs, crc: crc, ns: ns}
+	cs, crc := kubetest.AdminClients(tb, env)
+	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}
 }
 
 func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
@@ -53,18 +47,10 @@ func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
 	return &cm
 }
 
-// staticHolder presents a token and never reports it lost: a holder that
-// has not noticed its loss, or a test that bypasses the local check to
-// show the store's.
-type staticHolder struct{ tok token.Token }
+// The kube harness's holder and helpers, by their short names.
+type staticHolder = kubetest.StaticHolder
 
-func (h staticHolder) Token() token.Token       { return h.tok }
-func (h staticHolder) Context() context.Context { return context.Background() }
-func (h staticHolder) Err() error               { return nil }
-
-func requireGreater(t *testing.T, newer, older token.Token) {
-	t.Helper()
-	c, err := newer.Compare(older)
-	require.NoError(t, err)
-	require.Equal(t, 1, c, "%v is not greater than %v", newer, older)
-}
+var (
+	acquire        = kubetest.Acquire
+	requireGreater = kubetest.RequireGreater
+)

@@ -165,7 +165,7 @@ func TestShardScopesOneActive(t *testing.T) {
 	for _, ns := range namespaces {
 		tok, _ := c2.s.Owns(ns)
 		requireGreater(t, tok, old[ns])
-		stale, err := fenced.NewClient(c1.crc, staticHolder{old[ns]})
+		stale, err := fenced.NewClient(c1.crc, staticHolder{Tok: old[ns]})
 		require.NoError(t, err)
 		var cm corev1.ConfigMap
 		require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "state"}, &cm))

@@ -220,7 +220,7 @@ func TestShardHistory(t *testing.T) {
 	// late write, which the fenced register must refuse.
 	late := func(m *ringMember, cid int, shard string, old token.Token, why string) {
 		t.Helper()
-		blind := staticHolder{old}
+		blind := staticHolder{Tok: old}
 		require.True(t, waitFor(20*time.Second, func() bool {
 			r.write(ctx, m, cid, shard, blind)
 			return h.accepted("fenced-"+shard, old.Revision) && h.accepted("plain-"+shard, old.Revision)

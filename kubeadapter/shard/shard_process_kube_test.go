@@ -363,7 +363,7 @@ func (w *memberWriter) late(ctx context.Context, shard string, tok token.Token, 
 	for _, reg := range []struct {
 		name   string
 		update func(context.Context, *corev1.ConfigMap) error
-	}{{"fenced-" + shard, w.fenced(staticHolder{tok})}, {"plain-" + shard, w.plain}} {
+	}{{"fenced-" + shard, w.fenced(staticHolder{Tok: tok})}, {"plain-" + shard, w.plain}} {
 		own := pre[reg.name]
 		for range lateAttempts {
 			if own != nil {

@@ -140,7 +140,7 @@ func requireFencedOut(t *testing.T, k *kube, m *ringMember, old token.Token, nam
 	t.Helper()
 	ctx := t.Context()
 	before := k.configMap(t, name)
-	blind, err := fenced.NewClient(m.crc, staticHolder{old})
+	blind, err := fenced.NewClient(m.crc, staticHolder{Tok: old})
 	require.NoError(t, err)
 	late := before.DeepCopy()
 	late.Data = map[string]string{"by": "superseded"}
