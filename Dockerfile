@@ -13,6 +13,9 @@ COPY go.mod go.sum ./
 COPY token/go.mod token/go.sum ./token/
 COPY proto/go.mod proto/go.sum ./proto/
 COPY client/go.mod client/go.sum ./client/
+COPY kubeadapter/go.mod kubeadapter/go.sum ./kubeadapter/
+COPY internal/mutant/go.mod ./internal/mutant/
+COPY internal/freeport/go.mod internal/freeport/go.sum ./internal/freeport/
 RUN go mod download
 COPY . .
 ARG VERSION

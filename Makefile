@@ -5,6 +5,10 @@ PKGS      ?= ./...
 # The modules a gRPC user requires, each in its directory; the root module
 # requires them through replace directives (internal/layout tests this).
 LIGHT_MODULES := token proto client
+# Every module but the root and tools/: the light modules, the two small
+# internal ones both the root and the Kubernetes module share, the
+# Kubernetes module, and the Sharder's end-to-end tests.
+MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport kubeadapter kubeadapter/shard/e2e
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
@@ -34,7 +38,7 @@ build:
 release:
 	./scripts/release.sh "$(VERSION)"
 
-## kube-apiserver: build the test kube-apiserver into .cache/bin (cached)
+## kube-apiserver: build the test kube-apiserver and its etcd into .cache/bin (cached)
 kube-apiserver:
 	./scripts/build-kube-apiserver.sh
 
@@ -55,11 +59,9 @@ proto-check: proto-lint proto
 	@out="$$(git status --porcelain proto python)"; \
 	if [ -n "$$out" ]; then echo "make proto changed generated code:"; echo "$$out"; git diff --stat proto python; exit 1; fi
 
-## test: lint, build the test kube-apiserver, run every test with the race detector, and check the alert rules and dashboard (tools/promcheck)
+## test: lint, build the test kube-apiserver and etcd, run every test of every module with the race detector, and check the alert rules and dashboard (tools/promcheck)
 test: lint kube-apiserver python-deps
-	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 20m $(PKGS)
-	for m in $(LIGHT_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
-	cd tools/promcheck && $(GO) vet ./... && $(GO) test -count=1 ./...
+	./scripts/test.sh
 
 ## bench: run the benchmarks and print their figures
 bench: kube-apiserver
@@ -79,14 +81,14 @@ mutants: kube-apiserver
 ## shardchaos: shard members as processes (SIGSTOP, partition, SIGKILL mid-write, restart) for SHARD_ROUNDS rounds; prints the counts
 SHARD_ROUNDS ?= 5
 shardchaos: kube-apiserver
-	FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v ./kubeadapter/shard -shard-process-rounds=$(SHARD_ROUNDS)
+	cd kubeadapter/shard/e2e && FENCER_REQUIRE_KUBE=1 $(GO) test -race -count=1 -timeout 30m -run '^TestShardProcesses$$' -v . -shard-process-rounds=$(SHARD_ROUNDS)
 
-## lint: gofmt and go vet, in the root module and the light modules
+## lint: gofmt and go vet, in every module
 lint:
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^tools/') 2>&1)"; \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	for m in $(LIGHT_MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 ## fuzz: run every fuzz target for FUZZTIME each
 fuzz:

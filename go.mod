@@ -7,6 +7,9 @@ require (
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/creack/pty v1.1.18
 	github.com/fencer-dev/fencer/client v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/internal/freeport v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/internal/mutant v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/kubeadapter v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/proto v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
 	github.com/fsnotify/fsnotify v1.9.0
@@ -24,7 +27,6 @@ require (
 	go.uber.org/zap v1.28.0
 	golang.org/x/mod v0.41.0
 	golang.org/x/sys v0.49.0
-	golang.org/x/time v0.15.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -114,6 +116,7 @@ require (
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.15.0 // indirect
 	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
@@ -131,3 +134,9 @@ replace github.com/fencer-dev/fencer/token => ./token
 replace github.com/fencer-dev/fencer/proto => ./proto
 
 replace github.com/fencer-dev/fencer/client => ./client
+
+replace github.com/fencer-dev/fencer/kubeadapter => ./kubeadapter
+
+replace github.com/fencer-dev/fencer/internal/mutant => ./internal/mutant
+
+replace github.com/fencer-dev/fencer/internal/freeport => ./internal/freeport

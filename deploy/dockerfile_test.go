@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,10 +61,22 @@ func TestDockerfile(t *testing.T) {
 
 	mod, err := os.ReadFile("../go.mod")
 	require.NoError(t, err)
-	mf, err := modfile.ParseLax("go.mod", mod, nil)
+	mf, err := modfile.Parse("go.mod", mod, nil)
 	require.NoError(t, err)
 	minor := regexp.MustCompile(`^\d+\.\d+`).FindString(mf.Go.Version)
 	require.Regexp(t, `^golang:`+regexp.QuoteMeta(minor)+`(\.|-|$)`, build.from, "the builder's Go is not go.mod's %s", minor)
+
+	// go mod download, before COPY . ., needs the go.mod of every module
+	// that go.mod replaces with a directory.
+	for _, r := range mf.Replace {
+		if !modfile.IsDirectoryPath(r.New.Path) {
+			continue
+		}
+		dir := strings.TrimPrefix(r.New.Path, "./")
+		require.True(t, slices.ContainsFunc(build.lines, func(l string) bool {
+			return strings.HasPrefix(l, "COPY ") && strings.Contains(l, " "+dir+"/go.mod")
+		}), "the build stage copies no %s/go.mod before go mod download (go.mod replaces %s with it)", dir, r.Old.Path)
+	}
 
 	var goBuild string
 	for _, l := range build.lines {

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // render builds the kustomization in dir with kustomize's own library.
@@ -54,7 +54,7 @@ func TestServiceManifests(t *testing.T) {
 		require.True(t, kinds[k], "the kustomization renders no %s", k)
 	}
 
-	env := kubetest.StartForTest(t)
+	env := kubefencertest.APIServerForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dc, err := discovery.NewDiscoveryClientForConfig(env.Admin())

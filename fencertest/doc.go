@@ -35,8 +35,8 @@
 //     with goleak, and lets Cluster run its members; IgnoreInProcessPeers
 //     for tests that run several etcd members in one process.
 //
-// Package fencertest/kubefencertest does the same for Kubernetes, so that
-// etcd-only users do not depend on it.
+// Package kubeadapter/kubefencertest, in the Kubernetes module, does the
+// same for Kubernetes, so that etcd-only users do not depend on it.
 //
 // # What is not guaranteed
 //

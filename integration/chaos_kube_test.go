@@ -22,9 +22,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/history"
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -55,7 +55,7 @@ type kubeChaos struct {
 	rejected atomic.Int64
 }
 
-func newKubeChaos(t *testing.T, env *kubetest.Env, ns string) *kubeChaos {
+func newKubeChaos(t *testing.T, env *kubefencertest.APIServer, ns string) *kubeChaos {
 	cs, err := kubernetes.NewForConfig(env.Admin())
 	require.NoError(t, err)
 	crc, err := client.New(env.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
@@ -106,7 +106,7 @@ func (k *kubeChaos) read(ctx context.Context) {
 }
 
 func TestChaosKubeClientGoBaselineIsNotFenced(t *testing.T) {
-	env := kubetest.StartForTest(t)
+	env := kubefencertest.APIServerForTest(t)
 	k := newKubeChaos(t, env, "chaos-baseline")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -174,7 +174,7 @@ func TestChaosKubeClientGoBaselineIsNotFenced(t *testing.T) {
 }
 
 func TestChaosKubeFencerIsFenced(t *testing.T) {
-	env := kubetest.StartForTest(t)
+	env := kubefencertest.APIServerForTest(t)
 	k := newKubeChaos(t, env, "chaos-fencer")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/fencer-dev/fencer/internal/mutant"
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // mutantCase is one mutant and the tests that must catch it: tests of one
@@ -47,7 +47,7 @@ var mutantCases = []mutantCase{
 	{mutant: mutant.ReleaseAnyHolder, pkg: "etcdstore", tests: []string{"TestRetriedReleaseKeepsNewerHolder"}},
 	{mutant: mutant.KubeTrustCallerMarks, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamCarelessCaller", "TestRedTeamSharedCacheMemory"}, kube: true},
 	{mutant: mutant.KubeTrustCallerVersion, pkg: "kubeadapter/fenced", tests: []string{"TestRedTeamWriteBetweenCheckAndWrite", "TestSupersededHolderAttacks"}, kube: true},
-	{mutant: mutant.PolicyNoMarkRule, pkg: "internal/testkit/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
+	{mutant: mutant.PolicyNoMarkRule, pkg: "kubeadapter/internal/kubetest", tests: []string{"TestAdmissionPolicy", "TestPolicyDifferential"}, kube: true},
 	{mutant: mutant.SharderTrustsRenewTime, pkg: "kubeadapter/shard", tests: []string{"TestFutureRenewTimeIgnored"}},
 	// The etcd chaos test's forged and foreign writes at each takeover
 	// make these two guards' absence a linearizability violation. It does
@@ -72,7 +72,7 @@ const (
 // survives fails the test, naming it. It logs the table of mutant, the
 // tests that caught it, the first failure's message and the seconds the
 // run took. Mutants whose tests need the kube-apiserver are skipped or
-// failed, when there is none, as the kube tests are (kubetest.RequireEnv).
+// failed, when there is none, as the kube tests are (kubefencertest.RequireEnv).
 func TestMutantsAreCaught(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds three test binaries")
@@ -92,8 +92,8 @@ func TestMutantsAreCaught(t *testing.T) {
 	}
 
 	// The kube cases skip, or fail, without a kube-apiserver
-	// (kubetest.BinaryForTest); the others run regardless.
-	_, err = kubetest.BinaryPath()
+	// (kubefencertest.BinaryForTest); the others run regardless.
+	_, err = kubefencertest.BinaryPath()
 	kubeOK := err == nil
 	bins := t.TempDir()
 	built := map[string]string{} // package → test binary
@@ -107,9 +107,10 @@ func TestMutantsAreCaught(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), mutantBuildTimeout)
 		defer cancel()
 		start := time.Now()
-		args := slices.Concat([]string{"test", "-c", "-tags", mutant.Tag}, mutantBuildFlags, []string{"-o", out, "./" + pkg})
+		dir, rel := moduleOf(repo, pkg)
+		args := slices.Concat([]string{"test", "-c", "-tags", mutant.Tag}, mutantBuildFlags, []string{"-o", out, "./" + rel})
 		cmd := exec.CommandContext(ctx, goForMutants(), args...)
-		cmd.Dir = repo
+		cmd.Dir = dir
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
 		}
@@ -127,7 +128,7 @@ func TestMutantsAreCaught(t *testing.T) {
 	for _, c := range mutantCases {
 		t.Run(string(c.mutant), func(t *testing.T) {
 			if c.kube {
-				kubetest.BinaryForTest(t)
+				kubefencertest.BinaryForTest(t)
 			}
 			if c.chaos && !*mutantsChaos {
 				t.Skip("the etcd chaos test runs under mutants with -mutants.chaos (make chaos)")
@@ -289,6 +290,16 @@ func tableCell(s string) string {
 
 // declaredMutants returns the values of the string constants of
 // internal/mutant/names.go.
+// moduleOf returns the directory of the module that holds pkg (a path
+// relative to the repository root) and pkg's path within it: the
+// Kubernetes packages are a module of their own.
+func moduleOf(repo, pkg string) (dir, rel string) {
+	if rest, ok := strings.CutPrefix(pkg, "kubeadapter/"); ok {
+		return filepath.Join(repo, "kubeadapter"), rest
+	}
+	return repo, pkg
+}
+
 func declaredMutants(t *testing.T, repo string) []string {
 	t.Helper()
 	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(repo, "internal", "mutant", "names.go"), nil, 0)

@@ -11,8 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // TestAcquireTellsWhyItCannotLead runs electors that can never lead on the

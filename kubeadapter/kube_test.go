@@ -14,9 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -320,7 +321,7 @@ func TestRestartedProcessSameName(t *testing.T) {
 // the admission policy, which would refuse to store such stamps at all.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	k := newKubeOn(t, kubetest.StartForTest(t))
+	k := newKubeOn(t, kubefencertest.APIServerForTest(t))
 	ctx := t.Context()
 	tok := k.tokens(t, 1)[0]
 	c := k.client(t, staticHolder{Tok: tok})

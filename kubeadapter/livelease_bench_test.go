@@ -16,8 +16,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // liveLagWait bounds how long BenchmarkLiveLeaseLag waits for one refusal.
@@ -127,7 +127,7 @@ func BenchmarkLiveLeaseBindingPerLease(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
 	defer cancel()
 	bindings := k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
-	require.NoError(b, bindings.Delete(ctx, kubetest.LiveLeasePolicy, metav1.DeleteOptions{}))
+	require.NoError(b, bindings.Delete(ctx, kubefencertest.LiveLeasePolicy, metav1.DeleteOptions{}))
 
 	created := 0
 	for _, n := range []int{100, 1000, 10000} {
@@ -139,9 +139,9 @@ func BenchmarkLiveLeaseBindingPerLease(b *testing.B) {
 			inParallel(b, created, n, func(i int) error {
 				name := "lease-" + strconv.Itoa(i)
 				_, err := bindings.Create(ctx, &admissionv1.ValidatingAdmissionPolicyBinding{
-					ObjectMeta: metav1.ObjectMeta{Name: kubetest.LiveLeasePolicy + "-" + name},
+					ObjectMeta: metav1.ObjectMeta{Name: kubefencertest.LiveLeasePolicy + "-" + name},
 					Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
-						PolicyName:        kubetest.LiveLeasePolicy,
+						PolicyName:        kubefencertest.LiveLeasePolicy,
 						ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
 						ParamRef:          &admissionv1.ParamRef{Name: name, ParameterNotFoundAction: &allow},
 						MatchResources: &admissionv1.MatchResources{
@@ -175,7 +175,7 @@ func liveBench(b *testing.B) (*kube, *corev1.ConfigMap) {
 	installLiveLease(b, k)
 	ctx := context.Background()
 	policies := k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies()
-	p, err := policies.Get(ctx, kubetest.LiveLeasePolicy, metav1.GetOptions{})
+	p, err := policies.Get(ctx, kubefencertest.LiveLeasePolicy, metav1.GetOptions{})
 	require.NoError(b, err)
 	p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{liveUnbound}},

@@ -13,8 +13,8 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // TestElectorLabelsLease checks that the Lease an Elector acquires carries
@@ -51,7 +51,7 @@ func TestElectorLabelsLease(t *testing.T) {
 // policy is not installed yet.
 func liveKube(tb testing.TB) *kube {
 	tb.Helper()
-	return newKubeOn(tb, kubetest.StartForTest(tb))
+	return newKubeOn(tb, kubefencertest.APIServerForTest(tb))
 }
 
 // installLiveLease installs deploy/admission/live-lease.yaml on k's API
@@ -60,7 +60,7 @@ func installLiveLease(tb testing.TB, k *kube) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(tb, k.env.InstallLiveLeasePolicy(ctx))
+	require.NoError(tb, kubefencertest.InstallLiveLeasePolicy(ctx, k.env.Admin()))
 }
 
 // TestLiveLeaseTakeover is the case the live-Lease policy exists for:
@@ -105,22 +105,22 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	before := k.configMap(t, "o").ResourceVersion
 	err := write("a-later")
 	require.True(t, apierrors.IsForbidden(err), "stale update through the fenced client: %v", err)
-	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
 	err = create("a-resurrected")
 	require.True(t, apierrors.IsForbidden(err), "stale create through the fenced client: %v", err)
-	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
 	// B deletes the object A applied; A's reads then find nothing, and
 	// its apply would create the object again with A's superseded stamp.
 	require.NoError(t, k.client(t, hb).Delete(ctx, k.configMap(t, "a-applied")))
 	err = applyNew("a-applied")
 	require.True(t, apierrors.IsForbidden(err), "stale create by apply after a delete: %v", err)
-	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
 	require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "a-applied"}, &corev1.ConfigMap{})), "the deleted object was recreated")
 	raw := k.configMap(t, "o")
 	raw.Data["by"] = "a-raw"
 	_, err = k.cs.CoreV1().ConfigMaps(k.ns).Update(ctx, raw, metav1.UpdateOptions{})
 	require.True(t, apierrors.IsForbidden(err), "raw stale update: %v", err)
-	require.ErrorContains(t, err, kubetest.LiveLeasePolicy)
+	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
 	require.Equal(t, before, k.configMap(t, "o").ResourceVersion)
 
 	// B, the current holder, writes O and creates objects.

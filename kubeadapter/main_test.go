@@ -11,9 +11,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 // kube is what a test needs of the API server: admin clients and a
 // namespace of its own.
 type kube struct {
-	env *kubetest.Env
+	env *kubefencertest.APIServer
 	cs  *kubernetes.Clientset
 	crc client.Client
 	ns  string
@@ -40,7 +41,7 @@ func newKube(tb testing.TB) *kube {
 }
 
 // newKubeOn is newKube on env rather than the shared API server.
-func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
+func newKubeOn(tb testing.TB, env *kubefencertest.APIServer) *kube {
 	tb.Helper()
 	cs, crc := kubetest.AdminClients(tb, env)
 	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -19,9 +17,9 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/deploy"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
 // Labels of the namespaces that BenchmarkPolicyCost binds each policy to.
@@ -51,7 +49,7 @@ const policyBenchObjects = 8
 // Time per update of each arm and the ratios policy/plain and
 // live-lease/plain are reported.
 func BenchmarkPolicyCost(b *testing.B) {
-	k := newKubeOn(b, kubetest.StartForTest(b))
+	k := newKubeOn(b, kubefencertest.APIServerForTest(b))
 	ctx := context.Background()
 	arms := []struct {
 		ns     string
@@ -79,8 +77,8 @@ func BenchmarkPolicyCost(b *testing.B) {
 			arm.objs = append(arm.objs, o)
 		}
 	}
-	installBoundPolicy(b, k, kubetest.PolicyPath, policyBenchLabel)
-	installBoundPolicy(b, k, kubetest.LiveLeasePath, liveLeaseBenchLabel)
+	installBoundPolicy(b, k, deploy.Policy, policyBenchLabel)
+	installBoundPolicy(b, k, deploy.LiveLease, liveLeaseBenchLabel)
 	waitEnforced(b, k, arms[1].objs[0], "fencer.dev/token", "1")
 	epoch, err := strconv.ParseUint(arms[2].objs[0].Annotations["fencer.dev/epoch"], 10, 64)
 	require.NoError(b, err)
@@ -113,7 +111,7 @@ func BenchmarkPolicyCost(b *testing.B) {
 func installBoundPolicy(b *testing.B, k *kube, path, label string) {
 	b.Helper()
 	ctx := context.Background()
-	data, err := os.ReadFile(filepath.Join("..", path))
+	data, err := deploy.FS.ReadFile(path)
 	require.NoError(b, err)
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {

@@ -2,7 +2,6 @@ package kubeadapter_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/deploy"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -165,7 +165,7 @@ func TestSelfFenceWithShippedRole(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	data, err := os.ReadFile("../deploy/rbac/role.yaml")
+	data, err := deploy.FS.ReadFile(deploy.Role)
 	require.NoError(t, err)
 	var role rbacv1.Role
 	require.NoError(t, yaml.Unmarshal(data, &role))

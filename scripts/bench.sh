@@ -7,9 +7,21 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export FENCER_REQUIRE_KUBE=1
 bt="${BENCHTIME:-}"
+# gotest runs go test on a package given from the repository root, in the
+# module that holds it: the Kubernetes packages are a module of their own
+# (kubeadapter), and so are the Sharder's end-to-end tests (kubeadapter/shard/e2e).
+gotest() { # package, go test arguments...
+	local pkg="$1" dir=.
+	shift
+	case "$pkg" in
+	./kubeadapter/shard/e2e*) dir=kubeadapter/shard/e2e pkg=".${pkg#./kubeadapter/shard/e2e}" ;;
+	./kubeadapter*) dir=kubeadapter pkg=".${pkg#./kubeadapter}" ;;
+	esac
+	(cd "$dir" && go test "$@" "${pkg:-.}")
+}
 run() { # package, benchmark regexp, default benchtime
 	echo "== go test -run '^\$' -bench '$2' -benchtime ${bt:-$3} $1"
-	go test -run '^$' -bench "$2" -benchtime "${bt:-$3}" -count 1 "$1" | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+	gotest "$1" -run '^$' -bench "$2" -benchtime "${bt:-$3}" -count 1 | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 }
 # etcd store: guarded Put vs a raw guarded Txn and a plain Put; Acquire+Release
 # vs concurrency.Mutex at 1 and 64 goroutines, and a one-goroutine cycle taken
@@ -36,7 +48,7 @@ go test -run '^$' -bench 'BenchmarkServiceRSS10kLeases' -benchtime 1x -count 1 .
 # Self-fencing on the real kube-apiserver: 50 trials each of delete, replace
 # and holder change, fencer beside stock client-go (15/10/2 s) in the same run.
 echo "== go test -run '^\$' -bench BenchmarkSelfFence -benchtime 1x ./kubeadapter"
-go test -run '^$' -bench 'BenchmarkSelfFence$' -benchtime 1x -count 1 ./kubeadapter | grep -E '^(Benchmark|ok|FAIL|---|panic)|selffence_bench' || true
+gotest ./kubeadapter -run '^$' -bench 'BenchmarkSelfFence$' -benchtime 1x -count 1 | grep -E '^(Benchmark|ok|FAIL|---|panic)|selffence_bench' || true
 # Live-Lease admission on the real kube-apiserver: lag from an acquisition to
 # the first refused stale write (p50/p99); cost per update with 1, 100 and
 # 10,000 labelled Leases in the namespace beside updates the policy does not
@@ -51,15 +63,15 @@ run ./kubeadapter 'BenchmarkLiveLeaseBindingPerLease$' 30x
 # at a 2s and at a 10s period, counted by the API server's
 # apiserver_request_total between two bracketed scrapes (window >= 30s), with
 # the baseline's offered and achieved rates, its expired Leases and the ratios.
-run ./kubeadapter/shard 'BenchmarkOwns$' 2000000x
-echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter/shard"
-go test -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter/shard | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+run ./kubeadapter/shard/e2e 'BenchmarkOwns$' 2000000x
+echo "== go test -run '^\$' -bench BenchmarkShardRenewals -benchtime 1x -timeout 30m ./kubeadapter/shard/e2e"
+gotest ./kubeadapter/shard/e2e -run '^$' -bench 'BenchmarkShardRenewals$' -benchtime 1x -count 1 -timeout 30m | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # Rebalance of 10,000 shards on the real kube-apiserver: a fourth member joins,
 # leaves gracefully, then a member crashes; shards moved, shard-Lease writes,
 # the handover gap of each move (p50, p99, max, overlaps),
 # API server Lease writes beside renewals, and time to converge.
-echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter/shard"
-go test -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m ./kubeadapter/shard | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter/shard/e2e"
+gotest ./kubeadapter/shard/e2e -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
 # End to end through the shipped binary: fencer bench (guarded puts, then
 # acquire/release cycles, 64 clients with a connection and session each)
 # against a fencer serve in its own process, on an embedded etcd.

@@ -15,6 +15,22 @@ stamp="$bin.stamp"
 
 want="$(cd "$repo" && sha256sum tools/kube-apiserver/go.mod tools/kube-apiserver/go.sum scripts/build-kube-apiserver.sh)"
 
+# The API server's etcd, a process of its own (the Kubernetes module holds
+# no etcd server code): built from the etcd server module that fencer's
+# root module requires, so it is the etcd that fencer serve embeds.
+etcd="$repo/.cache/bin/etcd"
+etcd_version="$(cd "$repo" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+if [[ "${FORCE:-0}" != 1 && -x "$etcd" && -f "$etcd.stamp" && "$(cat "$etcd.stamp")" == "$etcd_version" ]]; then
+	echo "etcd: up to date at $etcd"
+else
+	mkdir -p "$(dirname "$etcd")"
+	start=$SECONDS
+	(cd "$repo" && go build -trimpath -buildvcs=false -o "$etcd.tmp" go.etcd.io/etcd/server/v3)
+	mv "$etcd.tmp" "$etcd"
+	printf '%s\n' "$etcd_version" >"$etcd.stamp"
+	echo "etcd: built $etcd ($etcd_version) in $((SECONDS - start))s"
+fi
+
 if [[ "${FORCE:-0}" != 1 && -x "$bin" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
 	echo "kube-apiserver: up to date at $bin"
 	exit 0

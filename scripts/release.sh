@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Cuts fencer release VERSION (see docs/releasing.md): on a clean tree, it
-# sets the root's and the client's requirements on the token, proto and
-# client modules to VERSION, commits, tags the commit token/VERSION,
-# proto/VERSION, client/VERSION and VERSION, builds the release binaries
+# sets every module's requirements on fencer's other modules (token, proto,
+# client, internal/mutant, internal/freeport, kubeadapter) to VERSION,
+# commits, tags the commit with each module's tag (token/VERSION, ...,
+# kubeadapter/VERSION) and VERSION for the root, builds the release binaries
 # into dist/ with the version and commit stamped, and prints the commands
 # that push the tags and build the image. It pushes nothing.
 #
@@ -27,7 +28,7 @@ semver='^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-
 [ -z "$(git status --porcelain)" ] || die "the working tree is not clean (git status)"
 
 root=github.com/fencer-dev/fencer
-modules=(token proto client)
+modules=(token proto client internal/mutant internal/freeport kubeadapter)
 for m in "${modules[@]}" ""; do
 	tag="${m:+$m/}$version"
 	if git rev-parse -q --verify "refs/tags/$tag" >/dev/null; then
@@ -35,14 +36,23 @@ for m in "${modules[@]}" ""; do
 	fi
 done
 
-# The requirements on the light modules name the release; the replace
+# The requirements on fencer's modules name the release; the replace
 # directives stay, so that a checkout still builds from its directories.
-go mod edit -require="$root/token@$version" -require="$root/proto@$version" -require="$root/client@$version"
-(cd client && go mod edit -require="$root/token@$version" -require="$root/proto@$version")
-for m in . "${modules[@]}"; do
+# kubeadapter/shard/e2e holds tests only and is not tagged.
+requires() { # module directory, the modules it requires
+	local dir="$1" args=()
+	shift
+	for m in "$@"; do args+=("-require=$root/$m@$version"); done
+	(cd "$dir" && go mod edit "${args[@]}")
+}
+requires . "${modules[@]}"
+requires client token proto
+requires kubeadapter token internal/mutant internal/freeport
+requires kubeadapter/shard/e2e kubeadapter
+for m in . "${modules[@]}" kubeadapter/shard/e2e; do
 	(cd "$m" && go mod tidy)
 done
-git commit -q -am "fencer $version: the root and client modules require token, proto and client $version"
+git commit -q -am "fencer $version: every module requires fencer's other modules at $version"
 commit="$(git rev-parse HEAD)"
 for m in "${modules[@]}" ""; do
 	git tag -a -m "fencer $version" "${m:+$m/}$version" "$commit"

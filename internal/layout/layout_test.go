@@ -19,6 +19,15 @@ const root = "github.com/fencer-dev/fencer"
 // lightModules are the modules a gRPC user requires, by directory.
 var lightModules = []string{"token", "proto", "client"}
 
+// kubeModule is the module a Kubernetes user requires, by directory.
+const kubeModule = "kubeadapter"
+
+// modules are all of fencer's modules but the root and tools/, by
+// directory: the light modules, the two small internal ones that the root
+// and the Kubernetes module share, the Kubernetes module, and the Sharder's
+// end-to-end tests (a test-only module).
+var modules = append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", kubeModule, "kubeadapter/shard/e2e")
+
 // kube is the Kubernetes stack that only kubeadapter, its test helpers and
 // the binary may pull in. k8s.io/utils (a clock, no client) is not in it.
 var kube = []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}
@@ -52,18 +61,24 @@ func rules() []rule {
 		return out
 	}
 	noKubeAtAll := []string{"k8s.io", "sigs.k8s.io"}
-	harnesses := fencer("internal/testkit", "fencertest")
+	harnesses := fencer("internal/testkit", "fencertest", "kubeadapter/kubefencertest", "kubeadapter/internal/kubetest", "kubeadapter/internal/leasefake")
 	rules := []rule{
 		{pkg: root + "/token", owns: "Token, its errors, Holder and the shared write options", stdOnly: true},
-		{pkg: root + "/internal/mutant", owns: "the switch of the deliberately wrong guards (build tag fencer_mutants)", stdOnly: true},
+		{pkg: root + "/internal/mutant", owns: "the switch of the deliberately wrong guards (build tag fencer_mutants); a module of its own, shared by the root and the Kubernetes module", stdOnly: true},
+		{pkg: root + "/internal/freeport", owns: "free loopback ports for the servers and processes tests start; a module of its own, shared by the root and the Kubernetes module", stdOnly: true},
 		{pkg: root + "/proto/...", owns: "the gRPC API and its generated code, the ErrorReason enum", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("token", "client", "etcdstore", "server", "kubeadapter"))},
 		{pkg: root + "/client/...", owns: "the Go client of the service, and its test hooks (clienttest)", forbid: cat([]string{"go.etcd.io"}, noKubeAtAll, fencer("etcdstore", "server", "kubeadapter", "embedetcd", "fencertest", "internal"))},
 		{pkg: root + "/etcdstore", owns: "the fencing-token store on etcd: sessions, leases, guarded writes, owner records", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: cat([]string{"go.etcd.io"}, fencer("etcdstore", "server", "client", "embedetcd", "proto", "kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/internal/leasefake", "internal/testkit"))},
+		{pkg: root + "/kubeadapter/...", owns: "the Kubernetes module: election, the watcher, fenced writes, sharding, their manifests and test kit; it requires token and the two small internal modules, never the root module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport")},
+		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: fencer("kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/kubefencertest", "kubeadapter/internal/leasefake", "kubeadapter/internal/kubetest")},
+		{pkg: root + "/kubeadapter/deploy", owns: "the Kubernetes library's manifests (admission policies, Role), embedded", stdOnly: true},
+		{pkg: root + "/kubeadapter/internal/rendezvous", owns: "the rendezvous hash that assigns shards to members", stdOnly: true},
+		{pkg: root + "/kubeadapter/kubefencertest", owns: "the public Kubernetes test kit: an API server of etcd and kube-apiserver processes, the policies and Role installed, Supersede", forbid: fencer("kubeadapter/shard", "kubeadapter/internal/kubetest", "kubeadapter/internal/leasefake")},
+		{pkg: root + "/kubeadapter/internal/kubetest", owns: "the harness of the Kubernetes module's own tests, on the kit's API server", forbid: fencer("kubeadapter/shard")},
 		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", only: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
-		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "token", "internal/rendezvous", "internal/mutant")},
+		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "token", "internal/mutant")},
 		{pkg: root + "/kubeadapter/internal/leaserecord", owns: "the pure Lease-record functions kubeadapter and kubeadapter/shard share: Kubernetes API types only", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/internal/leasefake", owns: "the fake Lease clientset of their unit tests: a harness, with no fencer package of its own", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
@@ -71,7 +86,7 @@ func rules() []rule {
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter/...", "cmd/...", "deploy", "internal/holderkey", "internal/rendezvous", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/deploy", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
@@ -174,7 +189,7 @@ func run(t *testing.T, dir string, env []string, args ...string) []byte {
 // through others, outside tests.
 func TestImportRules(t *testing.T) {
 	patterns := []string{"./..."}
-	for _, m := range lightModules {
+	for _, m := range append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", kubeModule) {
 		patterns = append(patterns, root+"/"+m+"/...")
 	}
 	out := run(t, repoRoot(t), nil, append([]string{"list", "-f", "{{.ImportPath}}\t{{join .Deps \" \"}}"}, patterns...)...)
@@ -225,8 +240,15 @@ func TestRuleBites(t *testing.T) {
 		{root + "/kubeadapter/shard", root + "/etcdstore"},
 		{root + "/kubeadapter/shard", root + "/server"},
 		{root + "/kubeadapter/shard", root + "/fencertest"},
-		{root + "/kubeadapter/shard", root + "/internal/testkit/kubetest"},
+		{root + "/kubeadapter/shard", root + "/kubeadapter/internal/kubetest"},
 		{root + "/kubeadapter/shard", "go.etcd.io/etcd/client/v3"},
+		{root + "/kubeadapter/shard", "github.com/anishathalye/porcupine"},
+		{root + "/kubeadapter/kubefencertest", "go.etcd.io/etcd/server/v3/embed"},
+		{root + "/kubeadapter/kubefencertest", root + "/fencertest"},
+		{root + "/kubeadapter/kubefencertest", root + "/internal/testkit/faultproxy"},
+		{root + "/kubeadapter/internal/kubetest", root + "/embedetcd"},
+		{root + "/kubeadapter", root + "/kubeadapter/kubefencertest"},
+		{root + "/kubeadapter/deploy", "sigs.k8s.io/kustomize/api/krusty"},
 		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
 		{root + "/kubeadapter", root + "/kubeadapter/internal/leasefake"},
 		{root + "/kubeadapter/shard", root + "/kubeadapter/internal/leasefake"},
@@ -234,7 +256,6 @@ func TestRuleBites(t *testing.T) {
 		{root + "/server", "go.etcd.io/etcd/server/v3/embed"},
 		{root + "/etcdstore", root + "/fencertest"},
 		{root + "/cmd/fencer", root + "/internal/testkit/faultproxy"},
-		{root + "/kubeadapter/shard", root + "/internal/testkit/kubetest"},
 		{root + "/internal/testkit/testca", root + "/fencertest"},
 	} {
 		refused := false
@@ -311,11 +332,89 @@ func TestLightModuleGraph(t *testing.T) {
 	}
 }
 
+// kubeConsumer is a controller's program: it uses every public package of
+// the Kubernetes module, its test kit included.
+const kubeConsumer = `package main
+
+import (
+	"fmt"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/deploy"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
+	"github.com/fencer-dev/fencer/kubeadapter/shard"
+	"github.com/fencer-dev/fencer/token"
+)
+
+func main() {
+	fmt.Println(kubeadapter.DefaultConfig("ns", "lease", "me").LeaseDuration, fenced.NewClient, shard.LeaseName("ring", "a"),
+		kubefencertest.Supersede, deploy.Policy, token.ErrStale)
+}
+`
+
+// TestKubeModuleGraph builds the program above in a module of its own that
+// requires only the Kubernetes module (with replace directives to this
+// checkout, as a user's go.mod would name released versions), and checks
+// what that costs a controller author:
+//   - no etcd package is built into it (go list -deps);
+//   - its module graph holds neither fencer's root module nor porcupine nor
+//     kustomize;
+//   - the graph's only edges to etcd's server module are Kubernetes' own:
+//     controller-runtime's manager needs k8s.io/apiextensions-apiserver,
+//     whose go.mod requires etcd's server, so every controller-runtime user
+//     has those edges; fencer's modules add none, so etcd's server version
+//     is Kubernetes' to choose, never fencer's.
+func TestKubeModuleGraph(t *testing.T) {
+	repo := repoRoot(t)
+	dir := t.TempDir()
+	gomod := "module example.com/controller\n\ngo 1.26.0\n\nrequire " + root + "/" + kubeModule + " v0.0.0-00010101000000-000000000000\n\n"
+	for _, m := range []string{kubeModule, "token", "internal/mutant", "internal/freeport"} {
+		gomod += "replace " + root + "/" + m + " => " + filepath.Join(repo, m) + "\n"
+	}
+	for name, body := range map[string]string{"go.mod": gomod, "main.go": kubeConsumer} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"GOFLAGS=-mod=mod"}
+	run(t, dir, env, "mod", "tidy")
+	run(t, dir, env, "build", "-o", filepath.Join(dir, "controller"), ".")
+	for _, pkg := range strings.Fields(string(run(t, dir, env, "list", "-deps", "."))) {
+		if strings.HasPrefix(pkg, "go.etcd.io/") {
+			t.Errorf("a controller that uses the Kubernetes module builds etcd's %s", pkg)
+		}
+	}
+	graph := string(run(t, dir, env, "mod", "graph"))
+	var etcdServerEdges int
+	for _, line := range strings.Split(graph, "\n") {
+		from, to, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		for _, bad := range []string{root + "@", "github.com/anishathalye/porcupine@", "sigs.k8s.io/kustomize/"} {
+			if strings.HasPrefix(to, bad) {
+				t.Errorf("module graph of a controller has %s: %s", to, line)
+			}
+		}
+		if strings.HasPrefix(to, "go.etcd.io/etcd/server/") {
+			etcdServerEdges++
+			if strings.HasPrefix(from, root) || !strings.HasPrefix(from, "k8s.io/") {
+				t.Errorf("etcd's server enters a controller's module graph through %s, not through Kubernetes' own modules: %s", from, line)
+			}
+		}
+	}
+	if !strings.Contains(graph, root+"/"+kubeModule+"@") {
+		t.Fatalf("module graph does not hold the Kubernetes module:\n%s", graph)
+	}
+	t.Logf("%d edges to etcd's server, all from Kubernetes' modules", etcdServerEdges)
+}
+
 // TestModulesTidy checks that go mod tidy would change nothing in any of
 // fencer's modules.
 func TestModulesTidy(t *testing.T) {
 	repo := repoRoot(t)
-	for _, m := range append([]string{"."}, lightModules...) {
+	for _, m := range append([]string{"."}, modules...) {
 		t.Run(m, func(t *testing.T) {
 			run(t, filepath.Join(repo, m), nil, "mod", "tidy", "-diff")
 		})

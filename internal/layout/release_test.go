@@ -24,11 +24,15 @@ func modulePath(dir string) string {
 	return root + "/" + dir
 }
 
+// releasedModules are the directories of the modules a release tags, the
+// root ("") first.
+var releasedModules = []string{"", "token", "proto", "client", "internal/mutant", "internal/freeport", kubeModule}
+
 // TestRelease checks that scripts/release.sh refuses a bad version or a
 // tree with changes and tags nothing; then it cuts release v0.1.0 with
 // make release, as docs/releasing.md says, in a clone of this checkout's
-// HEAD and checks it: the four tags name one commit, whose go.mod files require
-// the light modules at v0.1.0; the binary it built prints the version and
+// HEAD and checks it: the tags of every module name one commit, whose go.mod
+// files require fencer's other modules at v0.1.0; the binary it built prints the version and
 // that commit. Then it serves the tags as a GOPROXY directory and builds,
 // in a fresh module with no replace directive, a program that requires
 // the client module and the root module at v0.1.0. The consumer has a
@@ -73,7 +77,7 @@ func TestRelease(t *testing.T) {
 	t.Logf("make release:\n%s", out)
 
 	head := strings.TrimSpace(string(command(t, clone, nil, "git", "rev-parse", "HEAD")))
-	for _, dir := range []string{"", "token", "proto", "client"} {
+	for _, dir := range releasedModules {
 		tag := version
 		if dir != "" {
 			tag = dir + "/" + version
@@ -82,7 +86,7 @@ func TestRelease(t *testing.T) {
 			t.Errorf("tag %s is on %s, not on the release commit %s", tag, got, head)
 		}
 	}
-	for dir, needs := range map[string][]string{"": {"token", "proto", "client"}, "client": {"token", "proto"}} {
+	for dir, needs := range map[string][]string{"": releasedModules[1:], "client": {"token", "proto"}, "kubeadapter": {"token", "internal/mutant", "internal/freeport"}} {
 		gomod := filepath.Join(dir, "go.mod")
 		mf, err := modfile.Parse(gomod, command(t, clone, nil, "git", "show", version+":"+gomod), nil)
 		if err != nil {
@@ -105,7 +109,7 @@ func TestRelease(t *testing.T) {
 	}
 
 	proxy := filepath.Join(work, "proxy")
-	for _, dir := range []string{"", "token", "proto", "client"} {
+	for _, dir := range releasedModules {
 		writeProxyModule(t, proxy, clone, head, dir, version)
 	}
 	consumeRelease(t, work, proxy, version)
@@ -205,7 +209,7 @@ func consumeRelease(t *testing.T, work, proxy, version string) {
 	for _, n := range strings.Fields(graph) {
 		nodes[n] = true
 	}
-	for _, m := range []string{"", "token", "proto", "client"} {
+	for _, m := range releasedModules {
 		if !nodes[modulePath(m)+"@"+version] {
 			t.Errorf("the consumer's module graph has no %s@%s:\n%s", modulePath(m), version, graph)
 		}

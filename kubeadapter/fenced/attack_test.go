@@ -18,9 +18,9 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -105,7 +105,7 @@ func (s superseded) handBuilt() *corev1.ConfigMap {
 // holder's object intact. The first case also sends the same write
 // through a plain client, where it lands: the attack is real.
 func TestSupersededHolderAttacks(t *testing.T) {
-	env := kubetest.StartForTest(t)
+	env := kubefencertest.APIServerForTest(t)
 	k := newKubeOn(t, env)
 	ctx := t.Context()
 

@@ -11,9 +11,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 // kube is what a test needs of the API server: admin clients and a
 // namespace of its own.
 type kube struct {
-	env *kubetest.Env
+	env *kubefencertest.APIServer
 	cs  *kubernetes.Clientset
 	crc client.Client
 	ns  string
@@ -46,7 +47,7 @@ func newKube(tb testing.TB) *kube {
 }
 
 // newKubeOn is newKube on env rather than the shared API server.
-func newKubeOn(tb testing.TB, env *kubetest.Env) *kube {
+func newKubeOn(tb testing.TB, env *kubefencertest.APIServer) *kube {
 	tb.Helper()
 	cs, crc := kubetest.AdminClients(tb, env)
 	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}
@@ -101,7 +102,7 @@ func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
 // what the other tests see. The policy is not installed yet.
 func liveKube(tb testing.TB) *kube {
 	tb.Helper()
-	return newKubeOn(tb, kubetest.StartForTest(tb))
+	return newKubeOn(tb, kubefencertest.APIServerForTest(tb))
 }
 
 // installLiveLease installs deploy/admission/live-lease.yaml on k's API
@@ -110,7 +111,7 @@ func installLiveLease(tb testing.TB, k *kube) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(tb, k.env.InstallLiveLeasePolicy(ctx))
+	require.NoError(tb, kubefencertest.InstallLiveLeasePolicy(ctx, k.env.Admin()))
 }
 
 // The kube harness's holder and helpers, by their short names.

@@ -25,10 +25,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fencer-dev/fencer/fencertest/kubefencertest"
-	"github.com/fencer-dev/fencer/internal/testkit/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -44,7 +43,7 @@ func clientKube(t *testing.T) *kube {
 	if len(vaps.Items) == 0 {
 		return k
 	}
-	return newKubeOn(t, kubetest.StartForTest(t))
+	return newKubeOn(t, kubefencertest.APIServerForTest(t))
 }
 
 // leaseTokens acquires and releases the Lease name of k's namespace n
@@ -1165,7 +1164,7 @@ func TestRedTeamResurrectionWithLiveLease(t *testing.T) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	require.NoError(t, k.env.InstallPolicy(pctx))
+	require.NoError(t, kubefencertest.InstallPolicy(pctx, k.env.Admin()))
 	installLiveLease(t, k)
 	taken := kubefencertest.Supersede(t, k.env.Admin(), ha)
 	b := k.client(t, taken)

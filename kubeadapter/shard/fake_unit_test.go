@@ -10,7 +10,7 @@ import (
 
 // These unit tests use a fake clientset (leasefake) and a fake clock. They
 // pin down exact timing decisions only; behaviour against a store is
-// tested on a real kube-apiserver in the *_kube_test.go files.
+// tested on a real kube-apiserver in package e2e (its own module).
 
 var leasesGVR = leasefake.GVR
 

@@ -1,9 +1,0 @@
-//go:build !linux
-
-package kubetest
-
-import "syscall"
-
-// sysProcAttr returns the default attributes: outside Linux there is no
-// parent-death signal, and only Stop ends kube-apiserver.
-func sysProcAttr() *syscall.SysProcAttr { return nil }

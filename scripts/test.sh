@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every test of every module with the race detector (make test, after
+# lint, the kube-apiserver and etcd builds, and the Python packages).
+#
+# The root module's tests and the Kubernetes modules' (kubeadapter, then
+# the Sharder's end-to-end tests in kubeadapter/shard/e2e) run at the same
+# time, as they did when they were one go test run: the Kubernetes chain's
+# output is kept in .cache/test-kube.log and printed when it ends. Then the
+# small modules and the alert-rule check run. The script fails if any part
+# fails, after running them all.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export FENCER_REQUIRE_KUBE=1
+flags=(-race -count=1 -timeout 20m)
+mkdir -p .cache
+log=.cache/test-kube.log
+(
+	set -e
+	(cd kubeadapter && go test "${flags[@]}" ./...)
+	(cd kubeadapter/shard/e2e && go test "${flags[@]}" ./...)
+) >"$log" 2>&1 &
+kube=$!
+status=0
+go test "${flags[@]}" ./... || status=1
+wait "$kube" || status=1
+echo "== Kubernetes modules (kubeadapter, kubeadapter/shard/e2e):"
+cat "$log"
+for m in token proto client internal/mutant internal/freeport; do
+	(cd "$m" && go test "${flags[@]}" ./...) || status=1
+done
+(cd tools/promcheck && go vet ./... && go test -count=1 ./...) || status=1
+exit "$status"
