@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
+	"github.com/fencer-dev/fencer/kubeadapter/leader"
 )
 
 // TestAcquireTellsWhyItCannotLead runs electors that can never lead on the
@@ -44,12 +45,12 @@ func TestAcquireTellsWhyItCannotLead(t *testing.T) {
 	require.Equal(t, kubeadapter.AcquireForbidden, ae.Reason)
 	require.Equal(t, 1.0, count(kubeadapter.AcquireForbidden))
 
-	leader, err := kubeadapter.NewLeader(e, kubeadapter.HeldRunnableFunc(func(ctx context.Context, _ *kubeadapter.Held) error {
+	ldr, err := leader.New(e, leader.RunnableFunc(func(ctx context.Context, _ *kubeadapter.Held) error {
 		t.Error("a runnable ran without the lease")
 		return nil
 	}))
 	require.NoError(t, err)
-	require.ErrorIs(t, leader.Start(ctx), kubeadapter.ErrCannotAcquire, "a Leader that can never lead stops its manager")
+	require.ErrorIs(t, ldr.Start(ctx), kubeadapter.ErrCannotAcquire, "a Leader that can never lead stops its manager")
 
 	cfg := k.slow("admin", nil)
 	cfg.Namespace = k.ns + "-absent"

@@ -121,6 +121,10 @@ func (e *Elector) metrics() *metrics {
 // identity, "_" and the Elector's nonce.
 func (e *Elector) Identity() string { return e.identity }
 
+// Config returns the Elector's configuration, defaults applied. Changing
+// the returned value changes nothing.
+func (e *Elector) Config() Config { return e.cfg }
+
 // Lease returns the "namespace/name" of the Lease, the Lease field of the
 // Elector's tokens.
 func (e *Elector) Lease() string { return e.cfg.lease() }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/leader"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -34,12 +35,12 @@ type term struct {
 	h   *kubeadapter.Held
 }
 
-// copyController returns a HeldRunnable that, under each acquisition,
+// copyController returns a leader.Runnable that, under each acquisition,
 // runs a new controller copying ConfigMap "source" to "target" through a
 // fenced client holding that acquisition, and reports the acquisition on
 // terms.
-func copyController(mgr manager.Manager, terms chan<- term) kubeadapter.HeldRunnable {
-	return kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
+func copyController(mgr manager.Manager, terms chan<- term) leader.Runnable {
+	return leader.RunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
 		c, err := fenced.NewClient(mgr.GetClient(), h, fenced.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
@@ -95,10 +96,10 @@ func TestLeaderWithManager(t *testing.T) {
 	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), k.slow("mgr", w))
 	require.NoError(t, err)
 	terms := make(chan term, 4)
-	leader, err := kubeadapter.NewLeader(e, copyController(mgr, terms))
+	ldr, err := leader.New(e, copyController(mgr, terms))
 	require.NoError(t, err)
-	require.False(t, leader.NeedLeaderElection())
-	require.NoError(t, mgr.Add(leader))
+	require.False(t, ldr.NeedLeaderElection())
+	require.NoError(t, mgr.Add(ldr))
 
 	mctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/watcherr"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -256,59 +257,10 @@ func (w *Watcher) listWatch(ns string, log logr.Logger) cache.ListerWatcher {
 				}
 				return nil, err
 			}
-			return newErrorCounting(wi, func(err error) { failed("watch", err) }), nil
+			return watcherr.Report(wi, func(err error) { failed("watch", err) }), nil
 		},
 	}
 	return cache.ToListWatcherWithWatchListSemantics(lw, w.leases)
-}
-
-// errorCounting passes on the events of a watch and reports each Error
-// event, which the reflector turns into a relist without telling anyone.
-type errorCounting struct {
-	in     watch.Interface
-	out    chan watch.Event
-	stop   chan struct{}
-	once   sync.Once
-	report func(error)
-}
-
-func newErrorCounting(in watch.Interface, report func(error)) *errorCounting {
-	c := &errorCounting{in: in, out: make(chan watch.Event), stop: make(chan struct{}), report: report}
-	go c.loop()
-	return c
-}
-
-func (c *errorCounting) loop() {
-	defer close(c.out)
-	for {
-		var ev watch.Event
-		var ok bool
-		select {
-		case ev, ok = <-c.in.ResultChan():
-			if !ok {
-				return
-			}
-		case <-c.stop:
-			return
-		}
-		if ev.Type == watch.Error {
-			c.report(apierrors.FromObject(ev.Object))
-		}
-		select {
-		case c.out <- ev:
-		case <-c.stop:
-			return
-		}
-	}
-}
-
-// ResultChan returns the events of the underlying watch.
-func (c *errorCounting) ResultChan() <-chan watch.Event { return c.out }
-
-// Stop stops the underlying watch and the forwarding.
-func (c *errorCounting) Stop() {
-	c.once.Do(func() { close(c.stop) })
-	c.in.Stop()
 }
 
 // scopeStore is the store of one scope's reflector: it applies what the

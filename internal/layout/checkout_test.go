@@ -50,10 +50,26 @@ func main() {
 }
 `
 
+// kubeUser is a controller's program on the Kubernetes module.
+const kubeUser = `package main
+
+import (
+	"fmt"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+)
+
+func main() {
+	fmt.Println(kubeadapter.ErrAlreadyHeld, fenced.ErrDeleted)
+}
+`
+
 // writeConsumer writes, in a fresh directory, a link "fencer" to this
 // checkout and beside it a module "consumer" whose go.mod is the README's
-// block and that holds a program on the client (grpcuser) and one on
-// etcdstore (etcduser). It returns the consumer's directory.
+// block and that holds a program on the client (grpcuser), one on
+// etcdstore (etcduser) and one on the Kubernetes module (kubeuser). It
+// returns the consumer's directory.
 func writeConsumer(t *testing.T, block string) string {
 	t.Helper()
 	work := t.TempDir()
@@ -65,6 +81,7 @@ func writeConsumer(t *testing.T, block string) string {
 		"go.mod":           "module example.com/consumer\n\ngo 1.26.0\n\n" + block,
 		"grpcuser/main.go": consumer,
 		"etcduser/main.go": etcdUser,
+		"kubeuser/main.go": kubeUser,
 	} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
 			t.Fatal(err)
@@ -79,8 +96,8 @@ func writeConsumer(t *testing.T, block string) string {
 // TestCheckoutConsumer does what the README's section on requiring the
 // modules from a checkout says: a fresh module, beside the checkout,
 // whose go.mod has the README's require and replace lines as written,
-// passes go mod tidy, go build and go vet of a program on the client and
-// one on etcdstore. Modules come from GOPROXY as the environment sets it.
+// passes go mod tidy, go build and go vet of a program on the client, one
+// on etcdstore and one on the Kubernetes module. Modules come from GOPROXY as the environment sets it.
 // It also checks that the lines are all needed: with the root's replace
 // line alone, go mod tidy fails on the placeholder versions the root
 // module requires the light modules at.

@@ -72,13 +72,15 @@ func rules() []rule {
 		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
 		{pkg: root + "/kubeadapter/...", owns: "the Kubernetes module: election, the watcher, fenced writes, sharding, their manifests and test kit; it requires token and the two small internal modules, never the root module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport")},
-		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher", forbid: fencer("kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/kubefencertest", "kubeadapter/internal/leasefake", "kubeadapter/internal/kubetest")},
+		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher, on client-go alone", forbid: cat([]string{"sigs.k8s.io/controller-runtime"}, fencer("kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/leader", "kubeadapter/kubefencertest", "kubeadapter/internal/leasefake", "kubeadapter/internal/kubetest"))},
+		{pkg: root + "/kubeadapter/leader", owns: "the controller-runtime Runnable that runs work under each acquisition of an Elector", only: fencer("kubeadapter", "kubeadapter/internal/...", "token")},
+		{pkg: root + "/kubeadapter/internal/watcherr", owns: "a watch that reports its Error events and ends at Stop", forbid: []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/deploy", owns: "the Kubernetes library's manifests (admission policies, Role), embedded", stdOnly: true},
 		{pkg: root + "/kubeadapter/internal/rendezvous", owns: "the rendezvous hash that assigns shards to members", stdOnly: true},
 		{pkg: root + "/kubeadapter/kubefencertest", owns: "the public Kubernetes test kit: an API server of etcd and kube-apiserver processes, the policies and Role installed, Supersede", forbid: fencer("kubeadapter/shard", "kubeadapter/internal/kubetest", "kubeadapter/internal/leasefake")},
 		{pkg: root + "/kubeadapter/internal/kubetest", owns: "the harness of the Kubernetes module's own tests, on the kit's API server", forbid: fencer("kubeadapter/shard")},
 		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", only: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
-		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "token", "internal/mutant")},
+		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "kubeadapter/internal/watcherr", "kubeadapter/internal/rendezvous", "token", "internal/mutant")},
 		{pkg: root + "/kubeadapter/internal/leaserecord", owns: "the pure Lease-record functions kubeadapter and kubeadapter/shard share: Kubernetes API types only", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/internal/leasefake", owns: "the fake Lease clientset of their unit tests: a harness, with no fencer package of its own", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
@@ -86,7 +88,7 @@ func rules() []rule {
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/deploy", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
@@ -248,6 +250,8 @@ func TestRuleBites(t *testing.T) {
 		{root + "/kubeadapter/kubefencertest", root + "/internal/testkit/faultproxy"},
 		{root + "/kubeadapter/internal/kubetest", root + "/embedetcd"},
 		{root + "/kubeadapter", root + "/kubeadapter/kubefencertest"},
+		{root + "/kubeadapter", "sigs.k8s.io/controller-runtime/pkg/manager"},
+		{root + "/kubeadapter/leader", root + "/kubeadapter/shard"},
 		{root + "/kubeadapter/deploy", "sigs.k8s.io/kustomize/api/krusty"},
 		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
 		{root + "/kubeadapter", root + "/kubeadapter/internal/leasefake"},

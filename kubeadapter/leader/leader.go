@@ -1,4 +1,13 @@
-package kubeadapter
+// Package leader runs controller-runtime work under a fencer lease: a
+// Leader is a manager.Runnable that acquires with a kubeadapter.Elector,
+// starts its Runnables with each acquisition's Held, and stops them when
+// the Held ends, so that the work's fenced writes carry the token of the
+// acquisition they run under.
+//
+// It is apart from package kubeadapter so that election, the Held and the
+// Watcher need client-go only; this package is where controller-runtime
+// comes in. It imports kubeadapter's exported API only.
+package leader
 
 import (
 	"context"
@@ -8,38 +17,40 @@ import (
 
 	"github.com/go-logr/logr"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/fencer-dev/fencer/kubeadapter"
 )
 
-// HeldRunnable is leader-only work that runs under one acquisition. Start
+// Runnable is leader-only work that runs under one acquisition. Start
 // must return once ctx is done; it is called again, on a new acquisition,
 // after every loss, so that it runs with the new token.
-type HeldRunnable interface {
+type Runnable interface {
 	// Start runs the work while h is held. ctx is done when h ends or the
-	// Leader stops. Pass h to NewClient (or UpdateFenced, DeleteFenced)
-	// so that the work's writes carry h's token.
-	Start(ctx context.Context, h *Held) error
+	// Leader stops. Pass h to fenced.NewClient (or fenced.UpdateFenced,
+	// fenced.DeleteFenced) so that the work's writes carry h's token.
+	Start(ctx context.Context, h *kubeadapter.Held) error
 }
 
-// HeldRunnableFunc adapts a function to HeldRunnable.
-type HeldRunnableFunc func(ctx context.Context, h *Held) error
+// RunnableFunc adapts a function to Runnable.
+type RunnableFunc func(ctx context.Context, h *kubeadapter.Held) error
 
 // Start calls f(ctx, h).
-func (f HeldRunnableFunc) Start(ctx context.Context, h *Held) error { return f(ctx, h) }
+func (f RunnableFunc) Start(ctx context.Context, h *kubeadapter.Held) error { return f(ctx, h) }
 
 // Leader is a controller-runtime manager.Runnable that runs leader-only
 // work under a fencer lease instead of the Manager's own leader election.
 // Start repeats, until its context is done:
 //
 //  1. acquire the Lease with the Elector (Elector.Acquire);
-//  2. start every HeldRunnable with the Held and a context that is done
+//  2. start every Runnable with the Held and a context that is done
 //     when the Held ends (with the Elector's Watcher, as soon as the Lease
 //     is deleted, replaced or taken) or the Leader stops;
-//  3. when the Held ends, wait for every HeldRunnable to return, then
+//  3. when the Held ends, wait for every Runnable to return, then
 //     release the Lease and acquire again, with a new, greater token.
 //
-// HeldRunnables of two acquisitions never run at once in one Leader.
+// Runnables of two acquisitions never run at once in one Leader.
 // Runnables that return nil early leave the Lease held until loss or
-// stop. When a HeldRunnable returns an error while the Held is still held,
+// stop. When a Runnable returns an error while the Held is still held,
 // the others are cancelled, the Lease is released and Start returns the
 // error, which stops the Manager; errors returned after the Held ended are
 // logged and ignored.
@@ -47,38 +58,40 @@ func (f HeldRunnableFunc) Start(ctx context.Context, h *Held) error { return f(c
 // The Manager's own leader election must be off (LeaderElection: false):
 // Leader runs in every replica (NeedLeaderElection is false) and elects by
 // itself. Controllers that must only run under the lease are built per
-// acquisition inside a HeldRunnable (controller.NewUnmanaged with
+// acquisition inside a Runnable (controller.NewUnmanaged with
 // SkipNameValidation, since the name repeats across acquisitions), not
 // added to the Manager. With the Manager's leader election on as well,
 // the two elections are independent: the Manager's leader-elected
 // runnables keep client-go's semantics and are not self-fenced.
 //
-// What is not guaranteed: a HeldRunnable may still be running for a short
+// What is not guaranteed: a Runnable may still be running for a short
 // while after its context is done; only fenced writes are safe against a
 // newer holder.
 type Leader struct {
-	e         *Elector
-	runnables []HeldRunnable
+	e         *kubeadapter.Elector
+	runnables []Runnable
 	started   atomic.Bool
 }
 
+// A Leader, and the kubeadapter.Watcher its Elector uses, are added to a
+// Manager as runnables that run in every replica.
 var (
 	_ manager.Runnable               = (*Leader)(nil)
 	_ manager.LeaderElectionRunnable = (*Leader)(nil)
-	_ manager.Runnable               = (*Watcher)(nil)
-	_ manager.LeaderElectionRunnable = (*Watcher)(nil)
+	_ manager.Runnable               = (*kubeadapter.Watcher)(nil)
+	_ manager.LeaderElectionRunnable = (*kubeadapter.Watcher)(nil)
 )
 
-// NewLeader returns a Leader that runs runnables under the acquisitions of
-// e. It returns a *ConfigError for a nil Elector or runnable, and performs
-// no I/O.
-func NewLeader(e *Elector, runnables ...HeldRunnable) (*Leader, error) {
+// New returns a Leader that runs runnables under the acquisitions of e.
+// It returns a *kubeadapter.ConfigError for a nil Elector or runnable, and
+// performs no I/O.
+func New(e *kubeadapter.Elector, runnables ...Runnable) (*Leader, error) {
 	if e == nil {
-		return nil, &ConfigError{Field: "elector", Reason: "must not be nil"}
+		return nil, &kubeadapter.ConfigError{Field: "elector", Reason: "must not be nil"}
 	}
 	for _, r := range runnables {
 		if r == nil {
-			return nil, &ConfigError{Field: "runnables", Reason: "must not contain nil"}
+			return nil, &kubeadapter.ConfigError{Field: "runnables", Reason: "must not contain nil"}
 		}
 	}
 	return &Leader{e: e, runnables: runnables}, nil
@@ -91,11 +104,12 @@ func (l *Leader) NeedLeaderElection() bool { return false }
 // Start runs the acquire-run-release cycle until ctx is done, then stops
 // the runnables, waits for them, releases the Lease and returns nil. It
 // returns the error of a runnable that failed while its lease was held,
-// the *AcquireError of an acquisition the API server refuses for good
-// (see Elector.Acquire), and ErrAlreadyStarted when called a second time.
+// the *kubeadapter.AcquireError of an acquisition the API server refuses
+// for good (see Elector.Acquire), and kubeadapter.ErrAlreadyStarted when
+// called a second time.
 func (l *Leader) Start(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
-		return ErrAlreadyStarted
+		return kubeadapter.ErrAlreadyStarted
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("lease", l.e.Lease())
 	for {
@@ -110,14 +124,14 @@ func (l *Leader) Start(ctx context.Context) error {
 		err = l.term(ctx, h, log)
 		// Release bounds its write by the renew deadline: past it, the
 		// Lease expires anyway.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.e.cfg.RenewDeadline)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.e.Config().RenewDeadline)
 		if rerr := h.Release(rctx); rerr != nil {
 			log.Error(rerr, "release failed; the lease will expire")
 		}
 		cancel()
 		switch {
 		case err != nil:
-			return fmt.Errorf("kubeadapter: leader %s: %w", l.e.Lease(), err)
+			return fmt.Errorf("leader: %s: %w", l.e.Lease(), err)
 		case ctx.Err() != nil:
 			return nil
 		}
@@ -128,7 +142,7 @@ func (l *Leader) Start(ctx context.Context) error {
 // term runs the runnables under h until h ends or ctx is done and all of
 // them have returned. It returns the first error a runnable returned
 // while h was held and ctx not done.
-func (l *Leader) term(ctx context.Context, h *Held, log logr.Logger) error {
+func (l *Leader) term(ctx context.Context, h *kubeadapter.Held, log logr.Logger) error {
 	rctx, cancel := context.WithCancelCause(h.Context())
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })

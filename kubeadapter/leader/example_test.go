@@ -1,4 +1,4 @@
-package kubeadapter_test
+package leader_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/leader"
 )
 
 // ExampleLeader wires one Watcher per process, an Elector that uses it,
@@ -42,7 +43,7 @@ func ExampleLeader() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	leader, err := kubeadapter.NewLeader(e, kubeadapter.HeldRunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
+	ldr, err := leader.New(e, leader.RunnableFunc(func(ctx context.Context, h *kubeadapter.Held) error {
 		c, err := fenced.NewClient(mgr.GetClient(), h, fenced.WithAPIReader(mgr.GetAPIReader()))
 		if err != nil {
 			return err
@@ -59,7 +60,7 @@ func ExampleLeader() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, r := range []manager.Runnable{w, leader} {
+	for _, r := range []manager.Runnable{w, ldr} {
 		if err := mgr.Add(r); err != nil {
 			log.Fatal(err)
 		}
