@@ -27,9 +27,9 @@
 // A Watcher, one per process, lists and watches Leases and ends every
 // Held of the Electors configured with it (Config.Watcher) as soon as an
 // event shows its Lease deleted, replaced or taken, cancelling the Held's
-// Context. A Leader runs controller-runtime leader-only work under an
-// Elector with such a context and acquires again, with a greater token,
-// after a loss. The Watcher also feeds the metrics (WithRegisterer). See
+// Context. A leader.Leader (package kubeadapter/leader) runs
+// controller-runtime leader-only work under an Elector with such a context
+// and acquires again, with a greater token, after a loss. The Watcher also feeds the metrics (WithRegisterer). See
 // docs/fencing.md for what this gives over client-go, its timings, and
 // the RBAC it needs.
 //
@@ -63,9 +63,13 @@
 //
 // # Imports
 //
-// kubeadapter imports token and the Kubernetes client libraries, never
-// any go.etcd.io module, etcdstore, server, client, embedetcd, proto or
-// its own kubeadapter/shard (internal/layout enforces it). The pure
+// kubeadapter is the root of the Kubernetes module
+// (github.com/fencer-dev/fencer/kubeadapter), which never requires fencer's
+// root module: no etcd server, porcupine or kustomize reaches a
+// controller's module graph through it. kubeadapter itself imports token
+// and client-go, never controller-runtime (package kubeadapter/leader
+// does), any go.etcd.io module, or its own kubeadapter/shard
+// (internal/layout enforces it). The pure
 // Lease-record functions it shares with kubeadapter/shard are in
 // kubeadapter/internal/leaserecord; the fake Lease clientset of both
 // packages' unit tests is kubeadapter/internal/leasefake, which no

@@ -23,8 +23,8 @@ var (
 	// the rights, the Lease's namespace does not exist, or the server
 	// finds the Lease invalid. An *AcquireError wraps it.
 	ErrCannotAcquire = errors.New("kubeadapter: cannot acquire")
-	// ErrAlreadyStarted means Watcher.Start or Leader.Start was called on
-	// a Watcher or Leader that had already been started.
+	// ErrAlreadyStarted means Watcher.Start or leader.Leader.Start was
+	// called on a Watcher or Leader that had already been started.
 	ErrAlreadyStarted = errors.New("kubeadapter: already started")
 
 	// ErrReleased is the reason a Held ended because Release was called.
