@@ -103,6 +103,24 @@ func takeOverFlag(cmd *cobra.Command, what string) func() []client.WriteOption {
 	}
 }
 
+// tokenVerb adds --token (and, when takeOver names what a take-over
+// writes, --take-over) to cmd and runs run against the server with the
+// parsed token and the write options the flags select.
+func (a *app) tokenVerb(cmd *cobra.Command, takeOver string, run func(ctx context.Context, c *client.Client, tok token.Token, opts []client.WriteOption, args []string) (*view, error)) *cobra.Command {
+	tokStr := tokenFlag(cmd)
+	opts := func() []client.WriteOption { return nil }
+	if takeOver != "" {
+		opts = takeOverFlag(cmd, takeOver)
+	}
+	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
+		tok, err := parseTokenFlag(*tokStr)
+		if err != nil {
+			return nil, err
+		}
+		return run(ctx, c, tok, opts(), args)
+	})
+}
+
 // writeView is what put, delete and advance print.
 type writeView struct {
 	Key      string `json:"key,omitempty"`
@@ -122,20 +140,15 @@ belongs to that lease or to none; otherwise nothing is written (exit code
 --token or $FENCER_TOKEN, which fencer acquire sets for its command.`,
 		Args: nArgs(2, "KEY"),
 	}
-	tokStr := tokenFlag(cmd)
-	opts := takeOverFlag(cmd, "key")
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
+	return a.tokenVerb(cmd, "key", func(ctx context.Context, c *client.Client, tok token.Token, opts []client.WriteOption, args []string) (*view, error) {
 		value := []byte(args[1])
 		if args[1] == "-" {
+			var err error
 			if value, err = io.ReadAll(a.stdin); err != nil {
 				return nil, err
 			}
 		}
-		rev, err := c.Put(ctx, tok, args[0], value, opts()...)
+		rev, err := c.Put(ctx, tok, args[0], value, opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -155,14 +168,8 @@ succeeds, and says so (deleted: false).`,
 		Aliases: []string{"del"},
 		Args:    nArgs(1, "KEY"),
 	}
-	tokStr := tokenFlag(cmd)
-	opts := takeOverFlag(cmd, "key")
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
-		deleted, err := c.Delete(ctx, tok, args[0], opts()...)
+	return a.tokenVerb(cmd, "key", func(ctx context.Context, c *client.Client, tok token.Token, opts []client.WriteOption, args []string) (*view, error) {
+		deleted, err := c.Delete(ctx, tok, args[0], opts...)
 		if err != nil {
 			return nil, err
 		}
@@ -188,14 +195,8 @@ sequencer check for a store that cannot run a transaction. A resource
 advanced by another lease is refused (exit code 8) unless --take-over.`,
 		Args: nArgs(1, "RESOURCE"),
 	}
-	tokStr := tokenFlag(cmd)
-	opts := takeOverFlag(cmd, "resource")
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
-		if err := c.Advance(ctx, args[0], tok, opts()...); err != nil {
+	return a.tokenVerb(cmd, "resource", func(ctx context.Context, c *client.Client, tok token.Token, opts []client.WriteOption, args []string) (*view, error) {
+		if err := c.Advance(ctx, args[0], tok, opts...); err != nil {
 			return nil, err
 		}
 		v := writeView{Resource: args[0], Token: tok.String()}
@@ -213,12 +214,7 @@ only if it is still current, so a late or repeated release never ends a
 newer holder's lease. Releasing a token that has already ended succeeds.`,
 		Args: nArgs(0),
 	}
-	tokStr := tokenFlag(cmd)
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
+	return a.tokenVerb(cmd, "", func(ctx context.Context, c *client.Client, tok token.Token, _ []client.WriteOption, _ []string) (*view, error) {
 		released, err := c.Release(ctx, tok)
 		if err != nil {
 			return nil, err
@@ -341,13 +337,8 @@ func (a *app) checkCmd() *cobra.Command {
 		Short: "report whether a token is current (exit code 4 if stale)",
 		Args:  nArgs(0),
 	}
-	tokStr := tokenFlag(cmd)
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, _ []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
-		err = c.Check(ctx, tok)
+	return a.tokenVerb(cmd, "", func(ctx context.Context, c *client.Client, tok token.Token, _ []client.WriteOption, _ []string) (*view, error) {
+		err := c.Check(ctx, tok)
 		var stale *token.StaleError
 		if err != nil && !errors.As(err, &stale) {
 			return nil, err

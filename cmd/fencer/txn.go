@@ -12,10 +12,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
 	"github.com/fencer-dev/fencer/client"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
 )
 
 const txnFormat = `The transaction is read from FILE, or standard input without FILE (or
@@ -306,14 +306,9 @@ func (a *app) txnCmd() *cobra.Command {
 			return nil
 		},
 	}
-	tokStr := tokenFlag(cmd)
-	opts := takeOverFlag(cmd, "keys")
-	return a.remote(cmd, func(ctx context.Context, c *client.Client, _ *grpc.ClientConn, args []string) (*view, error) {
-		tok, err := parseTokenFlag(*tokStr)
-		if err != nil {
-			return nil, err
-		}
+	return a.tokenVerb(cmd, "keys", func(ctx context.Context, c *client.Client, tok token.Token, opts []client.WriteOption, args []string) (*view, error) {
 		var text []byte
+		var err error
 		if len(args) == 0 || args[0] == "-" {
 			text, err = io.ReadAll(a.stdin)
 		} else {
@@ -326,7 +321,7 @@ func (a *app) txnCmd() *cobra.Command {
 		if err != nil {
 			return nil, usagef("%v", err)
 		}
-		resp, err := c.Txn(ctx, tok, req.compares, req.success, req.failure, opts()...)
+		resp, err := c.Txn(ctx, tok, req.compares, req.success, req.failure, opts...)
 		if err != nil {
 			return nil, err
 		}

@@ -44,12 +44,7 @@ func APIServerForTest(t testing.TB) *APIServer {
 // there is none it fails or skips t as APIServerForTest does.
 func BinaryForTest(t testing.TB) string {
 	t.Helper()
-	path, err := BinaryPath()
-	SkipIfNoBinaries(t, err)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return forTest(t)(BinaryPath())
 }
 
 // EtcdForTest returns EtcdPath's etcd, for a test that starts it in its
@@ -57,12 +52,19 @@ func BinaryForTest(t testing.TB) string {
 // be). When there is none it fails or skips t as APIServerForTest does.
 func EtcdForTest(t testing.TB) string {
 	t.Helper()
-	path, err := EtcdPath()
-	SkipIfNoBinaries(t, err)
-	if err != nil {
-		t.Fatal(err)
+	return forTest(t)(EtcdPath())
+}
+
+// forTest returns a function that returns path, or fails or skips t on err.
+func forTest(t testing.TB) func(path string, err error) string {
+	return func(path string, err error) string {
+		t.Helper()
+		SkipIfNoBinaries(t, err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
 	}
-	return path
 }
 
 // SkipIfNoBinaries skips t if err (from StartAPIServer, BinaryPath or
