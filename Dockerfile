@@ -15,6 +15,7 @@ COPY proto/go.mod proto/go.sum ./proto/
 COPY client/go.mod client/go.sum ./client/
 COPY kubeadapter/go.mod kubeadapter/go.sum ./kubeadapter/
 COPY internal/mutant/go.mod ./internal/mutant/
+COPY internal/rendezvous/go.mod internal/rendezvous/go.sum ./internal/rendezvous/
 COPY internal/freeport/go.mod internal/freeport/go.sum ./internal/freeport/
 RUN go mod download
 COPY . .

@@ -5,10 +5,10 @@ PKGS      ?= ./...
 # The modules a gRPC user requires, each in its directory; the root module
 # requires them through replace directives (internal/layout tests this).
 LIGHT_MODULES := token proto client
-# Every module but the root and tools/: the light modules, the two small
-# internal ones both the root and the Kubernetes module share, the
+# Every module but the root and tools/: the light modules, the three small
+# internal ones the root and the Kubernetes module share, the
 # Kubernetes module, and the Sharder's end-to-end tests.
-MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport kubeadapter kubeadapter/shard/e2e
+MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport internal/rendezvous kubeadapter kubeadapter/shard/e2e
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 

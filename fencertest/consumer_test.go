@@ -28,7 +28,7 @@ func TestConsumerModule(t *testing.T) {
 	// A dependency's replace directives do not apply to its consumers, so
 	// the consumer replaces fencer's light modules too, as it would require
 	// their released versions.
-	for _, m := range []string{"token", "proto", "client", "kubeadapter", "internal/mutant", "internal/freeport"} {
+	for _, m := range []string{"token", "proto", "client", "kubeadapter", "internal/mutant", "internal/freeport", "internal/rendezvous"} {
 		goMod += "replace github.com/fencer-dev/fencer/" + m + " => " + filepath.Join(root, m) + "\n"
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(goMod), 0o600))

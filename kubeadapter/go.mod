@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/fencer-dev/fencer/internal/freeport v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/internal/mutant v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/internal/rendezvous v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4
 	github.com/prometheus/client_golang v1.25.0
@@ -80,3 +81,5 @@ replace github.com/fencer-dev/fencer/token => ../token
 replace github.com/fencer-dev/fencer/internal/mutant => ../internal/mutant
 
 replace github.com/fencer-dev/fencer/internal/freeport => ../internal/freeport
+
+replace github.com/fencer-dev/fencer/internal/rendezvous => ../internal/rendezvous

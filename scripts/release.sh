@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cuts fencer release VERSION (see docs/releasing.md): on a clean tree, it
 # sets every module's requirements on fencer's other modules (token, proto,
-# client, internal/mutant, internal/freeport, kubeadapter) to VERSION,
+# client, internal/mutant, internal/freeport, internal/rendezvous,
+# kubeadapter) to VERSION,
 # commits, tags the commit with each module's tag (token/VERSION, ...,
 # kubeadapter/VERSION) and VERSION for the root, builds the release binaries
 # into dist/ with the version and commit stamped, and prints the commands
@@ -28,7 +29,7 @@ semver='^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-
 [ -z "$(git status --porcelain)" ] || die "the working tree is not clean (git status)"
 
 root=github.com/fencer-dev/fencer
-modules=(token proto client internal/mutant internal/freeport kubeadapter)
+modules=(token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter)
 for m in "${modules[@]}" ""; do
 	tag="${m:+$m/}$version"
 	if git rev-parse -q --verify "refs/tags/$tag" >/dev/null; then
@@ -47,7 +48,7 @@ requires() { # module directory, the modules it requires
 }
 requires . "${modules[@]}"
 requires client token proto
-requires kubeadapter token internal/mutant internal/freeport
+requires kubeadapter token internal/mutant internal/freeport internal/rendezvous
 requires kubeadapter/shard/e2e kubeadapter
 for m in . "${modules[@]}" kubeadapter/shard/e2e; do
 	(cd "$m" && go mod tidy)

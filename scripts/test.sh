@@ -25,7 +25,7 @@ go test "${flags[@]}" ./... || status=1
 wait "$kube" || status=1
 echo "== Kubernetes modules (kubeadapter, kubeadapter/shard/e2e):"
 cat "$log"
-for m in token proto client internal/mutant internal/freeport; do
+for m in token proto client internal/mutant internal/freeport internal/rendezvous; do
 	(cd "$m" && go test "${flags[@]}" ./...) || status=1
 done
 (cd tools/promcheck && go vet ./... && go test -count=1 ./...) || status=1

@@ -23,10 +23,10 @@ var lightModules = []string{"token", "proto", "client"}
 const kubeModule = "kubeadapter"
 
 // modules are all of fencer's modules but the root and tools/, by
-// directory: the light modules, the two small internal ones that the root
+// directory: the light modules, the three small internal ones that the root
 // and the Kubernetes module share, the Kubernetes module, and the Sharder's
 // end-to-end tests (a test-only module).
-var modules = append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", kubeModule, "kubeadapter/shard/e2e")
+var modules = append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule, "kubeadapter/shard/e2e")
 
 // kube is the Kubernetes stack that only kubeadapter, its test helpers and
 // the binary may pull in. k8s.io/utils (a clock, no client) is not in it.
@@ -71,16 +71,16 @@ func rules() []rule {
 		{pkg: root + "/etcdstore", owns: "the fencing-token store on etcd: sessions, leases, guarded writes, owner records", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/server", owns: "the gRPC service on etcdstore: validation, authorization, sessions, lease watches", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "kubeadapter", "embedetcd"))},
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
-		{pkg: root + "/kubeadapter/...", owns: "the Kubernetes module: election, the watcher, fenced writes, sharding, their manifests and test kit; it requires token and the two small internal modules, never the root module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport")},
+		{pkg: root + "/kubeadapter/...", owns: "the Kubernetes module: election, the watcher, fenced writes, sharding, their manifests and test kit; it requires token and the two small internal modules, never the root module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport", "internal/rendezvous")},
 		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher, on client-go alone", forbid: cat([]string{"sigs.k8s.io/controller-runtime"}, fencer("kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/leader", "kubeadapter/kubefencertest", "kubeadapter/internal/leasefake", "kubeadapter/internal/kubetest"))},
 		{pkg: root + "/kubeadapter/leader", owns: "the controller-runtime Runnable that runs work under each acquisition of an Elector", only: fencer("kubeadapter", "kubeadapter/internal/...", "token")},
 		{pkg: root + "/kubeadapter/internal/watcherr", owns: "a watch that reports its Error events and ends at Stop", forbid: []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/deploy", owns: "the Kubernetes library's manifests (admission policies, Role), embedded", stdOnly: true},
-		{pkg: root + "/kubeadapter/internal/rendezvous", owns: "the rendezvous hash that assigns shards to members", stdOnly: true},
+		{pkg: root + "/internal/rendezvous", owns: "the rendezvous hash that assigns shards to members; a module of its own, shared by the root and the Kubernetes module", stdOnly: true},
 		{pkg: root + "/kubeadapter/kubefencertest", owns: "the public Kubernetes test kit: an API server of etcd and kube-apiserver processes, the policies and Role installed, Supersede", forbid: fencer("kubeadapter/shard", "kubeadapter/internal/kubetest", "kubeadapter/internal/leasefake")},
 		{pkg: root + "/kubeadapter/internal/kubetest", owns: "the harness of the Kubernetes module's own tests, on the kit's API server", forbid: fencer("kubeadapter/shard")},
 		{pkg: root + "/kubeadapter/fenced", owns: "the one fenced-write engine and the fenced client (Update, Patch, Apply, status, UpdateFenced, DeleteFenced)", only: fencer("token", "internal/mutant"), forbid: []string{"go.etcd.io"}},
-		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "kubeadapter/internal/watcherr", "kubeadapter/internal/rendezvous", "token", "internal/mutant")},
+		{pkg: root + "/kubeadapter/shard", owns: "the Sharder, View, Gate, AcquiredSource, the shard record and its metrics, on kubeadapter's exported API", forbid: []string{"go.etcd.io"}, only: fencer("kubeadapter", "kubeadapter/internal/leaserecord", "kubeadapter/internal/watcherr", "internal/rendezvous", "token", "internal/mutant")},
 		{pkg: root + "/kubeadapter/internal/leaserecord", owns: "the pure Lease-record functions kubeadapter and kubeadapter/shard share: Kubernetes API types only", forbid: []string{"go.etcd.io", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/internal/leasefake", owns: "the fake Lease clientset of their unit tests: a harness, with no fencer package of its own", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
@@ -88,7 +88,7 @@ func rules() []rule {
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "kubeadapter/internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
@@ -186,15 +186,15 @@ func run(t *testing.T, dir string, env []string, args ...string) []byte {
 	return command(t, dir, env, goTool(), args...)
 }
 
-// TestImportRules checks every package of the four modules against its
+// TestImportRules checks every package of every module against its
 // rule (see each package's doc.go): the packages it imports, directly or
 // through others, outside tests.
 func TestImportRules(t *testing.T) {
-	patterns := []string{"./..."}
-	for _, m := range append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", kubeModule) {
-		patterns = append(patterns, root+"/"+m+"/...")
+	// Each module is listed in its own directory, with its own build list.
+	var out []byte
+	for _, m := range append([]string{"."}, modules...) {
+		out = append(out, run(t, filepath.Join(repoRoot(t), m), nil, "list", "-f", "{{.ImportPath}}\t{{join .Deps \" \"}}", "./...")...)
 	}
-	out := run(t, repoRoot(t), nil, append([]string{"list", "-f", "{{.ImportPath}}\t{{join .Deps \" \"}}"}, patterns...)...)
 	checked := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(nil, 1<<24)
@@ -373,7 +373,7 @@ func TestKubeModuleGraph(t *testing.T) {
 	repo := repoRoot(t)
 	dir := t.TempDir()
 	gomod := "module example.com/controller\n\ngo 1.26.0\n\nrequire " + root + "/" + kubeModule + " v0.0.0-00010101000000-000000000000\n\n"
-	for _, m := range []string{kubeModule, "token", "internal/mutant", "internal/freeport"} {
+	for _, m := range []string{kubeModule, "token", "internal/mutant", "internal/freeport", "internal/rendezvous"} {
 		gomod += "replace " + root + "/" + m + " => " + filepath.Join(repo, m) + "\n"
 	}
 	for name, body := range map[string]string{"go.mod": gomod, "main.go": kubeConsumer} {

@@ -26,7 +26,7 @@ func modulePath(dir string) string {
 
 // releasedModules are the directories of the modules a release tags, the
 // root ("") first.
-var releasedModules = []string{"", "token", "proto", "client", "internal/mutant", "internal/freeport", kubeModule}
+var releasedModules = []string{"", "token", "proto", "client", "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule}
 
 // TestRelease checks that scripts/release.sh refuses a bad version or a
 // tree with changes and tags nothing; then it cuts release v0.1.0 with
@@ -86,7 +86,7 @@ func TestRelease(t *testing.T) {
 			t.Errorf("tag %s is on %s, not on the release commit %s", tag, got, head)
 		}
 	}
-	for dir, needs := range map[string][]string{"": releasedModules[1:], "client": {"token", "proto"}, "kubeadapter": {"token", "internal/mutant", "internal/freeport"}} {
+	for dir, needs := range map[string][]string{"": releasedModules[1:], "client": {"token", "proto"}, "kubeadapter": {"token", "internal/mutant", "internal/freeport", "internal/rendezvous"}} {
 		gomod := filepath.Join(dir, "go.mod")
 		mf, err := modfile.Parse(gomod, command(t, clone, nil, "git", "show", version+":"+gomod), nil)
 		if err != nil {

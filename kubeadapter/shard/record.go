@@ -12,8 +12,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
-	"github.com/fencer-dev/fencer/kubeadapter/internal/rendezvous"
 )
 
 // This file holds the pure part of the Sharder: how ring Leases are named

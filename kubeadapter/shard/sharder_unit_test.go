@@ -17,9 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/internal/leaserecord"
-	"github.com/fencer-dev/fencer/kubeadapter/internal/rendezvous"
 	"github.com/fencer-dev/fencer/token"
 )
 

@@ -6,6 +6,7 @@ require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/fencer-dev/fencer v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/internal/mutant v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/internal/rendezvous v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/kubeadapter v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
@@ -89,3 +90,5 @@ replace github.com/fencer-dev/fencer/client => ../../../client
 replace github.com/fencer-dev/fencer/internal/mutant => ../../../internal/mutant
 
 replace github.com/fencer-dev/fencer/internal/freeport => ../../../internal/freeport
+
+replace github.com/fencer-dev/fencer/internal/rendezvous => ../../../internal/rendezvous

@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fencer-dev/fencer/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
-	"github.com/fencer-dev/fencer/kubeadapter/internal/rendezvous"
 	"github.com/fencer-dev/fencer/kubeadapter/shard"
 )
 
