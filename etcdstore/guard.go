@@ -92,6 +92,11 @@ func (s *Store) Check(ctx context.Context, tok token.Token) error {
 	if err := validToken(tok); err != nil {
 		return err
 	}
+	return s.check(ctx, tok)
+}
+
+// check is Check for a valid token.
+func (s *Store) check(ctx context.Context, tok token.Token) error {
 	resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).Else(s.staleOps(tok)...).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdstore: check %s: %w", tok, err)
@@ -225,12 +230,20 @@ func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseI
 // is current, and a token of the same lease still never moves the record
 // back.
 func (s *Store) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
-	if err := ValidateName("resource", resource); err != nil {
+	c, err := CheckAdvance(resource, tok)
+	if err != nil {
 		return err
 	}
-	if err := validToken(tok); err != nil {
+	return s.AdvanceChecked(ctx, c, opts...)
+}
+
+// AdvanceChecked is Advance of arguments that CheckAdvance has checked; it
+// does not check them again.
+func (s *Store) AdvanceChecked(ctx context.Context, c Checked, opts ...WriteOption) error {
+	if err := c.checkedFor(checkedAdvance); err != nil {
 		return err
 	}
+	resource, tok := c.name, c.tok
 	o := writeOpts(opts)
 	key := s.fenceKey(resource)
 	for {
@@ -256,7 +269,7 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token, o
 			if refused != nil {
 				// A token that is not current is stale whoever owns
 				// the resource, as in every guarded write.
-				if err := s.Check(ctx, tok); err != nil {
+				if err := s.check(ctx, tok); err != nil {
 					return err
 				}
 				return refused

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -53,12 +54,9 @@ func invalidArg(field, value, reason string) error {
 // parseToken parses a token field and checks that the store could have
 // issued it.
 func parseToken(field, s string) (token.Token, error) {
-	if s == "" {
-		return token.Token{}, invalidArg(field, s, "required")
-	}
-	tok, err := token.Parse(s)
+	tok, err := parseTokenText(field, s)
 	if err != nil {
-		return token.Token{}, inField(field, err)
+		return token.Token{}, err
 	}
 	if err := token.ValidateName("lease", tok.Lease); err != nil {
 		return token.Token{}, inField(field, err)
@@ -66,10 +64,42 @@ func parseToken(field, s string) (token.Token, error) {
 	return tok, nil
 }
 
+// parseTokenText parses a token field, leaving the check of its lease
+// name to etcdstore's Check* functions (see storeInput).
+func parseTokenText(field, s string) (token.Token, error) {
+	if s == "" {
+		return token.Token{}, invalidArg(field, s, "required")
+	}
+	tok, err := token.Parse(s)
+	if err != nil {
+		return token.Token{}, inField(field, err)
+	}
+	return tok, nil
+}
+
+// storeInput turns an error of etcdstore's checks of a request's token,
+// keys, values and resources (its Check* functions, or the checks of a
+// call such as Get) into the service's: an argument error is tied to the
+// request field of the same name ("key", "value", "resource"), and a
+// token lease the store refuses, which token.Parse accepted, is the
+// invalid argument "lease" of the field "token", as parseToken reports it.
+// Other errors pass through.
+func storeInput(err error) error {
+	if me, ok := errors.AsType[*token.MalformedError](err); ok && me.Field == "lease" {
+		return &fieldError{field: "token", err: token.InvalidArgument("lease", me.Input, me.Reason)}
+	}
+	if ae, ok := errors.AsType[*token.ArgumentError](err); ok {
+		return inField(ae.Arg, err)
+	}
+	return err
+}
+
 func validateName(field, name string) error {
 	return inField(field, token.ValidateName(field, name))
 }
 
+// validateKey checks a key of a request that etcdstore does not check
+// itself (a Txn's compares and ops, a ListKeys prefix).
 func validateKey(field, key string) error {
 	if err := etcdstore.ValidateKey(key); err != nil {
 		return inField(field, err)
@@ -143,33 +173,37 @@ func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
 	}
 }
 
-// validateCheck checks a CheckRequest and returns its token.
+// validateCheck parses a CheckRequest's token. etcdstore's Check checks
+// its lease name (see storeInput).
 func validateCheck(r *fencerv1.CheckRequest) (token.Token, error) {
-	return parseToken("token", r.GetToken())
+	return parseTokenText("token", r.GetToken())
 }
 
-// validateAdvance checks an AdvanceRequest and returns its token.
-func validateAdvance(r *fencerv1.AdvanceRequest) (token.Token, error) {
-	if err := validateName("resource", r.GetResource()); err != nil {
-		return token.Token{}, err
-	}
-	return parseToken("token", r.GetToken())
-}
-
-// validatePut checks a PutRequest and returns its token.
-func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
-	tok, err := parseToken("token", r.GetToken())
+// validateAdvance checks an AdvanceRequest, with etcdstore.CheckAdvance,
+// and returns its input checked for AdvanceChecked.
+func validateAdvance(r *fencerv1.AdvanceRequest) (etcdstore.Checked, error) {
+	tok, err := parseTokenText("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		// The resource comes first, as CheckAdvance has it.
+		if rerr := validateName("resource", r.GetResource()); rerr != nil {
+			return etcdstore.Checked{}, rerr
+		}
+		return etcdstore.Checked{}, err
 	}
-	if err := validateKey("key", r.GetKey()); err != nil {
-		return token.Token{}, err
-	}
-	return tok, validateValue("value", r.GetValue())
+	c, err := etcdstore.CheckAdvance(r.GetResource(), tok)
+	return c, storeInput(err)
 }
 
-// validateGet checks a GetRequest.
-func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
+// validatePut checks a PutRequest, with etcdstore.CheckPut, and returns
+// its input checked for PutChecked.
+func validatePut(r *fencerv1.PutRequest) (etcdstore.Checked, error) {
+	tok, err := parseTokenText("token", r.GetToken())
+	if err != nil {
+		return etcdstore.Checked{}, err
+	}
+	c, err := etcdstore.CheckPut(tok, r.GetKey(), r.GetValue())
+	return c, storeInput(err)
+}
 
 // validateListLeases checks a ListLeasesRequest and returns its page size,
 // with the default for 0, and the name its page token follows. A name
@@ -227,35 +261,45 @@ func decodePageToken(tok string) (string, error) {
 	return string(after), nil
 }
 
-// validateDelete checks a DeleteRequest and returns its token.
-func validateDelete(r *fencerv1.DeleteRequest) (token.Token, error) {
-	tok, err := parseToken("token", r.GetToken())
+// validateDelete checks a DeleteRequest, with etcdstore.CheckDelete, and
+// returns its input checked for DeleteChecked.
+func validateDelete(r *fencerv1.DeleteRequest) (etcdstore.Checked, error) {
+	tok, err := parseTokenText("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
 	}
-	return tok, validateKey("key", r.GetKey())
+	c, err := etcdstore.CheckDelete(tok, r.GetKey())
+	return c, storeInput(err)
 }
 
-// validateTxn checks a TxnRequest and returns its token. Besides each
-// key and value, it rejects a branch that writes one key twice, which etcd
-// would refuse.
-func validateTxn(r *fencerv1.TxnRequest) (token.Token, error) {
-	tok, err := parseToken("token", r.GetToken())
+// validateTxn checks a TxnRequest and returns its token checked for
+// TxnChecked (etcdstore.CheckTxn). Besides each key and value, which
+// etcdstore does not check in a Txn, it rejects a branch that writes one
+// key twice, which etcd would refuse.
+func validateTxn(r *fencerv1.TxnRequest) (etcdstore.Checked, error) {
+	tok, err := parseTokenText("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
+	}
+	checked, err := etcdstore.CheckTxn(tok)
+	if err != nil {
+		return etcdstore.Checked{}, storeInput(err)
 	}
 	if n := len(r.GetCompares()); n > MaxTxnCompares {
-		return token.Token{}, invalidArg("compares", strconv.Itoa(n), "more than "+strconv.Itoa(MaxTxnCompares))
+		return etcdstore.Checked{}, invalidArg("compares", strconv.Itoa(n), "more than "+strconv.Itoa(MaxTxnCompares))
 	}
 	for i, c := range r.GetCompares() {
 		if err := validateCompare(fmt.Sprintf("compares[%d]", i), c); err != nil {
-			return token.Token{}, err
+			return etcdstore.Checked{}, err
 		}
 	}
 	if err := validateOps("success", r.GetSuccess()); err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
 	}
-	return tok, validateOps("failure", r.GetFailure())
+	if err := validateOps("failure", r.GetFailure()); err != nil {
+		return etcdstore.Checked{}, err
+	}
+	return checked, nil
 }
 
 func validateCompare(field string, c *fencerv1.Compare) error {
