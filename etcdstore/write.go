@@ -184,7 +184,7 @@ func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, 
 		}
 		for _, k := range keys {
 			if slices.Contains(ran, k) {
-				s.owners.put(k, mine)
+				s.owners.putMine(k, tok, mine)
 			}
 		}
 		// Hide the claims from the caller: they follow its own ops.
@@ -222,8 +222,13 @@ func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, 
 // a wrong guess of the owner. A wrong guess costs those round trips, never
 // correctness: the write is retried in the shape the read calls for.
 func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
-	owner, mine := s.ownerKey(key), ownerRecord(tok)
-	seen := s.owners.get(key)
+	owner := s.ownerKey(key)
+	seen, isMine := s.owners.getFor(key, tok)
+	mine := seen // the common case: the record this store wrote for tok
+	if !isMine {
+		mine = ownerRecord(tok)
+		isMine = seen == mine
+	}
 	for {
 		var cmps []clientv3.Cmp
 		var then []clientv3.Op
@@ -231,7 +236,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 		switch {
 		case mutant.On(mutant.OwnerCompareDropped):
 			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case seen == mine && !takeOver:
+		case isMine && !takeOver:
 			cmps = []clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
 				clientv3.Compare(clientv3.Value(owner), "=", mine),
@@ -262,6 +267,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 			// The guessed owner record was wrong (a token that is not
 			// current never becomes current again).
 			seen = ownerOf(why.Responses[2])
+			isMine = seen == mine
 			s.owners.put(key, seen)
 			if seen != "" && ownerLease(seen) != tok.Lease && !takeOver {
 				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
@@ -276,7 +282,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
 			}
 		}
-		s.owners.put(key, mine)
+		s.owners.putMine(key, tok, mine)
 		return rs[len(rs)-1], resp.Header.Revision, nil
 	}
 }
