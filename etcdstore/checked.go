@@ -6,13 +6,13 @@ import (
 
 // Checked is the input of one guarded write after the store's checks: a
 // token this store could have issued and, as the write needs them, a data
-// key and value or a resource name. Put, Delete, Txn and Advance check
-// their arguments on every call and are what most callers want. A caller
+// key and value or a resource name. Put, Delete, Txn, Release, ReleaseOn
+// and Advance check their arguments on every call and are what most callers want. A caller
 // that must refuse bad input before work of its own, as the service does
 // before it reads a token's holder to authorize the write, checks once
-// with CheckPut, CheckDelete, CheckTxn or CheckAdvance and passes the
-// result to PutChecked, DeleteChecked, TxnChecked or AdvanceChecked,
-// which do not check it again.
+// with CheckPut, CheckDelete, CheckToken or CheckAdvance and passes the
+// result to PutChecked, DeleteChecked, TxnChecked, ReleaseChecked or
+// AdvanceChecked, which do not check it again.
 //
 // A Checked holds the value slice it was checked with, not a copy: a
 // caller that changes the slice's contents before the write writes what
@@ -32,11 +32,11 @@ const (
 	unchecked checkedKind = iota
 	checkedPut
 	checkedDelete
-	checkedTxn
+	checkedToken
 	checkedAdvance
 )
 
-var checkedKinds = [...]string{"unchecked", "put", "delete", "txn", "advance"}
+var checkedKinds = [...]string{"unchecked", "put", "delete", "txn or release", "advance"}
 
 // Token returns the checked token.
 func (c Checked) Token() token.Token { return c.tok }
@@ -69,14 +69,14 @@ func CheckDelete(tok token.Token, key string) (Checked, error) {
 	return Checked{kind: checkedDelete, tok: tok, name: key}, nil
 }
 
-// CheckTxn checks the token of a Txn. The Txn's compares and ops are
-// checked by TxnChecked itself (a delete of a range of data keys is
-// refused there), since they are etcd's types, not the store's.
-func CheckTxn(tok token.Token) (Checked, error) {
+// CheckToken checks the token of a Txn or a release, the only argument
+// of theirs the store checks before it builds the etcd Txn (TxnChecked
+// refuses a delete of a range of data keys itself, as Txn does).
+func CheckToken(tok token.Token) (Checked, error) {
 	if err := validToken(tok); err != nil {
 		return Checked{}, err
 	}
-	return Checked{kind: checkedTxn, tok: tok}, nil
+	return Checked{kind: checkedToken, tok: tok}, nil
 }
 
 // CheckAdvance checks the arguments of an Advance in the order Advance

@@ -28,7 +28,7 @@ func TestCheckedWritesAsTheCalls(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "v", string(v.Data))
 
-	in, err = etcdstore.CheckTxn(tok)
+	in, err = etcdstore.CheckToken(tok)
 	require.NoError(t, err)
 	resp, err := st.TxnChecked(ctx, in, nil, []clientv3.Op{clientv3.OpPut(st.DataKey("checked/t"), "t")}, nil)
 	require.NoError(t, err)
@@ -47,6 +47,13 @@ func TestCheckedWritesAsTheCalls(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, tok, fence)
+
+	in, err = etcdstore.CheckToken(tok)
+	require.NoError(t, err)
+	released, err := st.ReleaseChecked(ctx, in, 0)
+	require.NoError(t, err)
+	require.True(t, released)
+	require.ErrorIs(t, st.Check(ctx, tok), token.ErrStale)
 }
 
 // TestCheckReturnsTheCallsErrors checks that each Check* function refuses
@@ -72,8 +79,12 @@ func TestCheckReturnsTheCallsErrors(t *testing.T) {
 			func() error { _, err := st.Delete(ctx, token.Token{}, ""); return err }},
 		{"delete: key", func() error { _, err := etcdstore.CheckDelete(good, "a\x01"); return err },
 			func() error { _, err := st.Delete(ctx, good, "a\x01"); return err }},
-		{"txn: token", func() error { _, err := etcdstore.CheckTxn(slash); return err },
+		{"txn: token", func() error { _, err := etcdstore.CheckToken(slash); return err },
 			func() error { _, err := st.Txn(ctx, slash, nil, nil, nil); return err }},
+		{"release: token", func() error { _, err := etcdstore.CheckToken(slash); return err },
+			func() error { _, err := st.Release(ctx, slash); return err }},
+		{"release on: token", func() error { _, err := etcdstore.CheckToken(token.Token{Lease: "x"}); return err },
+			func() error { _, err := st.ReleaseOn(ctx, token.Token{Lease: "x"}, 1); return err }},
 		{"advance: resource before token", func() error { _, err := etcdstore.CheckAdvance("a/b", slash); return err },
 			func() error { return st.Advance(ctx, "a/b", slash) }},
 		{"advance: token", func() error { _, err := etcdstore.CheckAdvance("r", slash); return err },
@@ -93,7 +104,7 @@ func TestCheckReturnsTheCallsErrors(t *testing.T) {
 // *ArgumentError, and writes nothing.
 func TestCheckedRefusesUncheckedInput(t *testing.T) {
 	ctx, st, _, l := holding(t, "unchecked")
-	forTxn, err := etcdstore.CheckTxn(l.Token())
+	forTxn, err := etcdstore.CheckToken(l.Token())
 	require.NoError(t, err)
 	forPut, err := etcdstore.CheckPut(l.Token(), "unchecked/k", []byte("v"))
 	require.NoError(t, err)
@@ -101,6 +112,7 @@ func TestCheckedRefusesUncheckedInput(t *testing.T) {
 		"put":     func(in etcdstore.Checked) error { _, err := st.PutChecked(ctx, in); return err },
 		"delete":  func(in etcdstore.Checked) error { _, err := st.DeleteChecked(ctx, in); return err },
 		"advance": func(in etcdstore.Checked) error { return st.AdvanceChecked(ctx, in) },
+		"release": func(in etcdstore.Checked) error { _, err := st.ReleaseChecked(ctx, in, 0); return err },
 		"txn": func(in etcdstore.Checked) error {
 			_, err := st.TxnChecked(ctx, in, nil, []clientv3.Op{clientv3.OpPut(st.DataKey("unchecked/t"), "t")}, nil)
 			return err
@@ -108,7 +120,7 @@ func TestCheckedRefusesUncheckedInput(t *testing.T) {
 	}
 	for name, write := range writes {
 		other := forTxn
-		if name == "txn" {
+		if name == "txn" || name == "release" {
 			other = forPut
 		}
 		for _, in := range []etcdstore.Checked{{}, other} {
@@ -130,4 +142,5 @@ func TestCheckedRefusesUncheckedInput(t *testing.T) {
 	_, ok, err := st.Fence(ctx, "unchecked")
 	require.NoError(t, err)
 	require.False(t, ok)
+	require.NoError(t, st.Check(ctx, l.Token()), "still held")
 }

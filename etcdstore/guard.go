@@ -178,7 +178,11 @@ func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (p
 // Lease.Release (or ReleaseOn, on the holder's etcd lease) is clean and
 // skips the delay.
 func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
-	return s.release(ctx, tok, 0)
+	c, err := CheckToken(tok)
+	if err != nil {
+		return false, err
+	}
+	return s.release(ctx, c.tok, 0)
 }
 
 // ReleaseOn is the clean release of tok by its holder: like Release, it
@@ -192,14 +196,25 @@ func (s *Store) ReleaseOn(ctx context.Context, tok token.Token, id clientv3.Leas
 	if id == 0 {
 		return false, invalid("lease id", "0", "not an etcd lease")
 	}
-	return s.release(ctx, tok, id)
-}
-
-// release is Release, or the clean ReleaseOn when id != 0.
-func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
-	if err := validToken(tok); err != nil {
+	c, err := CheckToken(tok)
+	if err != nil {
 		return false, err
 	}
+	return s.release(ctx, c.tok, id)
+}
+
+// ReleaseChecked is Release, when id is 0, or ReleaseOn of a token that
+// CheckToken has checked; it does not check the token again.
+func (s *Store) ReleaseChecked(ctx context.Context, c Checked, id clientv3.LeaseID) (bool, error) {
+	if err := c.checkedFor(checkedToken); err != nil {
+		return false, err
+	}
+	return s.release(ctx, c.tok, id)
+}
+
+// release is Release, or the clean ReleaseOn when id != 0, of a valid
+// token.
+func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
 	cmps, ops := s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}
 	if id != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))

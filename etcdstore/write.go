@@ -98,17 +98,17 @@ func (s *Store) DeleteChecked(ctx context.Context, c Checked, opts ...WriteOptio
 // forbids a nested Txn from writing the same key twice; the same rules as
 // a plain etcd Txn apply to the ops. Txns are never batched.
 func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
-	c, err := CheckTxn(tok)
+	c, err := CheckToken(tok)
 	if err != nil {
 		return nil, err
 	}
 	return s.TxnChecked(ctx, c, cmps, then, els, opts...)
 }
 
-// TxnChecked is Txn with a token that CheckTxn has checked; it does not
-// check the token again.
+// TxnChecked is Txn with a token that CheckToken has checked; it does
+// not check the token again.
 func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
-	if err := c.checkedFor(checkedTxn); err != nil {
+	if err := c.checkedFor(checkedToken); err != nil {
 		return nil, err
 	}
 	tok := c.tok

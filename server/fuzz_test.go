@@ -84,7 +84,7 @@ func FuzzValidateRequests(f *testing.F) {
 		}
 		var rel fencerv1.ReleaseRequest
 		if proto.Unmarshal(b, &rel) == nil {
-			if tok, err := validateRelease(&rel); err == nil && tok.IsZero() && rel.GetSessionId() <= 0 {
+			if in, err := validateRelease(&rel); err == nil && in.Token().IsZero() && rel.GetSessionId() <= 0 {
 				t.Fatalf("accepted release %v", &rel)
 			}
 		}

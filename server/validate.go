@@ -51,22 +51,10 @@ func invalidArg(field, value, reason string) error {
 	return &fieldError{field: field, err: token.InvalidArgument(field, value, reason)}
 }
 
-// parseToken parses a token field and checks that the store could have
-// issued it.
+// parseToken parses a token field, leaving the check that the store could
+// have issued it (its lease name) to etcdstore's CheckToken and the like
+// (see storeInput).
 func parseToken(field, s string) (token.Token, error) {
-	tok, err := parseTokenText(field, s)
-	if err != nil {
-		return token.Token{}, err
-	}
-	if err := token.ValidateName("lease", tok.Lease); err != nil {
-		return token.Token{}, inField(field, err)
-	}
-	return tok, nil
-}
-
-// parseTokenText parses a token field, leaving the check of its lease
-// name to etcdstore's Check* functions (see storeInput).
-func parseTokenText(field, s string) (token.Token, error) {
 	if s == "" {
 		return token.Token{}, invalidArg(field, s, "required")
 	}
@@ -81,9 +69,10 @@ func parseTokenText(field, s string) (token.Token, error) {
 // keys, values and resources (its Check* functions, or the checks of a
 // call such as Get) into the service's: an argument error is tied to the
 // request field of the same name ("key", "value", "resource"), and a
-// token lease the store refuses, which token.Parse accepted, is the
-// invalid argument "lease" of the field "token", as parseToken reports it.
-// Other errors pass through.
+// token lease the store refuses, which token.Parse accepted (one with "/"
+// or longer than token.MaxNameLen), is the invalid argument "lease" of the
+// field "token", as the service has always reported it. Other errors pass
+// through.
 func storeInput(err error) error {
 	if me, ok := errors.AsType[*token.MalformedError](err); ok && me.Field == "lease" {
 		return &fieldError{field: "token", err: token.InvalidArgument("lease", me.Input, me.Reason)}
@@ -142,47 +131,53 @@ func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
 	return validateSessionID("session_id", r.GetSessionId())
 }
 
-// validateRelease checks a ReleaseRequest and returns its token, which is
-// zero when the request releases a session.
-func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
+// validateRelease checks a ReleaseRequest and returns its token, checked
+// for ReleaseChecked (etcdstore.CheckToken), or the zero Checked, whose
+// token is zero, when the request releases a session.
+func validateRelease(r *fencerv1.ReleaseRequest) (etcdstore.Checked, error) {
 	switch t := r.GetTarget().(type) {
 	case *fencerv1.ReleaseRequest_Token:
 		secret := r.GetHolderSessionSecret()
 		if id := r.GetHolderSessionId(); id != 0 {
 			if err := validateSessionID("holder_session_id", id); err != nil {
-				return token.Token{}, err
+				return etcdstore.Checked{}, err
 			}
 			if len(secret) != SessionSecretLen {
-				return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)),
+				return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)),
 					"must be the "+strconv.Itoa(SessionSecretLen)+"-byte session_secret of the Acquire that opened holder_session_id")
 			}
 		} else if len(secret) != 0 {
-			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)), "must be empty without holder_session_id")
+			return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)), "must be empty without holder_session_id")
 		}
-		return parseToken("token", t.Token)
+		tok, err := parseToken("token", t.Token)
+		if err != nil {
+			return etcdstore.Checked{}, err
+		}
+		c, err := etcdstore.CheckToken(tok)
+		return c, storeInput(err)
 	case *fencerv1.ReleaseRequest_SessionId:
 		if id := r.GetHolderSessionId(); id != 0 {
-			return token.Token{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
+			return etcdstore.Checked{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
 		}
 		if n := len(r.GetHolderSessionSecret()); n != 0 {
-			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
+			return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
 		}
-		return token.Token{}, validateSessionID("session_id", t.SessionId)
+		return etcdstore.Checked{}, validateSessionID("session_id", t.SessionId)
 	default:
-		return token.Token{}, invalidArg("target", "", "one of token or session_id is required")
+		return etcdstore.Checked{}, invalidArg("target", "", "one of token or session_id is required")
 	}
 }
 
 // validateCheck parses a CheckRequest's token. etcdstore's Check checks
 // its lease name (see storeInput).
 func validateCheck(r *fencerv1.CheckRequest) (token.Token, error) {
-	return parseTokenText("token", r.GetToken())
+	return parseToken("token", r.GetToken())
 }
 
 // validateAdvance checks an AdvanceRequest, with etcdstore.CheckAdvance,
 // and returns its input checked for AdvanceChecked.
 func validateAdvance(r *fencerv1.AdvanceRequest) (etcdstore.Checked, error) {
-	tok, err := parseTokenText("token", r.GetToken())
+	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
 		// The resource comes first, as CheckAdvance has it.
 		if rerr := validateName("resource", r.GetResource()); rerr != nil {
@@ -197,7 +192,7 @@ func validateAdvance(r *fencerv1.AdvanceRequest) (etcdstore.Checked, error) {
 // validatePut checks a PutRequest, with etcdstore.CheckPut, and returns
 // its input checked for PutChecked.
 func validatePut(r *fencerv1.PutRequest) (etcdstore.Checked, error) {
-	tok, err := parseTokenText("token", r.GetToken())
+	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
 		return etcdstore.Checked{}, err
 	}
@@ -264,7 +259,7 @@ func decodePageToken(tok string) (string, error) {
 // validateDelete checks a DeleteRequest, with etcdstore.CheckDelete, and
 // returns its input checked for DeleteChecked.
 func validateDelete(r *fencerv1.DeleteRequest) (etcdstore.Checked, error) {
-	tok, err := parseTokenText("token", r.GetToken())
+	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
 		return etcdstore.Checked{}, err
 	}
@@ -273,15 +268,15 @@ func validateDelete(r *fencerv1.DeleteRequest) (etcdstore.Checked, error) {
 }
 
 // validateTxn checks a TxnRequest and returns its token checked for
-// TxnChecked (etcdstore.CheckTxn). Besides each key and value, which
+// TxnChecked (etcdstore.CheckToken). Besides each key and value, which
 // etcdstore does not check in a Txn, it rejects a branch that writes one
 // key twice, which etcd would refuse.
 func validateTxn(r *fencerv1.TxnRequest) (etcdstore.Checked, error) {
-	tok, err := parseTokenText("token", r.GetToken())
+	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
 		return etcdstore.Checked{}, err
 	}
-	checked, err := etcdstore.CheckTxn(tok)
+	checked, err := etcdstore.CheckToken(tok)
 	if err != nil {
 		return etcdstore.Checked{}, storeInput(err)
 	}
