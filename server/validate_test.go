@@ -152,21 +152,32 @@ func TestBadInputOnceAtTheEdge(t *testing.T) {
 			st := status.Convert(tc.call(ctx))
 			require.Equal(t, codes.InvalidArgument, st.Code(), st.Message())
 			require.Equal(t, tc.message, st.Message())
-			var reason, field string
-			for _, d := range st.Details() {
-				switch d := d.(type) {
-				case *errdetails.ErrorInfo:
-					reason = d.GetReason()
-					require.Equal(t, tc.field, d.GetMetadata()["field"])
-				case *errdetails.BadRequest:
-					field = d.GetFieldViolations()[0].GetField()
-				}
-			}
-			require.Equal(t, tc.reason, reason)
+			info, field := badRequest(t, st)
+			require.Equal(t, tc.reason, info.GetReason())
+			require.Equal(t, tc.field, info.GetMetadata()["field"])
 			require.Equal(t, tc.field, field)
 		})
 	}
 	after, err := st.Client().Get(ctx, st.Prefix(), clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.Equal(t, before.Kvs, after.Kvs, "nothing written")
+}
+
+// badRequest returns the fencer.dev ErrorInfo of an INVALID_ARGUMENT
+// status and the field its BadRequest names ("" without one).
+func badRequest(t *testing.T, st *status.Status) (*errdetails.ErrorInfo, string) {
+	t.Helper()
+	var info *errdetails.ErrorInfo
+	var field string
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			require.Equal(t, fencerv1.ErrorDomain, d.GetDomain())
+			info = d
+		case *errdetails.BadRequest:
+			field = d.GetFieldViolations()[0].GetField()
+		}
+	}
+	require.NotNil(t, info, "no ErrorInfo in %v", st)
+	return info, field
 }
