@@ -66,11 +66,10 @@ func WithBatching(max int) Option {
 // commit runs the Txn If(cmps).Then(then).Else(els), sharing an etcd Txn
 // with concurrent writes when the store batches and the Txn can be shared.
 func (s *Store) commit(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	c := &call{ctx: ctx, cmps: cmps, then: then, els: els}
 	if s.batch == nil {
-		return c.alone(ctx, s.cli)
+		return txnAlone(ctx, s.cli, cmps, then, els)
 	}
-	return s.batch.do(c)
+	return s.batch.do(ctx, cmps, then, els)
 }
 
 // batcher queues writes while one shared Txn is in flight and sends them
@@ -94,9 +93,10 @@ type call struct {
 	reads, writes []string
 	size          int
 
-	done chan struct{}
-	resp *clientv3.TxnResponse
-	err  error
+	done  chan struct{}
+	resp  *clientv3.TxnResponse
+	reply pb.TxnResponse // resp of a write that shared a Txn
+	err   error
 }
 
 // keys fills in the keys c reads and writes and its size. It reports
@@ -106,7 +106,7 @@ type call struct {
 // nested Txns count as c's own, in both of their branches: an owner key
 // that a guarded write compares is read, and one it may claim is written.
 func (c *call) keys() bool {
-	return c.add(c.cmps, slices.Concat(c.then, c.els)) && len(c.writes) > 0
+	return c.add(c.cmps, c.then) && c.add(nil, c.els) && len(c.writes) > 0
 }
 
 // add adds the keys that cmps and ops read and write to c's, and their
@@ -122,7 +122,7 @@ func (c *call) add(cmps []clientv3.Cmp, ops []clientv3.Op) bool {
 	for _, op := range ops {
 		if op.IsTxn() {
 			cmps, then, els := op.Txn()
-			if !c.add(cmps, slices.Concat(then, els)) {
+			if !c.add(cmps, then) || !c.add(nil, els) {
 				return false
 			}
 			continue
@@ -143,21 +143,28 @@ func (c *call) add(cmps []clientv3.Cmp, ops []clientv3.Op) bool {
 
 // alone runs c as a Txn of its own.
 func (c *call) alone(ctx context.Context, cli *clientv3.Client) (*clientv3.TxnResponse, error) {
-	return cli.Txn(ctx).If(c.cmps...).Then(c.then...).Else(c.els...).Commit()
+	return txnAlone(ctx, cli, c.cmps, c.then, c.els)
 }
 
-// do runs c: at once if no Txn is in flight, else in the next shared one.
-// Only a write that waits has its keys worked out; one that cannot share a
-// Txn goes alone even then.
-func (b *batcher) do(c *call) (*clientv3.TxnResponse, error) {
+// txnAlone runs If(cmps).Then(then).Else(els) as a Txn of its own.
+func txnAlone(ctx context.Context, cli *clientv3.Client, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	return cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+}
+
+// do runs the write If(cmps).Then(then).Else(els): at once if no Txn is in
+// flight, else in the next shared one. Only a write that waits becomes a
+// call and has its keys worked out; one that cannot share a Txn goes alone
+// even then.
+func (b *batcher) do(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
 	b.mu.Lock()
 	if !b.busy {
 		b.busy = true
 		b.mu.Unlock()
-		resp, err := c.alone(c.ctx, b.cli)
+		resp, err := txnAlone(ctx, b.cli, cmps, then, els)
 		b.next()
 		return resp, err
 	}
+	c := &call{ctx: ctx, cmps: cmps, then: then, els: els}
 	if !c.keys() {
 		b.mu.Unlock()
 		return c.alone(c.ctx, b.cli)
@@ -297,7 +304,8 @@ func (b *batcher) run(batch []*call) {
 	for i, c := range batch {
 		if c.err = err; err == nil {
 			sub := resp.Responses[i].GetResponseTxn()
-			c.resp = (*clientv3.TxnResponse)(&pb.TxnResponse{Header: resp.Header, Succeeded: sub.GetSucceeded(), Responses: sub.GetResponses()})
+			c.reply = pb.TxnResponse{Header: resp.Header, Succeeded: sub.GetSucceeded(), Responses: sub.GetResponses()}
+			c.resp = (*clientv3.TxnResponse)(&c.reply)
 		}
 		close(c.done)
 	}

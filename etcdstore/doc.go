@@ -36,6 +36,14 @@
 //     from overlapping its successor in side effects the store cannot
 //     fence; its cost is that a lease whose holder crashed is unavailable
 //     for the session's TTL plus the delay.
+//   - Put, Delete, Txn, Release and Advance check their arguments on
+//     every call. CheckPut, CheckDelete, CheckToken and CheckAdvance make
+//     those checks on their own and return a Checked, which PutChecked,
+//     DeleteChecked, TxnChecked, ReleaseChecked and AdvanceChecked take
+//     without checking it again: a caller that must refuse bad input
+//     before its own work (the service authorizes a token in etcd before
+//     it writes) checks each input once. That is why the service does not
+//     simply leave the checks to the store's calls.
 //   - Concurrent writes (guarded Put and Delete, acquisitions, Release,
 //     Advance) share etcd Txns: a write that finds another in flight leaves
 //     with the others queued behind it, each as a nested Txn under its own
@@ -86,7 +94,8 @@
 //
 // store.go opens a Store; session.go and lease.go acquire and hold leases;
 // guard.go holds the guard of a token (Guard, Check, Release, Advance);
-// write.go the guarded writes of data keys (Put, Delete, Txn); owner.go
+// write.go the guarded writes of data keys (Put, Delete, Txn); checked.go
+// their arguments checked once (Checked); owner.go
 // the owner records those writes keep; batch.go the batching of Puts and
 // Deletes into shared Txns; delay.go the lock-delay; watch.go the watch of
 // holder keys; prefix.go the key layout's checks; errors.go the errors.

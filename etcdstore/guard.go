@@ -92,6 +92,11 @@ func (s *Store) Check(ctx context.Context, tok token.Token) error {
 	if err := validToken(tok); err != nil {
 		return err
 	}
+	return s.check(ctx, tok)
+}
+
+// check is Check for a valid token.
+func (s *Store) check(ctx context.Context, tok token.Token) error {
 	resp, err := s.cli.Txn(ctx).If(s.guard(tok)...).Else(s.staleOps(tok)...).Commit()
 	if err != nil {
 		return fmt.Errorf("etcdstore: check %s: %w", tok, err)
@@ -173,7 +178,11 @@ func (s *Store) GetPage(ctx context.Context, prefix, after string, limit int) (p
 // Lease.Release (or ReleaseOn, on the holder's etcd lease) is clean and
 // skips the delay.
 func (s *Store) Release(ctx context.Context, tok token.Token) (bool, error) {
-	return s.release(ctx, tok, 0)
+	c, err := CheckToken(tok)
+	if err != nil {
+		return false, err
+	}
+	return s.release(ctx, c.tok, 0)
 }
 
 // ReleaseOn is the clean release of tok by its holder: like Release, it
@@ -187,14 +196,25 @@ func (s *Store) ReleaseOn(ctx context.Context, tok token.Token, id clientv3.Leas
 	if id == 0 {
 		return false, invalid("lease id", "0", "not an etcd lease")
 	}
-	return s.release(ctx, tok, id)
-}
-
-// release is Release, or the clean ReleaseOn when id != 0.
-func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
-	if err := validToken(tok); err != nil {
+	c, err := CheckToken(tok)
+	if err != nil {
 		return false, err
 	}
+	return s.release(ctx, c.tok, id)
+}
+
+// ReleaseChecked is Release, when id is 0, or ReleaseOn of a token that
+// CheckToken has checked; it does not check the token again.
+func (s *Store) ReleaseChecked(ctx context.Context, c Checked, id clientv3.LeaseID) (bool, error) {
+	if err := c.checkedFor(checkedToken); err != nil {
+		return false, err
+	}
+	return s.release(ctx, c.tok, id)
+}
+
+// release is Release, or the clean ReleaseOn when id != 0, of a valid
+// token.
+func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
 	cmps, ops := s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}
 	if id != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))
@@ -225,12 +245,20 @@ func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseI
 // is current, and a token of the same lease still never moves the record
 // back.
 func (s *Store) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
-	if err := ValidateName("resource", resource); err != nil {
+	c, err := CheckAdvance(resource, tok)
+	if err != nil {
 		return err
 	}
-	if err := validToken(tok); err != nil {
+	return s.AdvanceChecked(ctx, c, opts...)
+}
+
+// AdvanceChecked is Advance of arguments that CheckAdvance has checked; it
+// does not check them again.
+func (s *Store) AdvanceChecked(ctx context.Context, c Checked, opts ...WriteOption) error {
+	if err := c.checkedFor(checkedAdvance); err != nil {
 		return err
 	}
+	resource, tok := c.name, c.tok
 	o := writeOpts(opts)
 	key := s.fenceKey(resource)
 	for {
@@ -256,7 +284,7 @@ func (s *Store) Advance(ctx context.Context, resource string, tok token.Token, o
 			if refused != nil {
 				// A token that is not current is stale whoever owns
 				// the resource, as in every guarded write.
-				if err := s.Check(ctx, tok); err != nil {
+				if err := s.check(ctx, tok); err != nil {
 					return err
 				}
 				return refused

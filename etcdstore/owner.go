@@ -169,30 +169,57 @@ const maxOwnerGuesses = 1 << 16
 // costs a round trip or a nested Txn, never correctness.
 type ownerGuesses struct {
 	mu   sync.Mutex
-	seen map[string]string
+	seen map[string]ownerGuess
+}
+
+// ownerGuess is a key's owner record as a store last saw it, and the
+// token it records when the store wrote it itself (zero when it read it),
+// so that a write by that token knows the record is its own without
+// formatting the record again.
+type ownerGuess struct {
+	rec string
+	tok token.Token
 }
 
 func (g *ownerGuesses) get(key string) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.seen[key]
+	return g.seen[key].rec
 }
 
-// put records rec as key's owner record; "" forgets the key.
-func (g *ownerGuesses) put(key, rec string) {
+// getFor returns key's guessed owner record and whether it is the record
+// of tok, as this store wrote it (putMine).
+func (g *ownerGuesses) getFor(key string, tok token.Token) (rec string, mine bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if rec == "" {
+	e := g.seen[key]
+	return e.rec, e.rec != "" && e.tok == tok
+}
+
+// put records rec, read from etcd, as key's owner record; "" forgets the
+// key.
+func (g *ownerGuesses) put(key, rec string) { g.set(key, ownerGuess{rec: rec}) }
+
+// putMine records rec, which is ownerRecord(tok), as key's owner record.
+func (g *ownerGuesses) putMine(key string, tok token.Token, rec string) {
+	g.set(key, ownerGuess{rec: rec, tok: tok})
+}
+
+func (g *ownerGuesses) set(key string, e ownerGuess) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e.rec == "" {
 		delete(g.seen, key)
 		return
 	}
-	if g.seen[key] == rec {
-		return
+	old, ok := g.seen[key]
+	if ok && old.rec == e.rec && (e.tok.IsZero() || old.tok == e.tok) {
+		return // a record read back keeps the token it was written with
 	}
-	if _, ok := g.seen[key]; g.seen == nil || (!ok && len(g.seen) >= maxOwnerGuesses) {
-		g.seen = map[string]string{}
+	if g.seen == nil || (!ok && len(g.seen) >= maxOwnerGuesses) {
+		g.seen = map[string]ownerGuess{}
 	}
-	g.seen[key] = rec
+	g.seen[key] = e
 }
 
 // ownerOf reads the owner record from a Get's response; "" if absent.

@@ -24,18 +24,22 @@ import (
 // *token.StaleError when tok is not its lease's current token, and a
 // *token.ForeignLeaseError when another lease owns key.
 func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
-	if err := validToken(tok); err != nil {
-		return 0, err
-	}
-	if err := ValidateKey(key); err != nil {
-		return 0, err
-	}
-	if err := ValidateValue(value); err != nil {
-		return 0, err
-	}
-	_, rev, err := s.writeKey(ctx, tok, key, clientv3.OpPut(s.DataKey(key), string(value)), writeOpts(opts).takeOver)
+	c, err := CheckPut(tok, key, value)
 	if err != nil {
-		return 0, fmt.Errorf("etcdstore: put %q: %w", key, err)
+		return 0, err
+	}
+	return s.PutChecked(ctx, c, opts...)
+}
+
+// PutChecked is Put of arguments that CheckPut has checked; it does not
+// check them again.
+func (s *Store) PutChecked(ctx context.Context, c Checked, opts ...WriteOption) (int64, error) {
+	if err := c.checkedFor(checkedPut); err != nil {
+		return 0, err
+	}
+	_, rev, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpPut(s.DataKey(c.name), string(c.value)), writeOpts(opts).takeOver)
+	if err != nil {
+		return 0, fmt.Errorf("etcdstore: put %q: %w", c.name, err)
 	}
 	return rev, nil
 }
@@ -47,15 +51,22 @@ func (s *Store) Put(ctx context.Context, tok token.Token, key string, value []by
 // when tok is not current and a *token.ForeignLeaseError when another
 // lease owns key, and then deletes nothing.
 func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ...WriteOption) (bool, error) {
-	if err := validToken(tok); err != nil {
-		return false, err
-	}
-	if err := ValidateKey(key); err != nil {
-		return false, err
-	}
-	r, _, err := s.writeKey(ctx, tok, key, clientv3.OpDelete(s.DataKey(key)), writeOpts(opts).takeOver)
+	c, err := CheckDelete(tok, key)
 	if err != nil {
-		return false, fmt.Errorf("etcdstore: delete %q: %w", key, err)
+		return false, err
+	}
+	return s.DeleteChecked(ctx, c, opts...)
+}
+
+// DeleteChecked is Delete of arguments that CheckDelete has checked; it
+// does not check them again.
+func (s *Store) DeleteChecked(ctx context.Context, c Checked, opts ...WriteOption) (bool, error) {
+	if err := c.checkedFor(checkedDelete); err != nil {
+		return false, err
+	}
+	r, _, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpDelete(s.DataKey(c.name)), writeOpts(opts).takeOver)
+	if err != nil {
+		return false, fmt.Errorf("etcdstore: delete %q: %w", c.name, err)
 	}
 	return r.GetResponseDeleteRange().GetDeleted() > 0, nil
 }
@@ -87,9 +98,20 @@ func (s *Store) Delete(ctx context.Context, tok token.Token, key string, opts ..
 // forbids a nested Txn from writing the same key twice; the same rules as
 // a plain etcd Txn apply to the ops. Txns are never batched.
 func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
-	if err := validToken(tok); err != nil {
+	c, err := CheckToken(tok)
+	if err != nil {
 		return nil, err
 	}
+	return s.TxnChecked(ctx, c, cmps, then, els, opts...)
+}
+
+// TxnChecked is Txn with a token that CheckToken has checked; it does
+// not check the token again.
+func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, then, els []clientv3.Op, opts ...WriteOption) (*clientv3.TxnResponse, error) {
+	if err := c.checkedFor(checkedToken); err != nil {
+		return nil, err
+	}
+	tok := c.tok
 	o := writeOpts(opts)
 	thenKeys, err := s.dataKeysWritten(then)
 	if err != nil {
@@ -162,7 +184,7 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 		}
 		for _, k := range keys {
 			if slices.Contains(ran, k) {
-				s.owners.put(k, mine)
+				s.owners.putMine(k, tok, mine)
 			}
 		}
 		// Hide the claims from the caller: they follow its own ops.
@@ -200,8 +222,13 @@ func (s *Store) Txn(ctx context.Context, tok token.Token, cmps []clientv3.Cmp, t
 // a wrong guess of the owner. A wrong guess costs those round trips, never
 // correctness: the write is retried in the shape the read calls for.
 func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
-	owner, mine := s.ownerKey(key), ownerRecord(tok)
-	seen := s.owners.get(key)
+	owner := s.ownerKey(key)
+	seen, isMine := s.owners.getFor(key, tok)
+	mine := seen // the common case: the record this store wrote for tok
+	if !isMine {
+		mine = ownerRecord(tok)
+		isMine = seen == mine
+	}
 	for {
 		var cmps []clientv3.Cmp
 		var then []clientv3.Op
@@ -209,7 +236,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 		switch {
 		case mutant.On(mutant.OwnerCompareDropped):
 			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case seen == mine && !takeOver:
+		case isMine && !takeOver:
 			cmps = []clientv3.Cmp{
 				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
 				clientv3.Compare(clientv3.Value(owner), "=", mine),
@@ -240,6 +267,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 			// The guessed owner record was wrong (a token that is not
 			// current never becomes current again).
 			seen = ownerOf(why.Responses[2])
+			isMine = seen == mine
 			s.owners.put(key, seen)
 			if seen != "" && ownerLease(seen) != tok.Lease && !takeOver {
 				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
@@ -254,7 +282,7 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
 			}
 		}
-		s.owners.put(key, mine)
+		s.owners.putMine(key, tok, mine)
 		return rs[len(rs)-1], resp.Header.Revision, nil
 	}
 }

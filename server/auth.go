@@ -139,8 +139,7 @@ func (b *BearerTokens) add(tok, principal string) error {
 
 // Authenticate returns the principal of the call's bearer token.
 func (b *BearerTokens) Authenticate(ctx context.Context) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
+	vals := metadata.ValueFromIncomingContext(ctx, "authorization") // not a copy of all the metadata
 	if len(vals) != 1 {
 		return "", fmt.Errorf("%w: want one \"authorization: Bearer <token>\" header", ErrUnauthenticated)
 	}

@@ -268,6 +268,9 @@ const anotherPrincipalsLease = "a lease of another principal"
 // a key or resource of another lease names that lease only when the
 // caller may use it.
 func (s *Server) hideOthers(ctx context.Context, principal string, req any, err error) error {
+	if err == nil {
+		return nil // the common case, without errors.As's allocations
+	}
 	var foreign *token.ForeignLeaseError
 	if errors.As(err, &foreign) && s.authz != nil && !s.authz.Allowed(principal, "lease", foreign.Got) {
 		return &token.ForeignLeaseError{Want: foreign.Want, Got: anotherPrincipalsLease}

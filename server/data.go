@@ -20,7 +20,7 @@ func (s *Server) Check(ctx context.Context, req *fencerv1.CheckRequest) (*fencer
 		return nil, err
 	}
 	if err := s.store.Check(ctx, tok); err != nil {
-		return nil, s.rejected(ctx, "check", tok, err)
+		return nil, s.rejected(ctx, "check", tok, storeInput(err))
 	}
 	return &fencerv1.CheckResponse{}, nil
 }
@@ -28,14 +28,15 @@ func (s *Server) Check(ctx context.Context, req *fencerv1.CheckRequest) (*fencer
 // Advance implements FencerService.Advance: etcdstore's Advance, taking
 // the resource over from another lease only when the request says so.
 func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fencerv1.AdvanceResponse, error) {
-	tok, err := validateAdvance(req)
+	in, err := validateAdvance(req)
 	if err != nil {
 		return nil, err
 	}
+	tok := in.Token()
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(ctx, "advance", tok, err)
 	}
-	if err := s.store.Advance(ctx, req.GetResource(), tok, takeOver(req.GetTakeOver())...); err != nil {
+	if err := s.store.AdvanceChecked(ctx, in, takeOver(req.GetTakeOver())...); err != nil {
 		return nil, s.rejected(ctx, "advance", tok, err)
 	}
 	return &fencerv1.AdvanceResponse{}, nil
@@ -45,14 +46,15 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 // principal the token was issued to, refused for a key of another lease
 // unless the request takes it over.
 func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
-	tok, err := validatePut(req)
+	in, err := validatePut(req)
 	if err != nil {
 		return nil, err
 	}
+	tok := in.Token()
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(ctx, "put", tok, err)
 	}
-	rev, err := s.store.Put(ctx, tok, req.GetKey(), req.GetValue(), takeOver(req.GetTakeOver())...)
+	rev, err := s.store.PutChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(ctx, "put", tok, err)
 	}
@@ -61,12 +63,12 @@ func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.P
 
 // Get implements FencerService.Get. Reads are not guarded.
 func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.GetResponse, error) {
-	if err := validateGet(req); err != nil {
-		return nil, err
+	v, ok, err := s.store.Get(ctx, req.GetKey()) // Get checks the key
+	if err != nil {
+		return nil, storeInput(err)
 	}
-	v, ok, err := s.store.Get(ctx, req.GetKey())
-	if err != nil || !ok {
-		return &fencerv1.GetResponse{}, err
+	if !ok {
+		return &fencerv1.GetResponse{}, nil
 	}
 	return &fencerv1.GetResponse{Found: true, Value: v.Data, CreateRevision: v.CreateRevision, ModRevision: v.ModRevision}, nil
 }
@@ -106,14 +108,15 @@ func (s *Server) ListKeys(ctx context.Context, req *fencerv1.ListKeysRequest) (*
 // Delete implements FencerService.Delete: etcdstore's guarded Delete, with
 // the same ownership rule as Put.
 func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fencerv1.DeleteResponse, error) {
-	tok, err := validateDelete(req)
+	in, err := validateDelete(req)
 	if err != nil {
 		return nil, err
 	}
+	tok := in.Token()
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(ctx, "delete", tok, err)
 	}
-	deleted, err := s.store.Delete(ctx, tok, req.GetKey(), takeOver(req.GetTakeOver())...)
+	deleted, err := s.store.DeleteChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(ctx, "delete", tok, err)
 	}
@@ -124,10 +127,11 @@ func (s *Server) Delete(ctx context.Context, req *fencerv1.DeleteRequest) (*fenc
 // on data keys, run as etcdstore's guarded Txn, which also checks that the
 // token's lease owns (or may claim) every key either branch writes.
 func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.TxnResponse, error) {
-	tok, err := validateTxn(req)
+	in, err := validateTxn(req)
 	if err != nil {
 		return nil, err
 	}
+	tok := in.Token()
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
 		return nil, s.rejected(ctx, "txn", tok, err)
 	}
@@ -135,7 +139,7 @@ func (s *Server) Txn(ctx context.Context, req *fencerv1.TxnRequest) (*fencerv1.T
 	for i, c := range req.GetCompares() {
 		cmps[i] = s.compare(c)
 	}
-	resp, err := s.store.Txn(ctx, tok, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()), takeOver(req.GetTakeOver())...)
+	resp, err := s.store.TxnChecked(ctx, in, cmps, s.ops(req.GetSuccess()), s.ops(req.GetFailure()), takeOver(req.GetTakeOver())...)
 	if err != nil {
 		return nil, s.rejected(ctx, "txn", tok, err)
 	}

@@ -33,7 +33,10 @@
 //     before anything is written.
 //   - Requests are validated against the limits in docs/service.md before
 //     anything is sent to etcd; an invalid one fails with INVALID_ARGUMENT
-//     naming the field.
+//     naming the field. Each input is checked once, with etcdstore's
+//     checks (etcdstore.CheckPut and the like, validate.go), before the
+//     token's holder is read, and the writes take the checked input
+//     (etcdstore.PutChecked and the like) without checking it again.
 //
 // # What is not guaranteed
 //

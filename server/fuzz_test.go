@@ -17,6 +17,9 @@ import (
 // FuzzValidateRequests decodes arbitrary bytes as each request type and
 // validates them. Validation must never panic, and whatever it accepts must
 // satisfy the store's own checks, so that nothing invalid reaches etcd.
+// Check and Get leave their checks to the store's Check and Get, which
+// make them before they send anything: the server only parses Check's
+// token.
 func FuzzValidateRequests(f *testing.F) {
 	seed := func(m proto.Message) {
 		b, err := proto.Marshal(m)
@@ -48,8 +51,8 @@ func FuzzValidateRequests(f *testing.F) {
 		}
 		var put fencerv1.PutRequest
 		if proto.Unmarshal(b, &put) == nil {
-			if tok, err := validatePut(&put); err == nil {
-				storeToken(tok)
+			if in, err := validatePut(&put); err == nil {
+				storeToken(in.Token())
 				keyOK(put.GetKey())
 				if len(put.GetValue()) > etcdstore.MaxValueLen {
 					t.Fatal("accepted oversized value")
@@ -64,8 +67,8 @@ func FuzzValidateRequests(f *testing.F) {
 		}
 		var txn fencerv1.TxnRequest
 		if proto.Unmarshal(b, &txn) == nil {
-			if tok, err := validateTxn(&txn); err == nil {
-				storeToken(tok)
+			if in, err := validateTxn(&txn); err == nil {
+				storeToken(in.Token())
 				for _, c := range txn.GetCompares() {
 					keyOK(c.GetKey())
 					if _, ok := compareResults[c.GetResult()]; !ok {
@@ -81,7 +84,7 @@ func FuzzValidateRequests(f *testing.F) {
 		}
 		var rel fencerv1.ReleaseRequest
 		if proto.Unmarshal(b, &rel) == nil {
-			if tok, err := validateRelease(&rel); err == nil && tok.IsZero() && rel.GetSessionId() <= 0 {
+			if in, err := validateRelease(&rel); err == nil && in.Token().IsZero() && rel.GetSessionId() <= 0 {
 				t.Fatalf("accepted release %v", &rel)
 			}
 		}
@@ -89,26 +92,27 @@ func FuzzValidateRequests(f *testing.F) {
 		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {
 			t.Fatalf("accepted watch %v", &w)
 		}
-		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.GetRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}, &fencerv1.ListKeysRequest{}} {
+		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}, &fencerv1.ListKeysRequest{}} {
 			if proto.Unmarshal(b, m) != nil {
 				continue
 			}
 			switch m := m.(type) {
 			case *fencerv1.CheckRequest:
 				if tok, err := validateCheck(m); err == nil {
-					storeToken(tok)
+					if err := tok.Validate(); err != nil {
+						t.Fatalf("accepted invalid token %v: %v", tok, err)
+					}
 				}
 			case *fencerv1.AdvanceRequest:
-				if tok, err := validateAdvance(m); err == nil {
-					storeToken(tok)
+				if in, err := validateAdvance(m); err == nil {
+					storeToken(in.Token())
+					if etcdstore.ValidateName("resource", m.GetResource()) != nil {
+						t.Fatalf("accepted invalid resource %q", m.GetResource())
+					}
 				}
 			case *fencerv1.DeleteRequest:
-				if tok, err := validateDelete(m); err == nil {
-					storeToken(tok)
-					keyOK(m.GetKey())
-				}
-			case *fencerv1.GetRequest:
-				if validateGet(m) == nil {
+				if in, err := validateDelete(m); err == nil {
+					storeToken(in.Token())
 					keyOK(m.GetKey())
 				}
 			case *fencerv1.KeepAliveRequest:

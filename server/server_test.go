@@ -13,7 +13,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -313,18 +312,9 @@ func TestValidationNamesFieldAndWritesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := status.Convert(tc.call())
 			require.Equal(t, codes.InvalidArgument, st.Code(), st.Message())
-			var gotReason, gotField string
-			for _, d := range st.Details() {
-				switch d := d.(type) {
-				case *errdetails.ErrorInfo:
-					gotReason = d.GetReason()
-					require.Equal(t, fencerv1.ErrorDomain, d.GetDomain())
-				case *errdetails.BadRequest:
-					gotField = d.GetFieldViolations()[0].GetField()
-				}
-			}
-			require.Equal(t, tc.reason, gotReason)
-			require.Equal(t, tc.field, gotField)
+			info, field := badRequest(t, st)
+			require.Equal(t, tc.reason, info.GetReason())
+			require.Equal(t, tc.field, field)
 		})
 	}
 	after, err := st.Client().Get(ctx, st.Prefix(), clientv3.WithPrefix())

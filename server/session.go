@@ -302,10 +302,11 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 
 // Release implements FencerService.Release.
 func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fencerv1.ReleaseResponse, error) {
-	tok, err := validateRelease(req)
+	in, err := validateRelease(req)
 	if err != nil {
 		return nil, err
 	}
+	tok := in.Token()
 	p := principalOf(ctx)
 	if tok.IsZero() {
 		id := clientv3.LeaseID(req.GetSessionId())
@@ -332,18 +333,17 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 	} else if err != nil {
 		return nil, err
 	}
-	release := s.store.Release
-	if id := clientv3.LeaseID(req.GetHolderSessionId()); id != 0 {
-		// The holder's clean release: it skips the lock-delay.
+	id := clientv3.LeaseID(req.GetHolderSessionId())
+	if id != 0 {
+		// The holder's clean release (ReleaseOn): it skips the lock-delay.
 		if err := s.checkHolderSession(ctx, id, p, req.GetHolderSessionSecret()); errors.Is(err, ErrSessionNotFound) {
 			return &fencerv1.ReleaseResponse{}, nil // its holder keys went with it
 		} else if err != nil {
 			return nil, err
 		}
-		release = func(ctx context.Context, tok token.Token) (bool, error) { return s.store.ReleaseOn(ctx, tok, id) }
 	}
 	undo := s.releasing.mark(tok.String())
-	released, err := release(ctx, tok)
+	released, err := s.store.ReleaseChecked(ctx, in, id)
 	if !released {
 		undo() // a release that may have committed is then recorded as a loss too
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -50,8 +51,9 @@ func invalidArg(field, value, reason string) error {
 	return &fieldError{field: field, err: token.InvalidArgument(field, value, reason)}
 }
 
-// parseToken parses a token field and checks that the store could have
-// issued it.
+// parseToken parses a token field, leaving the check that the store could
+// have issued it (its lease name) to etcdstore's CheckToken and the like
+// (see storeInput).
 func parseToken(field, s string) (token.Token, error) {
 	if s == "" {
 		return token.Token{}, invalidArg(field, s, "required")
@@ -60,16 +62,33 @@ func parseToken(field, s string) (token.Token, error) {
 	if err != nil {
 		return token.Token{}, inField(field, err)
 	}
-	if err := token.ValidateName("lease", tok.Lease); err != nil {
-		return token.Token{}, inField(field, err)
-	}
 	return tok, nil
+}
+
+// storeInput turns an error of etcdstore's checks of a request's token,
+// keys, values and resources (its Check* functions, or the checks of a
+// call such as Get) into the service's: an argument error is tied to the
+// request field of the same name ("key", "value", "resource"), and a
+// token lease the store refuses, which token.Parse accepted (one with "/"
+// or longer than token.MaxNameLen), is the invalid argument "lease" of the
+// field "token", as the service has always reported it. Other errors pass
+// through.
+func storeInput(err error) error {
+	if me, ok := errors.AsType[*token.MalformedError](err); ok && me.Field == "lease" {
+		return &fieldError{field: "token", err: token.InvalidArgument("lease", me.Input, me.Reason)}
+	}
+	if ae, ok := errors.AsType[*token.ArgumentError](err); ok {
+		return inField(ae.Arg, err)
+	}
+	return err
 }
 
 func validateName(field, name string) error {
 	return inField(field, token.ValidateName(field, name))
 }
 
+// validateKey checks a key of a request that etcdstore does not check
+// itself (a Txn's compares and ops, a ListKeys prefix).
 func validateKey(field, key string) error {
 	if err := etcdstore.ValidateKey(key); err != nil {
 		return inField(field, err)
@@ -112,64 +131,74 @@ func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
 	return validateSessionID("session_id", r.GetSessionId())
 }
 
-// validateRelease checks a ReleaseRequest and returns its token, which is
-// zero when the request releases a session.
-func validateRelease(r *fencerv1.ReleaseRequest) (token.Token, error) {
+// validateRelease checks a ReleaseRequest and returns its token, checked
+// for ReleaseChecked (etcdstore.CheckToken), or the zero Checked, whose
+// token is zero, when the request releases a session.
+func validateRelease(r *fencerv1.ReleaseRequest) (etcdstore.Checked, error) {
 	switch t := r.GetTarget().(type) {
 	case *fencerv1.ReleaseRequest_Token:
 		secret := r.GetHolderSessionSecret()
 		if id := r.GetHolderSessionId(); id != 0 {
 			if err := validateSessionID("holder_session_id", id); err != nil {
-				return token.Token{}, err
+				return etcdstore.Checked{}, err
 			}
 			if len(secret) != SessionSecretLen {
-				return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)),
+				return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)),
 					"must be the "+strconv.Itoa(SessionSecretLen)+"-byte session_secret of the Acquire that opened holder_session_id")
 			}
 		} else if len(secret) != 0 {
-			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)), "must be empty without holder_session_id")
+			return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", len(secret)), "must be empty without holder_session_id")
 		}
-		return parseToken("token", t.Token)
+		tok, err := parseToken("token", t.Token)
+		if err != nil {
+			return etcdstore.Checked{}, err
+		}
+		c, err := etcdstore.CheckToken(tok)
+		return c, storeInput(err)
 	case *fencerv1.ReleaseRequest_SessionId:
 		if id := r.GetHolderSessionId(); id != 0 {
-			return token.Token{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
+			return etcdstore.Checked{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
 		}
 		if n := len(r.GetHolderSessionSecret()); n != 0 {
-			return token.Token{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
+			return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
 		}
-		return token.Token{}, validateSessionID("session_id", t.SessionId)
+		return etcdstore.Checked{}, validateSessionID("session_id", t.SessionId)
 	default:
-		return token.Token{}, invalidArg("target", "", "one of token or session_id is required")
+		return etcdstore.Checked{}, invalidArg("target", "", "one of token or session_id is required")
 	}
 }
 
-// validateCheck checks a CheckRequest and returns its token.
+// validateCheck parses a CheckRequest's token. etcdstore's Check checks
+// its lease name (see storeInput).
 func validateCheck(r *fencerv1.CheckRequest) (token.Token, error) {
 	return parseToken("token", r.GetToken())
 }
 
-// validateAdvance checks an AdvanceRequest and returns its token.
-func validateAdvance(r *fencerv1.AdvanceRequest) (token.Token, error) {
-	if err := validateName("resource", r.GetResource()); err != nil {
-		return token.Token{}, err
-	}
-	return parseToken("token", r.GetToken())
-}
-
-// validatePut checks a PutRequest and returns its token.
-func validatePut(r *fencerv1.PutRequest) (token.Token, error) {
+// validateAdvance checks an AdvanceRequest, with etcdstore.CheckAdvance,
+// and returns its input checked for AdvanceChecked.
+func validateAdvance(r *fencerv1.AdvanceRequest) (etcdstore.Checked, error) {
 	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		// The resource comes first, as CheckAdvance has it.
+		if rerr := validateName("resource", r.GetResource()); rerr != nil {
+			return etcdstore.Checked{}, rerr
+		}
+		return etcdstore.Checked{}, err
 	}
-	if err := validateKey("key", r.GetKey()); err != nil {
-		return token.Token{}, err
-	}
-	return tok, validateValue("value", r.GetValue())
+	c, err := etcdstore.CheckAdvance(r.GetResource(), tok)
+	return c, storeInput(err)
 }
 
-// validateGet checks a GetRequest.
-func validateGet(r *fencerv1.GetRequest) error { return validateKey("key", r.GetKey()) }
+// validatePut checks a PutRequest, with etcdstore.CheckPut, and returns
+// its input checked for PutChecked.
+func validatePut(r *fencerv1.PutRequest) (etcdstore.Checked, error) {
+	tok, err := parseToken("token", r.GetToken())
+	if err != nil {
+		return etcdstore.Checked{}, err
+	}
+	c, err := etcdstore.CheckPut(tok, r.GetKey(), r.GetValue())
+	return c, storeInput(err)
+}
 
 // validateListLeases checks a ListLeasesRequest and returns its page size,
 // with the default for 0, and the name its page token follows. A name
@@ -227,35 +256,45 @@ func decodePageToken(tok string) (string, error) {
 	return string(after), nil
 }
 
-// validateDelete checks a DeleteRequest and returns its token.
-func validateDelete(r *fencerv1.DeleteRequest) (token.Token, error) {
+// validateDelete checks a DeleteRequest, with etcdstore.CheckDelete, and
+// returns its input checked for DeleteChecked.
+func validateDelete(r *fencerv1.DeleteRequest) (etcdstore.Checked, error) {
 	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
 	}
-	return tok, validateKey("key", r.GetKey())
+	c, err := etcdstore.CheckDelete(tok, r.GetKey())
+	return c, storeInput(err)
 }
 
-// validateTxn checks a TxnRequest and returns its token. Besides each
-// key and value, it rejects a branch that writes one key twice, which etcd
-// would refuse.
-func validateTxn(r *fencerv1.TxnRequest) (token.Token, error) {
+// validateTxn checks a TxnRequest and returns its token checked for
+// TxnChecked (etcdstore.CheckToken). Besides each key and value, which
+// etcdstore does not check in a Txn, it rejects a branch that writes one
+// key twice, which etcd would refuse.
+func validateTxn(r *fencerv1.TxnRequest) (etcdstore.Checked, error) {
 	tok, err := parseToken("token", r.GetToken())
 	if err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
+	}
+	checked, err := etcdstore.CheckToken(tok)
+	if err != nil {
+		return etcdstore.Checked{}, storeInput(err)
 	}
 	if n := len(r.GetCompares()); n > MaxTxnCompares {
-		return token.Token{}, invalidArg("compares", strconv.Itoa(n), "more than "+strconv.Itoa(MaxTxnCompares))
+		return etcdstore.Checked{}, invalidArg("compares", strconv.Itoa(n), "more than "+strconv.Itoa(MaxTxnCompares))
 	}
 	for i, c := range r.GetCompares() {
 		if err := validateCompare(fmt.Sprintf("compares[%d]", i), c); err != nil {
-			return token.Token{}, err
+			return etcdstore.Checked{}, err
 		}
 	}
 	if err := validateOps("success", r.GetSuccess()); err != nil {
-		return token.Token{}, err
+		return etcdstore.Checked{}, err
 	}
-	return tok, validateOps("failure", r.GetFailure())
+	if err := validateOps("failure", r.GetFailure()); err != nil {
+		return etcdstore.Checked{}, err
+	}
+	return checked, nil
 }
 
 func validateCompare(field string, c *fencerv1.Compare) error {
