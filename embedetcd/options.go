@@ -34,6 +34,9 @@ type options struct {
 	quota           int64
 	maxRequestBytes uint
 	log             *slog.Logger
+	// noSizeBound turns the compactor's size rule off (tests only: the
+	// old policy, which compacts by age alone).
+	noSizeBound bool
 }
 
 func defaultOptions() options {
@@ -59,7 +62,9 @@ func WithMaxRequestBytes(n uint) Option {
 }
 
 // WithLogger sends etcd's own logs at warn level and above to log, with
-// the attribute component=etcd. Without it they are discarded.
+// the attribute component=etcd, and the member's compactor's (compactions
+// at debug, NOSPACE recoveries at warn, info and error) with
+// component=embedetcd. Without it they are discarded.
 func WithLogger(log *slog.Logger) Option {
-	return func(o *options) { o.log = log.With(slog.String("component", "etcd")) }
+	return func(o *options) { o.log = log }
 }
