@@ -20,9 +20,13 @@ const compactorTick = 100 * time.Millisecond
 // NOSPACE alarm.
 const recoveryGap = time.Second
 
-// SpaceStats counts what a member's compactor did since the member
-// started. The counts only grow.
+// SpaceStats is a member's database size and what its compactor did since
+// the member started. The counts only grow.
 type SpaceStats struct {
+	// DBSize is the size of the database file in bytes, the figure etcd
+	// holds against the quota; DBSizeInUse is the part of it in use, the
+	// rest being free pages that writes reuse.
+	DBSize, DBSizeInUse int64
 	// Compactions is the number of compactions the compactor made.
 	Compactions int64
 	// SizeCompactions is the number of those made because the database's

@@ -265,10 +265,15 @@ func (s *Server) startCompactor(o options) {
 	}
 }
 
-// SpaceStats returns what the member's compactor did since the member
-// started: compactions, NOSPACE alarms found and cleared. The counts are
-// read one by one, not at one instant.
-func (s *Server) SpaceStats() SpaceStats { return s.space.snapshot() }
+// SpaceStats returns the member's database size and what its compactor
+// did since the member started: compactions, NOSPACE alarms found and
+// cleared. The figures are read one by one, not at one instant.
+func (s *Server) SpaceStats() SpaceStats {
+	st := s.space.snapshot()
+	be := s.etcd.Server.Backend()
+	st.DBSize, st.DBSizeInUse = be.Size(), be.SizeInUse()
+	return st
+}
 
 // lockDir takes an exclusive lock on a file in dir and returns the open
 // file that holds it; closing the file releases it. If another member

@@ -196,6 +196,9 @@ func TestNoSpaceRecoversByItself(t *testing.T) {
 	var after atomic.Int64 // acknowledged writes at the recovery
 	l := writeLoad(ctx, t, srv, cli, 8, 16<<10, func(l *load) bool {
 		if l.recoveredA.Load() == 0 {
+			if first := l.firstNoSp.Load(); first != 0 {
+				return time.Since(time.Unix(0, first)) > recoveryBound // no recovery: give up
+			}
 			return l.written.Load() >= 2*spaceQuota // the quota holds 16 MiB: NOSPACE comes first
 		}
 		after.CompareAndSwap(0, l.puts.Load())

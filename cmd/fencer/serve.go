@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -185,12 +186,14 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		defer mlis.Close()
 	}
 	var cli *clientv3.Client
+	var collectors []prometheus.Collector
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
 			return err
 		}
 		defer member.Close()
+		collectors = memberMetrics(member)
 		endpoints = []string{member.Endpoint()}
 		// In process: one gRPC hop per request (the caller's), not two.
 		// The member's socket still serves etcdctl and backups.
@@ -221,7 +224,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 			}
 		})
 	}
-	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log})
+	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log, Collectors: collectors})
 	if err != nil {
 		return err
 	}
@@ -340,6 +343,35 @@ func (f serveFlags) startEmbedded(ctx context.Context, log *slog.Logger) (*embed
 	log.Info("embedded etcd", "data_dir", f.dataDir, "endpoint", member.Endpoint(),
 		"quota_bytes", f.etcdQuota, "compaction_retention", f.etcdRetention.String())
 	return member, nil
+}
+
+// memberMetrics are the embedded member's space metrics: its database
+// size and what its compactor did (embedetcd.SpaceStats).
+func memberMetrics(member *embedetcd.Server) []prometheus.Collector {
+	counter := func(name, help string, v func(embedetcd.SpaceStats) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v(member.SpaceStats())) })
+	}
+	gauge := func(name, help string, v func(embedetcd.SpaceStats) int64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return float64(v(member.SpaceStats())) })
+	}
+	return []prometheus.Collector{
+		gauge("fencer_embedded_etcd_db_size_bytes", "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes.",
+			func(s embedetcd.SpaceStats) int64 { return s.DBSize }),
+		gauge("fencer_embedded_etcd_db_size_in_use_bytes", "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse.",
+			func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse }),
+		counter("fencer_embedded_etcd_compactions_total", "Compactions the embedded etcd member's compactor made.",
+			func(s embedetcd.SpaceStats) int64 { return s.Compactions }),
+		counter("fencer_embedded_etcd_size_compactions_total", "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from.",
+			func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions }),
+		counter("fencer_embedded_etcd_nospace_alarms_total", "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space).",
+			func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms }),
+		counter("fencer_embedded_etcd_nospace_recoveries_total", "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed.",
+			func(s embedetcd.SpaceStats) int64 { return s.Recoveries }),
+		counter("fencer_embedded_etcd_nospace_recovery_failures_total", "NOSPACE recoveries that failed at a step; retried a second later.",
+			func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures }),
+	}
 }
 
 // watchCertificate makes tlsCfg serve --tls-cert and --tls-key as they
