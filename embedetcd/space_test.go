@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,11 +41,11 @@ type load struct {
 
 // writeLoad runs writers goroutines, each writing in a loop one Txn that
 // overwrites the hot key with a value of valueSize bytes (the history that
-// fills a member) and creates a small unique key (live data, which must
-// all read back), until stop says so or ctx ends. A write refused with
+// fills a member) and, with unique, creates a small unique key (live data,
+// which must all read back), until stop says so or ctx ends. A write refused with
 // NOSPACE is counted, and the writer goes on. Every 50 ms it samples the
 // member's database size.
-func writeLoad(ctx context.Context, t *testing.T, srv *embedetcd.Server, cli *clientv3.Client, writers, valueSize int, stop func(*load) bool) *load {
+func writeLoad(ctx context.Context, t *testing.T, srv *embedetcd.Server, cli *clientv3.Client, writers, valueSize int, unique bool, stop func(*load) bool) *load {
 	t.Helper()
 	l := &load{acked: map[string]string{}}
 	var seq atomic.Int64
@@ -68,7 +69,11 @@ func writeLoad(ctx context.Context, t *testing.T, srv *embedetcd.Server, cli *cl
 				n := seq.Add(1)
 				key, small := fmt.Sprintf("acked/%08d", n), fmt.Sprintf("v%d", n)
 				big := fmt.Sprintf("%08d", n) + strings.Repeat("x", valueSize-8)
-				resp, err := cli.Txn(ctx).Then(clientv3.OpPut("hot", big), clientv3.OpPut(key, small)).Commit()
+				ops := []clientv3.Op{clientv3.OpPut("hot", big)}
+				if unique {
+					ops = append(ops, clientv3.OpPut(key, small))
+				}
+				resp, err := cli.Txn(ctx).Then(ops...).Commit()
 				switch {
 				case errors.Is(err, rpctypes.ErrNoSpace):
 					l.noSpace.Add(1)
@@ -87,7 +92,9 @@ func writeLoad(ctx context.Context, t *testing.T, srv *embedetcd.Server, cli *cl
 					l.puts.Add(1)
 					l.written.Add(int64(valueSize))
 					l.mu.Lock()
-					l.acked[key] = small
+					if unique {
+						l.acked[key] = small
+					}
 					if resp.Header.Revision > l.lastRev {
 						l.lastRev, l.lastHot = resp.Header.Revision, big[:8]
 					}
@@ -158,7 +165,7 @@ func TestDefaultCompactionKeepsFastWritesUnderTheQuota(t *testing.T) {
 	cli := srv.Client()
 	defer cli.Close()
 	start := time.Now()
-	l := writeLoad(ctx, t, srv, cli, 8, 16<<10, func(l *load) bool {
+	l := writeLoad(ctx, t, srv, cli, 8, 16<<10, true, func(l *load) bool {
 		return l.written.Load() >= 2*spaceQuota || l.noSpace.Load() > 0
 	})
 	took := time.Since(start)
@@ -194,7 +201,7 @@ func TestNoSpaceRecoversByItself(t *testing.T) {
 	cli := srv.Client()
 	defer cli.Close()
 	var after atomic.Int64 // acknowledged writes at the recovery
-	l := writeLoad(ctx, t, srv, cli, 8, 16<<10, func(l *load) bool {
+	l := writeLoad(ctx, t, srv, cli, 8, 16<<10, true, func(l *load) bool {
 		if l.recoveredA.Load() == 0 {
 			if first := l.firstNoSp.Load(); first != 0 {
 				return time.Since(time.Unix(0, first)) > recoveryBound // no recovery: give up
@@ -225,4 +232,42 @@ func TestNoSpaceRecoversByItself(t *testing.T) {
 	}
 	require.Contains(t, msgs, "WARN etcd out of space: compacting all history, defragmenting and disarming the NOSPACE alarm")
 	require.Contains(t, msgs, "INFO etcd space recovered: NOSPACE alarm disarmed, writes accepted again")
+}
+
+// TestSoak is the 10-minute soak of make bench (scripts/bench.sh), run only
+// with FENCER_SOAK=1: 32 writers overwrite one key with 1 KiB values as
+// fast as the member takes them, through its in-process client (faster
+// than through fencer serve, which adds a gRPC hop), under a 256 MiB quota
+// and the default compaction policy. FENCER_SOAK_DURATION overrides the
+// 10 minutes. It asserts no write refused for space and the database file
+// under the quota, and logs the largest file, the rate and the counts.
+func TestSoak(t *testing.T) {
+	if os.Getenv("FENCER_SOAK") != "1" {
+		t.Skip("the 10-minute soak runs with FENCER_SOAK=1 (make bench)")
+	}
+	d := 10 * time.Minute
+	if v := os.Getenv("FENCER_SOAK_DURATION"); v != "" {
+		var err error
+		d, err = time.ParseDuration(v)
+		require.NoError(t, err, "FENCER_SOAK_DURATION")
+	}
+	const quota = 256 << 20
+	ctx, cancel := context.WithTimeout(context.Background(), d+2*time.Minute)
+	defer cancel()
+	srv, err := embedetcd.Start(ctx, embedetcd.Member{Name: "m", Dir: t.TempDir()}, embedetcd.WithQuota(quota))
+	require.NoError(t, err)
+	defer srv.Close()
+	cli := srv.Client()
+	defer cli.Close()
+	start := time.Now()
+	l := writeLoad(ctx, t, srv, cli, 32, 1<<10, false, func(*load) bool { return time.Since(start) >= d })
+	took := time.Since(start)
+	st := srv.SpaceStats()
+	t.Logf("soak: %s, %d writes of 1 KiB (%.0f writes/s, %d MiB); quota %d MiB; largest database file %.1f MiB, at the end %.1f MiB (%.1f MiB in use); %d refused for space; %d compactions (%d by size), %d NOSPACE alarms, %d recoveries",
+		took.Round(time.Second), l.puts.Load(), float64(l.puts.Load())/took.Seconds(), l.written.Load()>>20, quota>>20,
+		float64(l.maxDB.Load())/(1<<20), float64(st.DBSize)/(1<<20), float64(st.DBSizeInUse)/(1<<20), l.noSpace.Load(),
+		st.Compactions, st.SizeCompactions, st.NoSpaceAlarms, st.Recoveries)
+	require.Zero(t, l.noSpace.Load(), "writes refused for space")
+	require.Less(t, l.maxDB.Load(), int64(quota))
+	readBack(ctx, t, cli, l)
 }
