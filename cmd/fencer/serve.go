@@ -346,31 +346,34 @@ func (f serveFlags) startEmbedded(ctx context.Context, log *slog.Logger) (*embed
 }
 
 // memberMetrics are the embedded member's space metrics: its database
-// size and what its compactor did (embedetcd.SpaceStats).
+// size and what its compactor did (embedetcd.SpaceStats), read at each
+// scrape.
 func memberMetrics(member *embedetcd.Server) []prometheus.Collector {
-	counter := func(name, help string, v func(embedetcd.SpaceStats) int64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-			func() float64 { return float64(v(member.SpaceStats())) })
-	}
-	gauge := func(name, help string, v func(embedetcd.SpaceStats) int64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
-			func() float64 { return float64(v(member.SpaceStats())) })
+	read := func(v func(embedetcd.SpaceStats) int64) func() float64 {
+		return func() float64 { return float64(v(member.SpaceStats())) }
 	}
 	return []prometheus.Collector{
-		gauge("fencer_embedded_etcd_db_size_bytes", "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes.",
-			func(s embedetcd.SpaceStats) int64 { return s.DBSize }),
-		gauge("fencer_embedded_etcd_db_size_in_use_bytes", "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse.",
-			func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse }),
-		counter("fencer_embedded_etcd_compactions_total", "Compactions the embedded etcd member's compactor made.",
-			func(s embedetcd.SpaceStats) int64 { return s.Compactions }),
-		counter("fencer_embedded_etcd_size_compactions_total", "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from.",
-			func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions }),
-		counter("fencer_embedded_etcd_nospace_alarms_total", "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space).",
-			func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms }),
-		counter("fencer_embedded_etcd_nospace_recoveries_total", "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed.",
-			func(s embedetcd.SpaceStats) int64 { return s.Recoveries }),
-		counter("fencer_embedded_etcd_nospace_recovery_failures_total", "NOSPACE recoveries that failed at a step; retried a second later.",
-			func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fencer_embedded_etcd_db_size_bytes", Help: "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.DBSize })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fencer_embedded_etcd_db_size_in_use_bytes", Help: "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "fencer_embedded_etcd_compactions_total", Help: "Compactions the embedded etcd member's compactor made.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.Compactions })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "fencer_embedded_etcd_size_compactions_total", Help: "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "fencer_embedded_etcd_nospace_alarms_total", Help: "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space).",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "fencer_embedded_etcd_nospace_recoveries_total", Help: "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.Recoveries })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "fencer_embedded_etcd_nospace_recovery_failures_total", Help: "NOSPACE recoveries that failed at a step; retried a second later.",
+		}, read(func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures })),
 	}
 }
 
