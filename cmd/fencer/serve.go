@@ -349,32 +349,33 @@ func (f serveFlags) startEmbedded(ctx context.Context, log *slog.Logger) (*embed
 // size and what its compactor did (embedetcd.SpaceStats), read at each
 // scrape.
 func memberMetrics(member *embedetcd.Server) []prometheus.Collector {
-	read := func(v func(embedetcd.SpaceStats) int64) func() float64 {
-		return func() float64 { return float64(v(member.SpaceStats())) }
+	type stat = func(embedetcd.SpaceStats) int64
+	read := func(v stat) func() float64 { return func() float64 { return float64(v(member.SpaceStats())) } }
+	gauges := []struct {
+		opts prometheus.GaugeOpts
+		v    stat
+	}{
+		{prometheus.GaugeOpts{Name: "fencer_embedded_etcd_db_size_bytes", Help: "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes."}, func(s embedetcd.SpaceStats) int64 { return s.DBSize }},
+		{prometheus.GaugeOpts{Name: "fencer_embedded_etcd_db_size_in_use_bytes", Help: "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse."}, func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse }},
 	}
-	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "fencer_embedded_etcd_db_size_bytes", Help: "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.DBSize })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "fencer_embedded_etcd_db_size_in_use_bytes", Help: "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "fencer_embedded_etcd_compactions_total", Help: "Compactions the embedded etcd member's compactor made.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.Compactions })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "fencer_embedded_etcd_size_compactions_total", Help: "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "fencer_embedded_etcd_nospace_alarms_total", Help: "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space).",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "fencer_embedded_etcd_nospace_recoveries_total", Help: "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.Recoveries })),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "fencer_embedded_etcd_nospace_recovery_failures_total", Help: "NOSPACE recoveries that failed at a step; retried a second later.",
-		}, read(func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures })),
+	counters := []struct {
+		opts prometheus.CounterOpts
+		v    stat
+	}{
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_compactions_total", Help: "Compactions the embedded etcd member's compactor made."}, func(s embedetcd.SpaceStats) int64 { return s.Compactions }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_size_compactions_total", Help: "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from."}, func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_alarms_total", Help: "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space)."}, func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_recoveries_total", Help: "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed."}, func(s embedetcd.SpaceStats) int64 { return s.Recoveries }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_recovery_failures_total", Help: "NOSPACE recoveries that failed at a step; retried a second later."}, func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures }},
 	}
+	var cs []prometheus.Collector
+	for _, g := range gauges {
+		cs = append(cs, prometheus.NewGaugeFunc(g.opts, read(g.v)))
+	}
+	for _, c := range counters {
+		cs = append(cs, prometheus.NewCounterFunc(c.opts, read(c.v)))
+	}
+	return cs
 }
 
 // watchCertificate makes tlsCfg serve --tls-cert and --tls-key as they
