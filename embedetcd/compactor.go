@@ -16,6 +16,11 @@ import (
 // its database and its alarms.
 const compactorTick = 100 * time.Millisecond
 
+// maxMarks bounds the marks a compactor keeps: one a tick at most, and
+// at most one per retention/maxMarks, so the age rule errs by at most that
+// much (300 ms at the default 5 minutes).
+const maxMarks = 1000
+
 // recoveryGap is the least time between two attempts to recover from the
 // NOSPACE alarm.
 const recoveryGap = time.Second
@@ -117,7 +122,7 @@ func (c *compactor) step(ctx context.Context, now time.Time) {
 		return
 	}
 	rev := c.srv.KV().Rev()
-	if n := len(c.marks); n == 0 || c.marks[n-1].rev != rev {
+	if n := len(c.marks); n == 0 || c.marks[n-1].rev != rev && now.Sub(c.marks[n-1].at) >= c.retention/maxMarks {
 		c.marks = append(c.marks, mark{at: now, rev: rev})
 	}
 	if c.srv.Leader() != c.srv.MemberID() {
