@@ -75,7 +75,7 @@ type mark struct {
 // before it compacts.
 //
 // Every compactorTick, on the leader, it compacts away:
-//   - every revision older than retention (the time rule), and,
+//   - every revision older than retention (the age rule), and,
 //   - with sizeBound, while the database's in-use size is over a quarter
 //     of the quota, the older half of the history kept (the size rule).
 //
