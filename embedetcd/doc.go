@@ -13,16 +13,20 @@
 // member (fencer, or an operator with that user's rights) can connect.
 // Neither mode configures TLS or etcd authentication.
 //
-// Every member compacts its history automatically (by default keeping
-// DefaultCompactionRetention of it, so that watches resume across
-// reconnections shorter than that), has a backend quota (DefaultQuotaBytes
-// by default), and holds an exclusive lock on its data directory for its
-// lifetime: a second member on the same directory fails at once with a
-// *LockedError instead of waiting on etcd's own file lock.
+// Every member compacts its history automatically, keeping at most
+// DefaultCompactionRetention of it (so that watches resume across
+// reconnections shorter than that) and at most a quarter of its backend
+// quota (DefaultQuotaBytes by default), and recovers by itself from the
+// NOSPACE alarm (see WithCompactionRetention). It holds an exclusive lock
+// on its data directory for its lifetime: a second member on the same
+// directory fails at once with a *LockedError instead of waiting on
+// etcd's own file lock.
 //
 // Compaction frees space inside the database file for reuse but does not
-// shrink the file; only a defragmentation does (etcdctl defrag, which
-// blocks the member while it runs).
+// shrink the file; only a defragmentation does (etcdctl defrag, or the
+// compactor's NOSPACE recovery; it blocks the member while it runs).
+// Bounded history keeps the file bounded, since writes reuse the pages
+// compaction frees.
 //
 // # Imports
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -79,6 +80,10 @@ type Server struct {
 	once   sync.Once
 	// logs sets the levels of etcd's logs of this member.
 	logs *memberLog
+	// space counts what the member's compactor did.
+	space spaceCounters
+	// stopCompactor ends the compactor and waits for it; nil until it runs.
+	stopCompactor func()
 }
 
 // Start starts a single-member cluster described by m and waits until it
@@ -176,6 +181,9 @@ func StartCluster(ctx context.Context, members []Member, opts ...Option) ([]*Ser
 			return nil, err
 		}
 	}
+	for _, s := range servers {
+		s.startCompactor(o)
+	}
 	return servers, nil
 }
 
@@ -218,15 +226,17 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 	}
 	cfg.InitialCluster = initialCluster
 	cfg.InitialClusterToken = "fencer"
+	// etcd's own compactor is off ("0"): the member's compactor
+	// (compactor.go) bounds the history by age and by size.
 	cfg.AutoCompactionMode = embed.CompactorModePeriodic
-	cfg.AutoCompactionRetention = o.retention.String()
+	cfg.AutoCompactionRetention = "0"
 	cfg.QuotaBackendBytes = o.quota
 	cfg.MaxTxnOps = MaxTxnOps
 	if o.maxRequestBytes > 0 {
 		cfg.MaxRequestBytes = o.maxRequestBytes
 	}
 	logs := new(memberLog)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log, logs))
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log.With(slog.String("component", "etcd")), logs))
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
 	e, err := embed.StartEtcd(cfg)
@@ -235,6 +245,34 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 		return nil, fmt.Errorf("embedetcd: start member %s: %w", m.Name, err)
 	}
 	return &Server{member: m, etcd: e, lock: lock, logs: logs}, nil
+}
+
+// startCompactor runs the member's compactor until Close.
+func (s *Server) startCompactor(o options) {
+	c := &compactor{
+		srv: s.etcd.Server, retention: o.retention, quota: o.quota, sizeBound: !o.noSizeBound,
+		log: o.log.With(slog.String("component", "embedetcd"), slog.String("member", s.member.Name)), stats: &s.space,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	s.stopCompactor = func() {
+		cancel()
+		<-done
+	}
+}
+
+// SpaceStats returns the member's database size and what its compactor
+// did since the member started: compactions, NOSPACE alarms found and
+// cleared. The figures are read one by one, not at one instant.
+func (s *Server) SpaceStats() SpaceStats {
+	st := s.space.snapshot()
+	be := s.etcd.Server.Backend()
+	st.DBSize, st.DBSizeInUse = be.Size(), be.SizeInUse()
+	return st
 }
 
 // lockDir takes an exclusive lock on a file in dir and returns the open
@@ -312,6 +350,9 @@ func (s *Server) IsLeader() bool {
 // directory. It is safe to call more than once.
 func (s *Server) Close() {
 	s.once.Do(func() {
+		if s.stopCompactor != nil {
+			s.stopCompactor()
+		}
 		s.logs.closing.Store(true)
 		s.etcd.Close()
 		select {

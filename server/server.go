@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -58,6 +59,10 @@ type Config struct {
 	// The server does not refuse nil with an Authenticator that tells
 	// principals apart; fencer serve does, unless --authz-allow-all.
 	Authorization *Authorization
+	// Collectors are more Prometheus metrics that MetricsHandler serves
+	// beside the server's own (fencer serve adds the embedded etcd
+	// member's). New fails if one clashes with the server's or another's.
+	Collectors []prometheus.Collector
 }
 
 // Validate reports whether c can make a Server: Store and Authenticator
@@ -152,6 +157,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.readyEvery == 0 {
 		s.readyEvery = DefaultReadinessInterval
+	}
+	for _, c := range cfg.Collectors {
+		if err := s.m.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: config: Collectors: %w", err)
+		}
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
 	s.hub.onLoss = s.recordLoss

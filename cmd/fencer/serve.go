@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -104,8 +105,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "most concurrent writes that share one etcd Txn, each still guarded on its own (0 sends every write alone)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "least level logged: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format on standard error: text or json")
-	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; past it, writes fail until it is compacted and defragmented")
-	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "history the embedded etcd member keeps; watches that reconnect within it resume")
+	fs.Int64Var(&f.etcdQuota, "etcd-quota-bytes", embedetcd.DefaultQuotaBytes, "backend quota of the embedded etcd member; its history is kept under a quarter of it, and past it (NOSPACE) the member compacts, defragments and accepts writes again by itself")
+	fs.DurationVar(&f.etcdRetention, "etcd-compaction-retention", embedetcd.DefaultCompactionRetention, "most history the embedded etcd member keeps (less if it outgrows a quarter of --etcd-quota-bytes); watches that reconnect within it resume")
 	fs.DurationVar(&f.etcdRequestTimeout, "etcd-request-timeout", server.DefaultEtcdRequestTimeout, "longest one etcd request waits for an answer; past it the call fails with UNAVAILABLE (cause etcd_unreachable)")
 	f.etcd.register(fs)
 }
@@ -185,12 +186,14 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		defer mlis.Close()
 	}
 	var cli *clientv3.Client
+	var collectors []prometheus.Collector
 	if len(endpoints) == 0 {
 		member, err := f.startEmbedded(ctx, log)
 		if err != nil {
 			return err
 		}
 		defer member.Close()
+		collectors = memberMetrics(member)
 		endpoints = []string{member.Endpoint()}
 		// In process: one gRPC hop per request (the caller's), not two.
 		// The member's socket still serves etcdctl and backups.
@@ -221,7 +224,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 			}
 		})
 	}
-	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log})
+	srv, err := server.New(server.Config{Store: store, Authenticator: auth, Authorization: authz, TLS: tlsCfg, Logger: log, Collectors: collectors})
 	if err != nil {
 		return err
 	}
@@ -340,6 +343,39 @@ func (f serveFlags) startEmbedded(ctx context.Context, log *slog.Logger) (*embed
 	log.Info("embedded etcd", "data_dir", f.dataDir, "endpoint", member.Endpoint(),
 		"quota_bytes", f.etcdQuota, "compaction_retention", f.etcdRetention.String())
 	return member, nil
+}
+
+// memberMetrics are the embedded member's space metrics: its database
+// size and what its compactor did (embedetcd.SpaceStats), read at each
+// scrape.
+func memberMetrics(member *embedetcd.Server) []prometheus.Collector {
+	type stat = func(embedetcd.SpaceStats) int64
+	read := func(v stat) func() float64 { return func() float64 { return float64(v(member.SpaceStats())) } }
+	gauges := []struct {
+		opts prometheus.GaugeOpts
+		v    stat
+	}{
+		{prometheus.GaugeOpts{Name: "fencer_embedded_etcd_db_size_bytes", Help: "Size of the embedded etcd member's database file, which etcd holds against --etcd-quota-bytes."}, func(s embedetcd.SpaceStats) int64 { return s.DBSize }},
+		{prometheus.GaugeOpts{Name: "fencer_embedded_etcd_db_size_in_use_bytes", Help: "Part of the embedded etcd member's database file in use; the rest is free pages that writes reuse."}, func(s embedetcd.SpaceStats) int64 { return s.DBSizeInUse }},
+	}
+	counters := []struct {
+		opts prometheus.CounterOpts
+		v    stat
+	}{
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_compactions_total", Help: "Compactions the embedded etcd member's compactor made."}, func(s embedetcd.SpaceStats) int64 { return s.Compactions }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_size_compactions_total", Help: "Compactions made because the database's in-use size passed a quarter of the quota, before the retention: each shortened the history lease watches resume from."}, func(s embedetcd.SpaceStats) int64 { return s.SizeCompactions }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_alarms_total", Help: "Times the embedded etcd member's NOSPACE alarm was found raised (writes refused for space)."}, func(s embedetcd.SpaceStats) int64 { return s.NoSpaceAlarms }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_recoveries_total", Help: "NOSPACE alarms cleared by the member itself: history compacted, member defragmented, alarm disarmed."}, func(s embedetcd.SpaceStats) int64 { return s.Recoveries }},
+		{prometheus.CounterOpts{Name: "fencer_embedded_etcd_nospace_recovery_failures_total", Help: "NOSPACE recoveries that failed at a step; retried a second later."}, func(s embedetcd.SpaceStats) int64 { return s.RecoveryFailures }},
+	}
+	var cs []prometheus.Collector
+	for _, g := range gauges {
+		cs = append(cs, prometheus.NewGaugeFunc(g.opts, read(g.v)))
+	}
+	for _, c := range counters {
+		cs = append(cs, prometheus.NewCounterFunc(c.opts, read(c.v)))
+	}
+	return cs
 }
 
 // watchCertificate makes tlsCfg serve --tls-cert and --tls-key as they

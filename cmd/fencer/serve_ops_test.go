@@ -88,7 +88,7 @@ func TestServeRotatesTokensAndCertificates(t *testing.T) {
 // TestServeEmbeddedEtcd runs fencer serve on its embedded etcd: the
 // member listens only on a 0600 unix socket in the data directory, whose
 // endpoint the log names; the metrics port answers the probes without
-// credentials; and a second fencer serve on the same data directory fails
+// credentials and serves the member's space metrics; and a second fencer serve on the same data directory fails
 // at once, naming it.
 func TestServeEmbeddedEtcd(t *testing.T) {
 	dataDir := t.TempDir()
@@ -131,6 +131,14 @@ func TestServeEmbeddedEtcd(t *testing.T) {
 	require.Equal(t, http.StatusOK, get("/healthz"))
 	require.Eventually(t, func() bool { return get("/readyz") == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, http.StatusNotFound, get("/debug/pprof/"), "profiles only with --enable-pprof")
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	for _, series := range []string{"fencer_embedded_etcd_db_size_bytes ", "fencer_embedded_etcd_compactions_total ", "fencer_embedded_etcd_nospace_recoveries_total 0"} {
+		require.True(t, strings.Contains(string(body), series), "no %q in /metrics: the embedded member's space metrics", series)
+	}
 
 	second := make(chan error, 1)
 	go func() {

@@ -1,0 +1,6 @@
+package embedetcd
+
+// WithoutSizeBound turns the compactor's size rule off: history is then
+// compacted by age alone, as etcd's periodic compactor did, and a fast
+// writer fills the quota (the policy the size rule replaced).
+func WithoutSizeBound() Option { return func(o *options) { o.noSizeBound = true } }
