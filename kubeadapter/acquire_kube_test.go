@@ -26,17 +26,17 @@ func TestAcquireTellsWhyItCannotLead(t *testing.T) {
 	k := newKube(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	nobody, err := kubernetes.NewForConfig(k.env.Impersonate("nobody"))
+	nobody, err := kubernetes.NewForConfig(k.Env.Impersonate("nobody"))
 	require.NoError(t, err)
 
 	reg := prometheus.NewRegistry()
-	w, err := kubeadapter.NewWatcher(k.cs.CoordinationV1(), kubeadapter.WatchNamespaces(k.ns), kubeadapter.WithRegisterer(reg))
+	w, err := kubeadapter.NewWatcher(k.CS.CoordinationV1(), kubeadapter.WatchNamespaces(k.NS), kubeadapter.WithRegisterer(reg))
 	require.NoError(t, err)
 	count := func(reason string) float64 {
-		return counterValue(t, reg, kubeadapter.MetricAcquireErrors, map[string]string{"lease": k.ns + "/fence", "reason": reason})
+		return counterValue(t, reg, kubeadapter.MetricAcquireErrors, map[string]string{"lease": k.NS + "/fence", "reason": reason})
 	}
 
-	e, err := kubeadapter.NewElector(nobody.CoordinationV1(), k.slow("nobody", w))
+	e, err := kubeadapter.NewElector(nobody.CoordinationV1(), slow(k, "nobody", w))
 	require.NoError(t, err)
 	_, err = e.Acquire(ctx)
 	var ae *kubeadapter.AcquireError
@@ -52,17 +52,17 @@ func TestAcquireTellsWhyItCannotLead(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorIs(t, ldr.Start(ctx), kubeadapter.ErrCannotAcquire, "a Leader that can never lead stops its manager")
 
-	cfg := k.slow("admin", nil)
-	cfg.Namespace = k.ns + "-absent"
-	e, err = kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+	cfg := slow(k, "admin", nil)
+	cfg.Namespace = k.NS + "-absent"
+	e, err = kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 	require.NoError(t, err)
 	_, err = e.Acquire(ctx)
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, kubeadapter.AcquireNotFound, ae.Reason)
 	require.True(t, apierrors.IsNotFound(err), "%v", err)
 
-	require.NoError(t, kubefencertest.InstallRole(ctx, k.env.Admin(), k.ns, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "nobody"}))
-	e, err = kubeadapter.NewElector(nobody.CoordinationV1(), k.slow("nobody", w))
+	require.NoError(t, kubefencertest.InstallRole(ctx, k.Env.Admin(), k.NS, rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "nobody"}))
+	e, err = kubeadapter.NewElector(nobody.CoordinationV1(), slow(k, "nobody", w))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { // until the RoleBinding is in effect
 		h, err := e.Acquire(ctx)

@@ -24,8 +24,8 @@ func TestInteropWithClientGo(t *testing.T) {
 	k := newKube(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 12*time.Second)
 	defer cancel()
-	cfg := k.fast("fencer")
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+	cfg := k.Fast("fencer")
+	e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 	require.NoError(t, err)
 
 	var stock atomic.Pointer[context.Context] // the stock elector's leading context
@@ -44,7 +44,7 @@ func TestInteropWithClientGo(t *testing.T) {
 			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 				Lock: &resourcelock.LeaseLock{
 					LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.Namespace, Name: cfg.Name},
-					Client:     k.cs.CoordinationV1(),
+					Client:     k.CS.CoordinationV1(),
 					LockConfig: resourcelock.ResourceLockConfig{Identity: "stock"},
 				},
 				LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,

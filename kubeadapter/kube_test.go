@@ -21,10 +21,10 @@ import (
 	"github.com/fencer-dev/fencer/token"
 )
 
-func (k *kube) stallableElector(t *testing.T, identity string) (*kubeadapter.Elector, *kubetest.Stallable) {
+func stallableElector(k *kube, t *testing.T, identity string) (*kubeadapter.Elector, *kubetest.Stallable) {
 	t.Helper()
-	s := &kubetest.Stallable{LeasesGetter: k.cs.CoordinationV1()}
-	e, err := kubeadapter.NewElector(s, k.fast(identity))
+	s := &kubetest.Stallable{LeasesGetter: k.CS.CoordinationV1()}
+	e, err := kubeadapter.NewElector(s, k.Fast(identity))
 	require.NoError(t, err)
 	return e, s
 }
@@ -50,11 +50,11 @@ func TestIncident(t *testing.T) {
 	ctx := t.Context()
 	shared.InstallPolicy(t)
 
-	ea, stallA := k.stallableElector(t, "replica-a")
-	eb := k.elector(t, "replica-b")
+	ea, stallA := stallableElector(k, t, "replica-a")
+	eb := k.Elector(t, "replica-b")
 	ha := acquire(t, ea)
-	ca := k.client(t, ha)
-	o := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}
+	ca := k.Client(t, ha)
+	o := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "o"}, Data: map[string]string{"by": "a"}}
 	require.NoError(t, ca.Create(ctx, o))
 	aView := o.DeepCopy() // what A holds in memory when it stalls
 
@@ -63,8 +63,8 @@ func TestIncident(t *testing.T) {
 	require.Error(t, ha.Err(), "A still believed it held the lease when B acquired it")
 	require.ErrorIs(t, ha.Err(), kubeadapter.ErrRenewDeadline)
 	requireGreater(t, hb.Token(), ha.Token())
-	cb := k.client(t, hb)
-	bo := k.configMap(t, "o")
+	cb := k.Client(t, hb)
+	bo := k.ConfigMap(t, "o")
 	bo.Data["by"] = "b"
 	require.NoError(t, cb.Update(ctx, bo))
 	afterB := bo.ResourceVersion
@@ -79,7 +79,7 @@ func TestIncident(t *testing.T) {
 	// store decides. A's write is conditional on the version A read, which
 	// B's write replaced: the API server rejects it, and the re-read
 	// classifies the rejection as stale.
-	stale := k.client(t, staticHolder{Tok: ha.Token()})
+	stale := k.Client(t, staticHolder{Tok: ha.Token()})
 	err = stale.Update(ctx, late.DeepCopy())
 	var se *token.StaleError
 	require.ErrorAs(t, err, &se)
@@ -92,9 +92,9 @@ func TestIncident(t *testing.T) {
 	uncond := late.DeepCopy()
 	uncond.ResourceVersion = ""
 	require.ErrorIs(t, stale.Update(ctx, uncond), token.ErrStale)
-	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}, fenced.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.Client(t, staticHolder{Tok: ha.Token()}, fenced.WithLiveRead()).Update(ctx, late.DeepCopy()), token.ErrStale)
 
-	cur := k.configMap(t, "o")
+	cur := k.ConfigMap(t, "o")
 	require.Equal(t, "b", cur.Data["by"])
 	require.Equal(t, afterB, cur.ResourceVersion)
 
@@ -103,10 +103,10 @@ func TestIncident(t *testing.T) {
 	raw := cur.DeepCopy()
 	raw.Annotations = ha.Token().Stamp(raw.Annotations)
 	raw.Data["by"] = "a-raw"
-	_, err = k.cs.CoreV1().ConfigMaps(k.ns).Update(ctx, raw, metav1.UpdateOptions{})
+	_, err = k.CS.CoreV1().ConfigMaps(k.NS).Update(ctx, raw, metav1.UpdateOptions{})
 	require.True(t, apierrors.IsForbidden(err), "raw stale update: %v", err)
 	require.Contains(t, err.Error(), "stale fencing token")
-	cur = k.configMap(t, "o")
+	cur = k.ConfigMap(t, "o")
 	require.Equal(t, "b", cur.Data["by"])
 	require.Equal(t, afterB, cur.ResourceVersion)
 
@@ -156,19 +156,19 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 	}
 	var rs []*replica
 	for _, name := range []string{"r0", "r1", "r2"} {
-		e, s := k.stallableElector(t, name)
+		e, s := stallableElector(k, t, name)
 		view := &replicaHolder{}
-		rs = append(rs, &replica{name: name, e: e, stall: s, view: view, c: k.client(t, view)})
+		rs = append(rs, &replica{name: name, e: e, stall: s, view: view, c: k.Client(t, view)})
 	}
-	source := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "source"}, Data: map[string]string{"n": "0"}}
-	require.NoError(t, k.crc.Create(ctx, source))
+	source := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "source"}, Data: map[string]string{"n": "0"}}
+	require.NoError(t, k.CRC.Create(ctx, source))
 
 	reconcile := func(r *replica) (string, error) {
 		var src, tgt corev1.ConfigMap
-		if err := r.c.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "source"}, &src); err != nil {
+		if err := r.c.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "source"}, &src); err != nil {
 			return "", err
 		}
-		if err := r.c.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "target"}, &tgt); err != nil {
+		if err := r.c.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "target"}, &tgt); err != nil {
 			return "", err
 		}
 		if tgt.Data["n"] == src.Data["n"] {
@@ -186,7 +186,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 	change := func(n int, owner *replica) {
 		t.Helper()
 		source.Data["n"] = strconv.Itoa(n)
-		require.NoError(t, k.crc.Update(ctx, source))
+		require.NoError(t, k.CRC.Update(ctx, source))
 		var wg sync.WaitGroup
 		errs := make([]error, len(rs))
 		rvs := make([]string, len(rs))
@@ -207,14 +207,14 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 				require.True(t, errors.Is(errs[i], token.ErrNotHeld) || errors.Is(errs[i], token.ErrStale), "%s: %v", r.name, errs[i])
 			}
 		}
-		tgt := k.configMap(t, "target")
+		tgt := k.ConfigMap(t, "target")
 		require.Equal(t, strconv.Itoa(n), tgt.Data["n"])
 		require.Equal(t, owner.name, tgt.Data["by"])
 	}
 
 	h0 := acquire(t, rs[0].e)
 	rs[0].view.set(h0.Token())
-	require.NoError(t, rs[0].c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "target"}, Data: map[string]string{"n": "0"}}))
+	require.NoError(t, rs[0].c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "target"}, Data: map[string]string{"n": "0"}}))
 	for n := 1; n <= 5; n++ {
 		change(n, rs[0])
 	}
@@ -225,7 +225,7 @@ func TestThreeReplicasOneOwner(t *testing.T) {
 	h1 := acquire(t, rs[1].e)
 	requireGreater(t, h1.Token(), h0.Token())
 	rs[1].view.set(h1.Token())
-	claim := k.configMap(t, "target")
+	claim := k.ConfigMap(t, "target")
 	require.NoError(t, rs[1].c.Update(ctx, claim))
 	for n := 6; n <= 10; n++ {
 		change(n, rs[1])
@@ -247,33 +247,33 @@ func TestLeaseDeletedAndRecreated(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	ea := k.elector(t, "a")
+	ea := k.Elector(t, "a")
 	first := acquire(t, ea)
 	require.NoError(t, first.Release(ctx))
 	ha := acquire(t, ea) // leaseTransitions 1
 	require.Equal(t, uint64(1), ha.Token().Epoch)
-	ca := k.client(t, ha)
-	require.NoError(t, ca.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
+	ca := k.Client(t, ha)
+	require.NoError(t, ca.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "o"}, Data: map[string]string{"by": "a"}}))
 
-	require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
+	require.NoError(t, k.CS.CoordinationV1().Leases(k.NS).Delete(ctx, "fence", metav1.DeleteOptions{}))
 	waitEnded(t, ha, kubeadapter.ErrLeaseDeleted)
 
-	hb, err := k.elector(t, "b").TryAcquire(ctx)
+	hb, err := k.Elector(t, "b").TryAcquire(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = hb.Release(context.Background()) })
 	require.Equal(t, uint64(0), hb.Token().Epoch, "a recreated Lease restarts leaseTransitions")
 	requireGreater(t, hb.Token(), ha.Token())
 
-	bo := k.configMap(t, "o")
+	bo := k.ConfigMap(t, "o")
 	bo.Data["by"] = "b"
-	require.NoError(t, k.client(t, hb).Update(ctx, bo))
+	require.NoError(t, k.Client(t, hb).Update(ctx, bo))
 
-	late := k.configMap(t, "o")
+	late := k.ConfigMap(t, "o")
 	late.Data["by"] = "a"
 	require.ErrorIs(t, ca.Update(ctx, late.DeepCopy()), token.ErrNotHeld)
-	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
-	require.ErrorIs(t, k.client(t, staticHolder{Tok: ha.Token()}).Delete(ctx, late.DeepCopy()), token.ErrStale)
-	require.Equal(t, "b", k.configMap(t, "o").Data["by"])
+	require.ErrorIs(t, k.Client(t, staticHolder{Tok: ha.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.Client(t, staticHolder{Tok: ha.Token()}).Delete(ctx, late.DeepCopy()), token.ErrStale)
+	require.Equal(t, "b", k.ConfigMap(t, "o").Data["by"])
 }
 
 // TestRestartedProcessSameName checks that a process restarted with the
@@ -284,13 +284,13 @@ func TestRestartedProcessSameName(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	e1, stall := k.stallableElector(t, "pod-a")
+	e1, stall := stallableElector(k, t, "pod-a")
 	h1 := acquire(t, e1)
-	c1 := k.client(t, staticHolder{Tok: h1.Token()})
-	require.NoError(t, c1.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}}))
+	c1 := k.Client(t, staticHolder{Tok: h1.Token()})
+	require.NoError(t, c1.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "o"}}))
 
 	stall.Stalled.Store(true) // the process dies without releasing
-	e2 := k.elector(t, "pod-a")
+	e2 := k.Elector(t, "pod-a")
 	require.NotEqual(t, e1.Identity(), e2.Identity())
 	_, err := e2.TryAcquire(ctx)
 	var he *token.HeldError
@@ -301,8 +301,8 @@ func TestRestartedProcessSameName(t *testing.T) {
 	requireGreater(t, h2.Token(), h1.Token())
 	require.Equal(t, h1.Token().Epoch+1, h2.Token().Epoch)
 	require.Error(t, h1.Err())
-	o := k.configMap(t, "o")
-	require.NoError(t, k.client(t, h2).Update(ctx, o))
+	o := k.ConfigMap(t, "o")
+	require.NoError(t, k.Client(t, h2).Update(ctx, o))
 	require.ErrorIs(t, c1.Update(ctx, o.DeepCopy()), token.ErrStale)
 	stall.Stalled.Store(false)
 
@@ -321,11 +321,11 @@ func TestRestartedProcessSameName(t *testing.T) {
 // the admission policy, which would refuse to store such stamps at all.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	k := newKubeOn(t, kubefencertest.APIServerForTest(t))
+	k := kubetest.NewKube(t, kubefencertest.APIServerForTest(t))
 	ctx := t.Context()
-	tok := k.tokens(t, 1)[0]
-	c := k.client(t, staticHolder{Tok: tok})
-	takeover := k.client(t, staticHolder{Tok: tok}, fenced.WithTakeover())
+	tok := k.Tokens(t, 1)[0]
+	c := k.Client(t, staticHolder{Tok: tok})
+	takeover := k.Client(t, staticHolder{Tok: tok}, fenced.WithTakeover())
 	for _, tc := range []struct {
 		name         string
 		annotations  map[string]string
@@ -335,36 +335,36 @@ func TestBadInput(t *testing.T) {
 		{"malformed token", map[string]string{token.AnnotationLease: tok.Lease, token.AnnotationToken: "12abc"}, token.ErrMalformed, token.ErrMalformed},
 		{"token without lease", map[string]string{token.AnnotationToken: "5"}, token.ErrMalformed, token.ErrMalformed},
 		{"malformed lease", map[string]string{token.AnnotationLease: "a b", token.AnnotationToken: "5"}, token.ErrMalformed, token.ErrMalformed},
-		{"another lease", token.Token{Lease: k.ns + "/other", Revision: 1 << 40}.Stamp(nil), token.ErrForeignLease, nil},
+		{"another lease", token.Token{Lease: k.NS + "/other", Revision: 1 << 40}.Stamp(nil), token.ErrForeignLease, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "o-" + strconv.Itoa(int(time.Now().UnixNano()%1e6))
-			created, err := k.cs.CoreV1().ConfigMaps(k.ns).Create(ctx, &corev1.ConfigMap{
+			created, err := k.CS.CoreV1().ConfigMaps(k.NS).Create(ctx, &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: tc.annotations}, Data: map[string]string{"v": "0"},
 			}, metav1.CreateOptions{})
 			require.NoError(t, err)
 			rv := created.ResourceVersion
 
-			obj := k.configMap(t, name)
+			obj := k.ConfigMap(t, name)
 			obj.Data["v"] = "1"
 			require.ErrorIs(t, c.Update(ctx, obj.DeepCopy()), tc.want, "update")
-			require.ErrorIs(t, c.Patch(ctx, obj.DeepCopy(), client.MergeFrom(k.configMap(t, name))), tc.want, "patch")
+			require.ErrorIs(t, c.Patch(ctx, obj.DeepCopy(), client.MergeFrom(k.ConfigMap(t, name))), tc.want, "patch")
 			require.ErrorIs(t, c.Delete(ctx, obj.DeepCopy()), tc.want, "delete")
-			fresh := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name + "-copy", Annotations: tc.annotations}}
+			fresh := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name + "-copy", Annotations: tc.annotations}}
 			require.ErrorIs(t, c.Create(ctx, fresh), tc.want, "create")
 			require.Equal(t, tc.annotations, fresh.Annotations, "annotations not restored")
-			require.Equal(t, rv, k.configMap(t, name).ResourceVersion, "object written")
+			require.Equal(t, rv, k.ConfigMap(t, name).ResourceVersion, "object written")
 			var gone corev1.ConfigMap
-			require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(fresh), &gone)))
+			require.True(t, apierrors.IsNotFound(k.CRC.Get(ctx, client.ObjectKeyFromObject(fresh), &gone)))
 
 			err = takeover.Update(ctx, obj.DeepCopy())
 			if tc.takeoverWant != nil {
 				require.ErrorIs(t, err, tc.takeoverWant)
-				require.Equal(t, rv, k.configMap(t, name).ResourceVersion, "object written")
+				require.Equal(t, rv, k.ConfigMap(t, name).ResourceVersion, "object written")
 				return
 			}
 			require.NoError(t, err)
-			got, ok, err := token.FromAnnotations(k.configMap(t, name).Annotations)
+			got, ok, err := token.FromAnnotations(k.ConfigMap(t, name).Annotations)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.Equal(t, tok, got)

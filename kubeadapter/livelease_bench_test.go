@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
@@ -33,13 +34,13 @@ const liveLagWait = 10 * time.Second
 // the meantime and the mean time of one dry-run update, which bounds the
 // resolution. The object is then stamped with the new epoch.
 func BenchmarkLiveLeaseLag(b *testing.B) {
-	k := liveKube(b)
-	installLiveLease(b, k)
+	k := kubetest.LiveKube(b)
+	k.InstallLiveLease(b)
 	ctx := context.Background()
-	e := k.elector(b, "lag")
+	e := k.Elector(b, "lag")
 	h, err := e.TryAcquire(ctx)
 	require.NoError(b, err)
-	cms := k.cs.CoreV1().ConfigMaps(k.ns)
+	cms := k.CS.CoreV1().ConfigMaps(k.NS)
 	o, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "o", Annotations: h.Token().Stamp(nil)}}, metav1.CreateOptions{})
 	require.NoError(b, err)
 
@@ -126,7 +127,7 @@ func BenchmarkLiveLeaseBindingPerLease(b *testing.B) {
 	k, plain := liveBench(b)
 	ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
 	defer cancel()
-	bindings := k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+	bindings := k.CS.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
 	require.NoError(b, bindings.Delete(ctx, kubefencertest.LiveLeasePolicy, metav1.DeleteOptions{}))
 
 	created := 0
@@ -157,7 +158,7 @@ func BenchmarkLiveLeaseBindingPerLease(b *testing.B) {
 			unlabelled := liveObject(b, k, ns, ns+"/"+last)
 			stamped := liveObject(b, k, ns, ns+"/"+last)
 			stamped.Labels = map[string]string{"fencer.dev/fence-lease": last}
-			stamped, err := k.cs.CoreV1().ConfigMaps(ns).Update(ctx, stamped, metav1.UpdateOptions{})
+			stamped, err := k.CS.CoreV1().ConfigMaps(ns).Update(ctx, stamped, metav1.UpdateOptions{})
 			require.NoError(b, err)
 			waitLiveDenial(b, k, stamped)
 			t := updateArms(b, k, plain, unlabelled, stamped)
@@ -171,10 +172,10 @@ func BenchmarkLiveLeaseBindingPerLease(b *testing.B) {
 // plain baseline's object there.
 func liveBench(b *testing.B) (*kube, *corev1.ConfigMap) {
 	b.Helper()
-	k := liveKube(b)
-	installLiveLease(b, k)
+	k := kubetest.LiveKube(b)
+	k.InstallLiveLease(b)
 	ctx := context.Background()
-	policies := k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+	policies := k.CS.AdmissionregistrationV1().ValidatingAdmissionPolicies()
 	p, err := policies.Get(ctx, kubefencertest.LiveLeasePolicy, metav1.GetOptions{})
 	require.NoError(b, err)
 	p.Spec.MatchConstraints.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
@@ -191,7 +192,7 @@ func liveBench(b *testing.B) (*kube, *corev1.ConfigMap) {
 // means it existed already.
 func createNamespace(b *testing.B, k *kube, ns string) bool {
 	b.Helper()
-	_, err := k.cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	_, err := k.CS.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return false
 	}
@@ -211,7 +212,7 @@ func createLabelledLeases(b *testing.B, k *kube, ns string, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), liveTimeout)
 	defer cancel()
 	start := time.Now()
-	leases := k.cs.CoordinationV1().Leases(ns)
+	leases := k.CS.CoordinationV1().Leases(ns)
 	one := int32(1)
 	inParallel(b, 0, n, func(i int) error {
 		_, err := leases.Create(ctx, &coordinationv1.Lease{
@@ -254,7 +255,7 @@ func liveObject(b *testing.B, k *kube, ns, lease string) *corev1.ConfigMap {
 	if lease != "" {
 		cm.Annotations = map[string]string{"fencer.dev/lease": lease, "fencer.dev/token": "1", "fencer.dev/epoch": "1"}
 	}
-	cm, err := k.cs.CoreV1().ConfigMaps(ns).Create(context.Background(), cm, metav1.CreateOptions{})
+	cm, err := k.CS.CoreV1().ConfigMaps(ns).Create(context.Background(), cm, metav1.CreateOptions{})
 	require.NoError(b, err)
 	return cm
 }
@@ -267,7 +268,7 @@ func waitUnbound(b *testing.B, k *kube) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	one := int32(1)
-	_, err := k.cs.CoordinationV1().Leases(liveUnbound).Create(ctx, &coordinationv1.Lease{
+	_, err := k.CS.CoordinationV1().Leases(liveUnbound).Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: "probe", Labels: map[string]string{kubeadapter.FenceLabel: kubeadapter.FenceLabelValue}},
 		Spec:       coordinationv1.LeaseSpec{LeaseTransitions: &one},
 	}, metav1.CreateOptions{})
@@ -276,7 +277,7 @@ func waitUnbound(b *testing.B, k *kube) {
 		"fencer.dev/lease": liveUnbound + "/probe", "fencer.dev/token": "1", "fencer.dev/epoch": "0",
 	}}}
 	for {
-		_, err := k.cs.CoreV1().ConfigMaps(liveUnbound).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := k.CS.CoreV1().ConfigMaps(liveUnbound).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err == nil {
 			break
 		}
@@ -287,7 +288,7 @@ func waitUnbound(b *testing.B, k *kube) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	require.NoError(b, k.cs.CoordinationV1().Leases(liveUnbound).Delete(ctx, "probe", metav1.DeleteOptions{}))
+	require.NoError(b, k.CS.CoordinationV1().Leases(liveUnbound).Delete(ctx, "probe", metav1.DeleteOptions{}))
 }
 
 // waitLiveDenial waits until a dry-run update of obj with epoch 0 is
@@ -299,7 +300,7 @@ func waitLiveDenial(b *testing.B, k *kube, obj *corev1.ConfigMap) {
 	stale := obj.DeepCopy()
 	stale.Annotations["fencer.dev/epoch"] = "0"
 	for {
-		_, err := k.cs.CoreV1().ConfigMaps(obj.Namespace).Update(ctx, stale, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := k.CS.CoreV1().ConfigMaps(obj.Namespace).Update(ctx, stale, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 		if apierrors.IsForbidden(err) {
 			return
 		}
@@ -322,7 +323,7 @@ func updateArms(b *testing.B, k *kube, objs ...*corev1.ConfigMap) []time.Duratio
 		for j, o := range objs {
 			o.Data["n"] = strconv.Itoa(i)
 			start := time.Now()
-			got, err := k.cs.CoreV1().ConfigMaps(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+			got, err := k.CS.CoreV1().ConfigMaps(o.Namespace).Update(ctx, o, metav1.UpdateOptions{})
 			times[j] += time.Since(start)
 			if err != nil {
 				b.Fatal(err)

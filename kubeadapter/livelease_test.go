@@ -1,9 +1,7 @@
 package kubeadapter_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -14,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
@@ -24,9 +23,9 @@ func TestElectorLabelsLease(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	leases := k.cs.CoordinationV1().Leases(k.ns)
+	leases := k.CS.CoordinationV1().Leases(k.NS)
 
-	acquire(t, k.elector(t, "creator"))
+	acquire(t, k.Elector(t, "creator"))
 	created, err := leases.Get(ctx, "fence", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Equal(t, kubeadapter.FenceLabelValue, created.Labels[kubeadapter.FenceLabel])
@@ -35,32 +34,14 @@ func TestElectorLabelsLease(t *testing.T) {
 		Name: "unlabelled", Labels: map[string]string{"team": "a"},
 	}}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	cfg := k.fast("acquirer")
+	cfg := k.Fast("acquirer")
 	cfg.Name = "unlabelled"
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+	e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 	require.NoError(t, err)
 	acquire(t, e)
 	got, err := leases.Get(ctx, "unlabelled", metav1.GetOptions{})
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"team": "a", kubeadapter.FenceLabel: kubeadapter.FenceLabelValue}, got.Labels)
-}
-
-// liveKube starts an API server of tb's own, for tests and benchmarks that
-// install the live-Lease policy: the policy binds every namespace, so on
-// the shared API server it would change what the other tests see. The
-// policy is not installed yet.
-func liveKube(tb testing.TB) *kube {
-	tb.Helper()
-	return newKubeOn(tb, kubefencertest.APIServerForTest(tb))
-}
-
-// installLiveLease installs deploy/admission/live-lease.yaml on k's API
-// server and waits until it is enforced.
-func installLiveLease(tb testing.TB, k *kube) {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(tb, kubefencertest.InstallLiveLeasePolicy(ctx, k.env.Admin()))
 }
 
 // TestLiveLeaseTakeover is the case the live-Lease policy exists for:
@@ -70,39 +51,39 @@ func installLiveLease(tb testing.TB, k *kube) {
 // lands, and with it the API server refuses it, and A's creates too,
 // including an apply that would create again an object B deleted.
 func TestLiveLeaseTakeover(t *testing.T) {
-	k := liveKube(t)
+	k := kubetest.LiveKube(t)
 	ctx := t.Context()
-	ea, stallA := k.stallableElector(t, "replica-a")
+	ea, stallA := stallableElector(k, t, "replica-a")
 	ha := acquire(t, ea)
-	a := k.client(t, staticHolder{Tok: ha.Token()}) // A, not noticing its loss
-	require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
+	a := k.Client(t, staticHolder{Tok: ha.Token()}) // A, not noticing its loss
+	require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "o"}, Data: map[string]string{"by": "a"}}))
 
 	stallA.Stalled.Store(true)
-	hb := acquire(t, k.elector(t, "replica-b"))
+	hb := acquire(t, k.Elector(t, "replica-b"))
 	requireGreater(t, hb.Token(), ha.Token())
 	require.Greater(t, hb.Token().Epoch, ha.Token().Epoch)
 
 	write := func(by string) error {
-		o := k.configMap(t, "o")
+		o := k.ConfigMap(t, "o")
 		o.Data["by"] = by
 		return a.Update(ctx, o)
 	}
 	create := func(name string) error {
-		return a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}})
+		return a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}})
 	}
 	// An apply whose reads find no object creates it: the one stale write
 	// of an apply that fencer's own preconditions cannot refuse.
 	applyNew := func(name string) error {
-		return a.Apply(ctx, corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"by": "a"}), client.FieldOwner("a"))
+		return a.Apply(ctx, corev1ac.ConfigMap(name, k.NS).WithData(map[string]string{"by": "a"}), client.FieldOwner("a"))
 	}
 	// Without the policy the harness bites: A's late writes land.
 	require.NoError(t, write("a-late"))
 	require.NoError(t, create("a-new"))
 	require.NoError(t, applyNew("a-applied"))
-	require.Equal(t, "a-late", k.configMap(t, "o").Data["by"])
+	require.Equal(t, "a-late", k.ConfigMap(t, "o").Data["by"])
 
-	installLiveLease(t, k)
-	before := k.configMap(t, "o").ResourceVersion
+	k.InstallLiveLease(t)
+	before := k.ConfigMap(t, "o").ResourceVersion
 	err := write("a-later")
 	require.True(t, apierrors.IsForbidden(err), "stale update through the fenced client: %v", err)
 	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
@@ -111,25 +92,25 @@ func TestLiveLeaseTakeover(t *testing.T) {
 	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
 	// B deletes the object A applied; A's reads then find nothing, and
 	// its apply would create the object again with A's superseded stamp.
-	require.NoError(t, k.client(t, hb).Delete(ctx, k.configMap(t, "a-applied")))
+	require.NoError(t, k.Client(t, hb).Delete(ctx, k.ConfigMap(t, "a-applied")))
 	err = applyNew("a-applied")
 	require.True(t, apierrors.IsForbidden(err), "stale create by apply after a delete: %v", err)
 	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
-	require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "a-applied"}, &corev1.ConfigMap{})), "the deleted object was recreated")
-	raw := k.configMap(t, "o")
+	require.True(t, apierrors.IsNotFound(k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "a-applied"}, &corev1.ConfigMap{})), "the deleted object was recreated")
+	raw := k.ConfigMap(t, "o")
 	raw.Data["by"] = "a-raw"
-	_, err = k.cs.CoreV1().ConfigMaps(k.ns).Update(ctx, raw, metav1.UpdateOptions{})
+	_, err = k.CS.CoreV1().ConfigMaps(k.NS).Update(ctx, raw, metav1.UpdateOptions{})
 	require.True(t, apierrors.IsForbidden(err), "raw stale update: %v", err)
 	require.ErrorContains(t, err, kubefencertest.LiveLeasePolicy)
-	require.Equal(t, before, k.configMap(t, "o").ResourceVersion)
+	require.Equal(t, before, k.ConfigMap(t, "o").ResourceVersion)
 
 	// B, the current holder, writes O and creates objects.
-	b := k.client(t, hb)
-	o := k.configMap(t, "o")
+	b := k.Client(t, hb)
+	o := k.ConfigMap(t, "o")
 	o.Data["by"] = "b"
 	require.NoError(t, b.Update(ctx, o))
-	require.NoError(t, b.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "b-new"}}))
-	require.Equal(t, "b", k.configMap(t, "o").Data["by"])
+	require.NoError(t, b.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "b-new"}}))
+	require.Equal(t, "b", k.ConfigMap(t, "o").Data["by"])
 
 	stallA.Stalled.Store(false)
 }

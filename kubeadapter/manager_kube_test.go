@@ -84,16 +84,16 @@ func TestLeaderWithManager(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	mgr, err := manager.New(k.env.Admin(), manager.Options{
+	mgr, err := manager.New(k.Env.Admin(), manager.Options{
 		Scheme:                 clientgoscheme.Scheme,
 		LeaderElection:         false,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{k.ns: {}}},
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{k.NS: {}}},
 	})
 	require.NoError(t, err)
-	w, reg := k.startWatcher(t, false)
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), k.slow("mgr", w))
+	w, reg := startWatcher(k, t, false)
+	e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), slow(k, "mgr", w))
 	require.NoError(t, err)
 	terms := make(chan term, 4)
 	ldr, err := leader.New(e, copyController(mgr, terms))
@@ -119,7 +119,7 @@ func TestLeaderWithManager(t *testing.T) {
 		t.Helper()
 		require.Eventually(t, func() bool {
 			var tgt corev1.ConfigMap
-			if k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "target"}, &tgt) != nil {
+			if k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "target"}, &tgt) != nil {
 				return false
 			}
 			got, ok, err := token.FromAnnotations(tgt.Annotations)
@@ -128,12 +128,12 @@ func TestLeaderWithManager(t *testing.T) {
 	}
 
 	first := next()
-	src := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "source"}, Data: map[string]string{"n": "1"}}
-	require.NoError(t, k.crc.Create(ctx, src))
+	src := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "source"}, Data: map[string]string{"n": "1"}}
+	require.NoError(t, k.CRC.Create(ctx, src))
 	waitTarget("1", first.h.Token())
 
 	// Delete the Lease: the controller's context ends at once.
-	require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
+	require.NoError(t, k.CS.CoordinationV1().Leases(k.NS).Delete(ctx, "fence", metav1.DeleteOptions{}))
 	select {
 	case <-first.ctx.Done():
 	case <-time.After(3 * time.Second):
@@ -144,16 +144,16 @@ func TestLeaderWithManager(t *testing.T) {
 	second := next()
 	requireGreater(t, second.h.Token(), first.h.Token())
 	src.Data["n"] = "2"
-	require.NoError(t, k.crc.Update(ctx, src))
+	require.NoError(t, k.CRC.Update(ctx, src))
 	waitTarget("2", second.h.Token())
 
-	stale := k.configMap(t, "target")
+	stale := k.ConfigMap(t, "target")
 	stale.Data["n"] = "stale"
-	require.ErrorIs(t, k.client(t, first.h).Update(ctx, stale.DeepCopy()), token.ErrNotHeld)
-	require.ErrorIs(t, k.client(t, staticHolder{Tok: first.h.Token()}).Update(ctx, stale.DeepCopy()), token.ErrStale)
+	require.ErrorIs(t, k.Client(t, first.h).Update(ctx, stale.DeepCopy()), token.ErrNotHeld)
+	require.ErrorIs(t, k.Client(t, staticHolder{Tok: first.h.Token()}).Update(ctx, stale.DeepCopy()), token.ErrStale)
 
 	// Another holder takes the Lease by an update.
-	leases := k.cs.CoordinationV1().Leases(k.ns)
+	leases := k.CS.CoordinationV1().Leases(k.NS)
 	cur, err := leases.Get(ctx, "fence", metav1.GetOptions{})
 	require.NoError(t, err)
 	other, n := "other", *cur.Spec.LeaseTransitions+1
@@ -166,6 +166,6 @@ func TestLeaderWithManager(t *testing.T) {
 		t.Fatal("the leader-only controller was not cancelled within 3s of the takeover")
 	}
 	require.ErrorIs(t, context.Cause(second.ctx), kubeadapter.ErrLeaseTaken)
-	require.Equal(t, "2", k.configMap(t, "target").Data["n"])
+	require.Equal(t, "2", k.ConfigMap(t, "target").Data["n"])
 	require.GreaterOrEqual(t, histogramCount(t, reg, kubeadapter.MetricSelfFenceLatency), uint64(2))
 }

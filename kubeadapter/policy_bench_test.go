@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/deploy"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 )
 
@@ -49,7 +50,7 @@ const policyBenchObjects = 8
 // Time per update of each arm and the ratios policy/plain and
 // live-lease/plain are reported.
 func BenchmarkPolicyCost(b *testing.B) {
-	k := newKubeOn(b, kubefencertest.APIServerForTest(b))
+	k := kubetest.NewKube(b, kubefencertest.APIServerForTest(b))
 	ctx := context.Background()
 	arms := []struct {
 		ns     string
@@ -63,14 +64,14 @@ func BenchmarkPolicyCost(b *testing.B) {
 	}
 	for a := range arms {
 		arm := &arms[a]
-		_, err := k.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: arm.ns, Labels: arm.labels}}, metav1.CreateOptions{})
+		_, err := k.CS.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: arm.ns, Labels: arm.labels}}, metav1.CreateOptions{})
 		require.NoError(b, err)
-		e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), kubeadapter.DefaultConfig(arm.ns, "fence", "bench"))
+		e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), kubeadapter.DefaultConfig(arm.ns, "fence", "bench"))
 		require.NoError(b, err)
 		h, err := e.TryAcquire(ctx)
 		require.NoError(b, err)
 		defer h.Release(ctx)
-		fenced := k.client(b, h)
+		fenced := k.Client(b, h)
 		for i := range policyBenchObjects {
 			o := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: arm.ns, Name: "bench-" + strconv.Itoa(i)}, Data: map[string]string{"n": "0"}}
 			require.NoError(b, fenced.Create(ctx, o))
@@ -90,7 +91,7 @@ func BenchmarkPolicyCost(b *testing.B) {
 			obj := arm.objs[i%policyBenchObjects]
 			obj.Data["n"] = strconv.Itoa(i)
 			start := time.Now()
-			if err := k.crc.Update(ctx, obj); err != nil {
+			if err := k.CRC.Update(ctx, obj); err != nil {
 				b.Fatal(err)
 			}
 			arm.d += time.Since(start)
@@ -126,12 +127,12 @@ func installBoundPolicy(b *testing.B, k *kube, path, label string) {
 		case "ValidatingAdmissionPolicy":
 			var p admissionv1.ValidatingAdmissionPolicy
 			require.NoError(b, yaml.UnmarshalStrict(doc, &p))
-			_, err = k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
+			_, err = k.CS.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{})
 		case "ValidatingAdmissionPolicyBinding":
 			var pb admissionv1.ValidatingAdmissionPolicyBinding
 			require.NoError(b, yaml.UnmarshalStrict(doc, &pb))
 			pb.Spec.MatchResources = &admissionv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{label: "on"}}}
-			_, err = k.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &pb, metav1.CreateOptions{})
+			_, err = k.CS.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &pb, metav1.CreateOptions{})
 		default:
 			b.Fatalf("%s: unexpected kind %q", path, meta.Kind)
 		}
@@ -149,5 +150,5 @@ func waitEnforced(b *testing.B, k *kube, obj *corev1.ConfigMap, key, value strin
 	defer cancel()
 	bad := obj.DeepCopy()
 	bad.Annotations[key] = value
-	require.NoError(b, kubefencertest.WaitEnforced(ctx, k.env.Admin(), bad, "", obj))
+	require.NoError(b, kubefencertest.WaitEnforced(ctx, k.Env.Admin(), bad, "", obj))
 }

@@ -65,7 +65,7 @@ type trial struct {
 // write returns).
 func BenchmarkSelfFence(b *testing.B) {
 	k := newKube(b)
-	w, reg := k.startWatcher(b, false)
+	w, reg := startWatcher(k, b, false)
 	for b.Loop() {
 		var (
 			mu       sync.Mutex
@@ -177,7 +177,7 @@ func percentile(xs []float64, p int) float64 {
 // as held, and returns when the loss's write returned and when the new
 // holder started (zero for a delete).
 func makeLoss(ctx context.Context, k *kube, kind lossKind, name string, newHolder func() (time.Time, error)) (wrote, started time.Time, err error) {
-	leases := k.cs.CoordinationV1().Leases(k.ns)
+	leases := k.CS.CoordinationV1().Leases(k.NS)
 	switch kind {
 	case lossDelete:
 		err = leases.Delete(ctx, name, metav1.DeleteOptions{})
@@ -212,7 +212,7 @@ func makeLoss(ctx context.Context, k *kube, kind lossKind, name string, newHolde
 // would, and returns when the write returned.
 func createFor(ctx context.Context, k *kube, name, holder string) (time.Time, error) {
 	d, n := int32(15), int32(0)
-	_, err := k.cs.CoordinationV1().Leases(k.ns).Create(ctx, &coordinationv1.Lease{
+	_, err := k.CS.CoordinationV1().Leases(k.NS).Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d, LeaseTransitions: &n},
 	}, metav1.CreateOptions{})
@@ -225,9 +225,9 @@ func createFor(ctx context.Context, k *kube, name, holder string) (time.Time, er
 func fencerTrial(k *kube, w *kubeadapter.Watcher, kind lossKind, name string) (trial, error) {
 	ctx := context.Background()
 	elector := func(identity string) (*kubeadapter.Held, error) {
-		cfg := k.slow(identity, w)
+		cfg := slow(k, identity, w)
 		cfg.Name = name
-		e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+		e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -287,8 +287,8 @@ func clientGoTrial(k *kube, kind lossKind, name string) (trial, error) {
 	stoppedAt := make(chan time.Time, 1)
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Namespace: k.ns, Name: name},
-			Client:     k.cs.CoordinationV1(),
+			LeaseMeta:  metav1.ObjectMeta{Namespace: k.NS, Name: name},
+			Client:     k.CS.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: "stock"},
 		},
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,

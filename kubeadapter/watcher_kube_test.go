@@ -23,14 +23,14 @@ import (
 
 // startWatcher runs a Watcher over k's namespace (or all namespaces) until
 // the test ends, and returns it with the registry of its metrics.
-func (k *kube) startWatcher(tb testing.TB, allNamespaces bool) (*kubeadapter.Watcher, *prometheus.Registry) {
+func startWatcher(k *kube, tb testing.TB, allNamespaces bool) (*kubeadapter.Watcher, *prometheus.Registry) {
 	tb.Helper()
 	reg := prometheus.NewPedanticRegistry()
 	opts := []kubeadapter.WatcherOption{kubeadapter.WithRegisterer(reg)}
 	if !allNamespaces {
-		opts = append(opts, kubeadapter.WatchNamespaces(k.ns))
+		opts = append(opts, kubeadapter.WatchNamespaces(k.NS))
 	}
-	w, err := kubeadapter.NewWatcher(k.cs.CoordinationV1(), opts...)
+	w, err := kubeadapter.NewWatcher(k.CS.CoordinationV1(), opts...)
 	require.NoError(tb, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -41,9 +41,9 @@ func (k *kube) startWatcher(tb testing.TB, allNamespaces bool) (*kubeadapter.Wat
 
 // slow is a Config whose renewals are 20s apart, so that a loss noticed
 // within a few seconds of acquiring was noticed by the Watcher.
-func (k *kube) slow(identity string, w *kubeadapter.Watcher) kubeadapter.Config {
+func slow(k *kube, identity string, w *kubeadapter.Watcher) kubeadapter.Config {
 	return kubeadapter.Config{
-		Namespace: k.ns, Name: "fence", Identity: identity,
+		Namespace: k.NS, Name: "fence", Identity: identity,
 		LeaseDuration: 60 * time.Second, RenewDeadline: 40 * time.Second, RetryPeriod: 20 * time.Second,
 		Watcher: w,
 	}
@@ -78,12 +78,12 @@ func TestSelfFenceOnLiveLease(t *testing.T) {
 		reason error
 	}{
 		{"deleted, then re-acquired", false, func(t *testing.T, k *kube, e *kubeadapter.Elector, h *kubeadapter.Held) token.Token {
-			require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(t.Context(), "fence", metav1.DeleteOptions{}))
+			require.NoError(t, k.CS.CoordinationV1().Leases(k.NS).Delete(t.Context(), "fence", metav1.DeleteOptions{}))
 			requireFenced(t, h, kubeadapter.ErrLeaseDeleted)
 			return acquire(t, e).Token() // the same Elector, a new acquisition
 		}, kubeadapter.ErrLeaseDeleted},
 		{"deleted and recreated for another holder", true, func(t *testing.T, k *kube, _ *kubeadapter.Elector, _ *kubeadapter.Held) token.Token {
-			leases := k.cs.CoordinationV1().Leases(k.ns)
+			leases := k.CS.CoordinationV1().Leases(k.NS)
 			require.NoError(t, leases.Delete(t.Context(), "fence", metav1.DeleteOptions{}))
 			other, d, n := "other", int32(60), int32(0)
 			created, err := leases.Create(t.Context(), &coordinationv1.Lease{
@@ -96,7 +96,7 @@ func TestSelfFenceOnLiveLease(t *testing.T) {
 			return tok
 		}, kubeadapter.ErrLeaseDeleted},
 		{"holder changed by an update", false, func(t *testing.T, k *kube, _ *kubeadapter.Elector, _ *kubeadapter.Held) token.Token {
-			leases := k.cs.CoordinationV1().Leases(k.ns)
+			leases := k.CS.CoordinationV1().Leases(k.NS)
 			cur, err := leases.Get(t.Context(), "fence", metav1.GetOptions{})
 			require.NoError(t, err)
 			other, n := "other", *cur.Spec.LeaseTransitions+1
@@ -112,12 +112,12 @@ func TestSelfFenceOnLiveLease(t *testing.T) {
 			t.Parallel()
 			k := newKube(t)
 			ctx := t.Context()
-			w, reg := k.startWatcher(t, tc.allNamespaces)
-			e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), k.slow("a", w))
+			w, reg := startWatcher(k, t, tc.allNamespaces)
+			e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), slow(k, "a", w))
 			require.NoError(t, err)
 			h := acquire(t, e)
-			ca := k.client(t, h)
-			require.NoError(t, ca.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "o"}, Data: map[string]string{"by": "a"}}))
+			ca := k.Client(t, h)
+			require.NoError(t, ca.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "o"}, Data: map[string]string{"by": "a"}}))
 			work := make(chan error, 1)
 			go func() { // the holder's active work
 				<-h.Context().Done()
@@ -131,17 +131,17 @@ func TestSelfFenceOnLiveLease(t *testing.T) {
 				"the self-fence was not the Watcher's")
 			requireGreater(t, newer, h.Token())
 
-			late := k.configMap(t, "o")
+			late := k.ConfigMap(t, "o")
 			late.Data["by"] = "a-late"
 			require.ErrorIs(t, ca.Update(ctx, late.DeepCopy()), token.ErrNotHeld, "the old holder's fenced client still wrote")
 
 			// The new acquisition writes the object; the old token's write,
 			// bypassing the local check, then fails in the store.
-			cur := k.configMap(t, "o")
+			cur := k.ConfigMap(t, "o")
 			cur.Data["by"] = "new"
-			require.NoError(t, k.client(t, staticHolder{Tok: newer}).Update(ctx, cur))
-			require.ErrorIs(t, k.client(t, staticHolder{Tok: h.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
-			require.Equal(t, "new", k.configMap(t, "o").Data["by"])
+			require.NoError(t, k.Client(t, staticHolder{Tok: newer}).Update(ctx, cur))
+			require.ErrorIs(t, k.Client(t, staticHolder{Tok: h.Token()}).Update(ctx, late.DeepCopy()), token.ErrStale)
+			require.Equal(t, "new", k.ConfigMap(t, "o").Data["by"])
 		})
 	}
 }
@@ -169,32 +169,32 @@ func TestSelfFenceWithShippedRole(t *testing.T) {
 	require.NoError(t, err)
 	var role rbacv1.Role
 	require.NoError(t, yaml.Unmarshal(data, &role))
-	_, err = k.cs.RbacV1().Roles(k.ns).Create(ctx, &role, metav1.CreateOptions{})
+	_, err = k.CS.RbacV1().Roles(k.NS).Create(ctx, &role, metav1.CreateOptions{})
 	require.NoError(t, err)
-	_, err = k.cs.RbacV1().RoleBindings(k.ns).Create(ctx, &rbacv1.RoleBinding{
+	_, err = k.CS.RbacV1().RoleBindings(k.NS).Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "fencer"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "controller"}},
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	cs, err := kubernetes.NewForConfig(k.env.Impersonate("controller"))
+	cs, err := kubernetes.NewForConfig(k.Env.Impersonate("controller"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { // until the RoleBinding is in effect
-		_, err := cs.CoordinationV1().Leases(k.ns).List(ctx, metav1.ListOptions{})
+		_, err := cs.CoordinationV1().Leases(k.NS).List(ctx, metav1.ListOptions{})
 		return err == nil
 	}, 30*time.Second, 50*time.Millisecond)
 
-	w, err := kubeadapter.NewWatcher(cs.CoordinationV1(), kubeadapter.WatchNamespaces(k.ns))
+	w, err := kubeadapter.NewWatcher(cs.CoordinationV1(), kubeadapter.WatchNamespaces(k.NS))
 	require.NoError(t, err)
 	wctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { assert.NoError(t, w.Start(wctx)) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	e, err := kubeadapter.NewElector(cs.CoordinationV1(), k.slow("a", w))
+	e, err := kubeadapter.NewElector(cs.CoordinationV1(), slow(k, "a", w))
 	require.NoError(t, err)
 	h, err := e.TryAcquire(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = h.Release(context.Background()) })
-	require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
+	require.NoError(t, k.CS.CoordinationV1().Leases(k.NS).Delete(ctx, "fence", metav1.DeleteOptions{}))
 	requireFenced(t, h, kubeadapter.ErrLeaseDeleted)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -61,14 +62,14 @@ type superseded struct {
 
 func newSuperseded(t *testing.T, k *kube, name string) superseded {
 	t.Helper()
-	toks := k.tokens(t, 2)
+	toks := k.Tokens(t, 2)
 	s := superseded{k: k, a: toks[0], b: toks[1]}
 	ctx := t.Context()
-	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-	require.NoError(t, k.client(t, staticHolder{Tok: s.a}).Create(ctx, obj))
+	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"by": "a"}}
+	require.NoError(t, k.Client(t, staticHolder{Tok: s.a}).Create(ctx, obj))
 	s.aView = obj.DeepCopy()
 	obj.Data["by"] = "b"
-	require.NoError(t, k.client(t, staticHolder{Tok: s.b}).Update(ctx, obj))
+	require.NoError(t, k.Client(t, staticHolder{Tok: s.b}).Update(ctx, obj))
 	s.current = obj.DeepCopy()
 	return s
 }
@@ -76,7 +77,7 @@ func newSuperseded(t *testing.T, k *kube, name string) superseded {
 // requireIntact checks that the object still carries B's stamp and data.
 func (s superseded) requireIntact(t *testing.T) {
 	t.Helper()
-	cur := s.k.configMap(t, s.current.Name)
+	cur := s.k.ConfigMap(t, s.current.Name)
 	requireStamped(t, cur.Annotations, s.b)
 	require.Equal(t, "b", cur.Data["by"])
 }
@@ -106,13 +107,13 @@ func (s superseded) handBuilt() *corev1.ConfigMap {
 // through a plain client, where it lands: the attack is real.
 func TestSupersededHolderAttacks(t *testing.T) {
 	env := kubefencertest.APIServerForTest(t)
-	k := newKubeOn(t, env)
+	k := kubetest.NewKube(t, env)
 	ctx := t.Context()
 
 	t.Run("plain client lands the hand-built write", func(t *testing.T) {
 		s := newSuperseded(t, k, "plain")
-		require.NoError(t, k.crc.Update(ctx, s.handBuilt()))
-		requireStamped(t, k.configMap(t, "plain").Annotations, s.a)
+		require.NoError(t, k.CRC.Update(ctx, s.handBuilt()))
+		requireStamped(t, k.ConfigMap(t, "plain").Annotations, s.a)
 	})
 
 	for _, tc := range []struct {
@@ -120,27 +121,27 @@ func TestSupersededHolderAttacks(t *testing.T) {
 		write func(t *testing.T, s superseded) error
 	}{
 		{"update of a hand-built object with the current resourceVersion", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{Tok: s.a}).Update(ctx, s.handBuilt())
+			return k.Client(t, staticHolder{Tok: s.a}).Update(ctx, s.handBuilt())
 		}},
 		{"update of a hand-built object without annotations", func(t *testing.T, s superseded) error {
 			obj := s.handBuilt()
 			obj.Annotations = nil
-			return k.client(t, staticHolder{Tok: s.a}).Update(ctx, obj)
+			return k.Client(t, staticHolder{Tok: s.a}).Update(ctx, obj)
 		}},
 		{"update with a lagging cache and the current resourceVersion", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, s.handBuilt())
+			return k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, s.handBuilt())
 		}},
 		{"update with a lagging cache, live read and the current resourceVersion", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}), fenced.WithLiveRead())
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}), fenced.WithLiveRead())
 			return c.Update(ctx, s.handBuilt())
 		}},
 		{"unconditional update with a lagging cache", func(t *testing.T, s superseded) error {
 			obj := s.handBuilt()
 			obj.ResourceVersion = ""
-			return k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, obj)
+			return k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Update(ctx, obj)
 		}},
 		{"retried update of the object read before the supersede", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a})
+			c := k.Client(t, staticHolder{Tok: s.a})
 			obj := s.aView.DeepCopy()
 			obj.Data["by"] = "a-late"
 			if err := c.Update(ctx, obj); !apierrors.IsConflict(err) && !isStale(err) {
@@ -149,50 +150,50 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			return c.Update(ctx, obj)
 		}},
 		{"delete with the current UID and resourceVersion as preconditions", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{Tok: s.a}).Delete(ctx, s.handBuilt(),
+			return k.Client(t, staticHolder{Tok: s.a}).Delete(ctx, s.handBuilt(),
 				client.Preconditions{UID: &s.current.UID, ResourceVersion: &s.current.ResourceVersion})
 		}},
 		{"delete of a hand-built object with a lagging cache", func(t *testing.T, s superseded) error {
-			return k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Delete(ctx, s.handBuilt())
+			return k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView})).Delete(ctx, s.handBuilt())
 		}},
 		{"patch pinned to a hand-built base", func(t *testing.T, s superseded) error {
 			base := s.handBuilt()
 			obj := base.DeepCopy()
 			obj.Data["by"] = "a-late"
-			return k.client(t, staticHolder{Tok: s.a}).Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+			return k.Client(t, staticHolder{Tok: s.a}).Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		}},
 		{"patch pinned with a lagging cache", func(t *testing.T, s superseded) error {
 			base := s.handBuilt()
 			obj := base.DeepCopy()
 			obj.Data["by"] = "a-late"
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 		}},
 		{"apply with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
-			return c.Apply(ctx, corev1ac.ConfigMap(s.current.Name, k.ns).WithData(map[string]string{"by": "a-late"}), client.FieldOwner("a"), client.ForceOwnership)
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			return c.Apply(ctx, corev1ac.ConfigMap(s.current.Name, k.NS).WithData(map[string]string{"by": "a-late"}), client.FieldOwner("a"), client.ForceOwnership)
 		}},
 		{"apply pinned to the current resourceVersion with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
-			cfg := corev1ac.ConfigMap(s.current.Name, k.ns).WithResourceVersion(s.current.ResourceVersion).
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			cfg := corev1ac.ConfigMap(s.current.Name, k.NS).WithResourceVersion(s.current.ResourceVersion).
 				WithAnnotations(s.a.Stamp(nil)).WithData(map[string]string{"by": "a-late"})
 			return c.Apply(ctx, cfg, client.FieldOwner("a"), client.ForceOwnership)
 		}},
 		{"unpinned merge patch with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
 		{"unpinned strategic merge patch with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.aView.DeepCopy(), client.RawPatch(types.StrategicMergePatchType, []byte(`{"data":{"by":"a-late"}}`)))
 		}},
 		{"json patch removing the annotations with a lagging cache", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
+			c := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(laggingReader{s.aView}))
 			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
 				[]byte(`[{"op":"remove","path":"/metadata/annotations"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
 		}},
 		{"json patch lowering the stamp", func(t *testing.T, s superseded) error {
-			c := k.client(t, staticHolder{Tok: s.a})
+			c := k.Client(t, staticHolder{Tok: s.a})
 			return c.Patch(ctx, s.handBuilt(), client.RawPatch(types.JSONPatchType,
 				[]byte(`[{"op":"replace","path":"/metadata/annotations/fencer.dev~1token","value":"1"},{"op":"replace","path":"/data/by","value":"a-late"}]`)))
 		}},
@@ -206,19 +207,19 @@ func TestSupersededHolderAttacks(t *testing.T) {
 	}
 
 	t.Run("status update of a hand-built object", func(t *testing.T) {
-		toks := k.tokens(t, 2)
+		toks := k.Tokens(t, 2)
 		a, b := toks[0], toks[1]
-		d := deployment(k.ns, "status-attack")
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, d))
+		d := deployment(k.NS, "status-attack")
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, d))
 		aView := d.DeepCopy()
 		d.Status.ObservedGeneration = 7
-		require.NoError(t, k.client(t, staticHolder{Tok: b}).Status().Update(ctx, d))
+		require.NoError(t, k.Client(t, staticHolder{Tok: b}).Status().Update(ctx, d))
 		late := aView.DeepCopy()
 		late.ResourceVersion = d.ResourceVersion
 		late.Status.ObservedGeneration = 1
 		for _, c := range []*fenced.Client{
-			k.client(t, staticHolder{Tok: a}),
-			k.client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{aView})),
+			k.Client(t, staticHolder{Tok: a}),
+			k.Client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{aView})),
 		} {
 			require.ErrorIs(t, c.Status().Update(ctx, late.DeepCopy()), token.ErrStale)
 			base := late.DeepCopy()
@@ -227,88 +228,88 @@ func TestSupersededHolderAttacks(t *testing.T) {
 			require.ErrorIs(t, c.Status().Patch(ctx, patched, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})), token.ErrStale)
 		}
 		var got appsv1.Deployment
-		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(d), &got))
+		require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(d), &got))
 		requireStamped(t, got.Annotations, b)
 		require.EqualValues(t, 7, got.Status.ObservedGeneration)
 	})
 
 	t.Run("create of a Binding over a newer holder's Pod", func(t *testing.T) {
-		toks := k.tokens(t, 2)
+		toks := k.Tokens(t, 2)
 		a, b := toks[0], toks[1]
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bound"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "bound"},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
 		}
-		require.NoError(t, k.client(t, staticHolder{Tok: b}).Create(ctx, pod))
+		require.NoError(t, k.Client(t, staticHolder{Tok: b}).Create(ctx, pod))
 		// A Binding's annotations are copied onto its Pod: a create that
 		// writes another object, which the fenced client cannot check.
 		binding := &corev1.Binding{
-			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bound"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "bound"},
 			Target:     corev1.ObjectReference{Kind: "Node", Name: "node-a"},
 		}
-		require.ErrorIs(t, k.client(t, staticHolder{Tok: a}).Create(ctx, binding), fenced.ErrUnsupported)
+		require.ErrorIs(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, binding), fenced.ErrUnsupported)
 		var got corev1.Pod
-		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &got))
+		require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(pod), &got))
 		requireStamped(t, got.Annotations, b)
 		require.Empty(t, got.Spec.NodeName)
 	})
 
 	t.Run("takeover after a newer holder", func(t *testing.T) {
 		s := newSuperseded(t, k, "takeover")
-		cfg := k.fast("other")
+		cfg := k.Fast("other")
 		cfg.Name = "other"
-		other, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+		other, err := kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 		require.NoError(t, err)
 		hm := acquire(t, other)
 		defer hm.Release(context.Background())
 		obj := s.current.DeepCopy()
 		obj.Data["by"] = "m"
-		require.NoError(t, k.client(t, hm, fenced.WithTakeover()).Update(ctx, obj))
-		stored := k.configMap(t, "takeover")
+		require.NoError(t, k.Client(t, hm, fenced.WithTakeover()).Update(ctx, obj))
+		stored := k.ConfigMap(t, "takeover")
 		requireStamped(t, stored.Annotations, hm.Token())
 		require.Equal(t, strconv.FormatInt(s.b.Revision, 10), stored.Annotations[token.MarkKey(s.b.Lease)], "the takeover keeps b as the lease's mark")
 
 		// A, whose token is older than b, takes the object back: refused.
 		back := stored.DeepCopy()
 		back.Data["by"] = "a-late"
-		require.ErrorIs(t, k.client(t, staticHolder{Tok: s.a}, fenced.WithTakeover()).Update(ctx, back), token.ErrStale)
-		require.Equal(t, "m", k.configMap(t, "takeover").Data["by"])
+		require.ErrorIs(t, k.Client(t, staticHolder{Tok: s.a}, fenced.WithTakeover()).Update(ctx, back), token.ErrStale)
+		require.Equal(t, "m", k.ConfigMap(t, "takeover").Data["by"])
 		// B, the newest holder of the lease, may.
-		require.NoError(t, k.client(t, staticHolder{Tok: s.b}, fenced.WithTakeover()).Update(ctx, back))
-		requireStamped(t, k.configMap(t, "takeover").Annotations, s.b)
+		require.NoError(t, k.Client(t, staticHolder{Tok: s.b}, fenced.WithTakeover()).Update(ctx, back))
+		requireStamped(t, k.ConfigMap(t, "takeover").Annotations, s.b)
 	})
 
 	t.Run("apply creating over an object the reads missed", func(t *testing.T) {
 		// Both reads miss the object a newer holder created: the apply
 		// that would create it is conditional on a version no object has,
 		// so it conflicts and writes nothing.
-		toks := k.tokens(t, 2)
-		newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
-		require.NoError(t, k.client(t, staticHolder{Tok: toks[1]}).Create(ctx, newer))
-		apply := corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"})
-		blind := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(notFoundReader{}))
+		toks := k.Tokens(t, 2)
+		newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "missed"}, Data: map[string]string{"by": "newer"}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: toks[1]}).Create(ctx, newer))
+		apply := corev1ac.ConfigMap("missed", k.NS).WithData(map[string]string{"by": "older"})
+		blind := k.Client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(notFoundReader{}))
 		require.True(t, apierrors.IsConflict(blind.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership)))
 		// The live read misses it once, as when the newer holder creates
 		// it between the read and the apply: the retry reads it and finds
 		// the newer stamp.
-		late := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
+		late := k.Client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.CRC}))
 		require.ErrorIs(t, late.Apply(ctx, apply, client.FieldOwner("older"), client.ForceOwnership), token.ErrStale)
-		got := k.configMap(t, "missed")
+		got := k.ConfigMap(t, "missed")
 		require.Equal(t, "newer", got.Data["by"])
 		requireStamped(t, got.Annotations, toks[1])
 	})
 
 	t.Run("a current holder's object cannot lower its stamp", func(t *testing.T) {
 		s := newSuperseded(t, k, "lower")
-		c := k.client(t, staticHolder{Tok: s.b})
+		c := k.Client(t, staticHolder{Tok: s.b})
 		obj := s.current.DeepCopy()
 		obj.Annotations = s.a.Stamp(map[string]string{"team": "x"})
 		require.NoError(t, c.Update(ctx, obj))
-		stored := k.configMap(t, "lower")
+		stored := k.ConfigMap(t, "lower")
 		requireStamped(t, stored.Annotations, s.b)
 		require.Equal(t, "x", stored.Annotations["team"], "the caller's other annotations are written")
 		require.NoError(t, c.Patch(ctx, stored, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":null}}}`))))
-		requireStamped(t, k.configMap(t, "lower").Annotations, s.b)
+		requireStamped(t, k.ConfigMap(t, "lower").Annotations, s.b)
 	})
 }
 

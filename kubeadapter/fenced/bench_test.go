@@ -49,7 +49,7 @@ func BenchmarkFencedUpdate(b *testing.B) {
 	arms := []benchArm{
 		{write: func(ctx context.Context, o *corev1.ConfigMap, i int) error {
 			o.Data["n"] = strconv.Itoa(i)
-			return f.k.crc.Update(ctx, o)
+			return f.k.CRC.Update(ctx, o)
 		}},
 		{write: func(ctx context.Context, o *corev1.ConfigMap, i int) error {
 			o.Data["n"] = strconv.Itoa(i)
@@ -98,7 +98,7 @@ func BenchmarkFencedPatch(b *testing.B) {
 			return w.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(body)))
 		}
 	}
-	arms := []benchArm{{write: patch(f.k.crc, true)}, {write: patch(f.k.crc, false)}, {write: patch(f.fromCache, false)}}
+	arms := []benchArm{{write: patch(f.k.CRC, true)}, {write: patch(f.k.CRC, false)}, {write: patch(f.fromCache, false)}}
 	rotate(b, f.objs, arms)
 	n := float64(b.N)
 	plain, unconditional, fenced := arms[0].d, arms[1].d, arms[2].d
@@ -123,19 +123,19 @@ type benchFixture struct {
 func newBenchFixture(b *testing.B) *benchFixture {
 	k := newKube(b)
 	ctx := context.Background()
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), kubeadapter.DefaultConfig(k.ns, "fence", "bench"))
+	e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), kubeadapter.DefaultConfig(k.NS, "fence", "bench"))
 	require.NoError(b, err)
 	h, err := e.TryAcquire(ctx)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = h.Release(ctx) })
-	f := &benchFixture{k: k, objs: make([]*corev1.ConfigMap, benchObjects), apiReads: &countingReader{Reader: k.crc}}
-	creator := k.client(b, h)
+	f := &benchFixture{k: k, objs: make([]*corev1.ConfigMap, benchObjects), apiReads: &countingReader{Reader: k.CRC}}
+	creator := k.Client(b, h)
 	for i := range f.objs {
-		f.objs[i] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bench-" + strconv.Itoa(i)}, Data: map[string]string{"n": "0"}}
+		f.objs[i] = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "bench-" + strconv.Itoa(i)}, Data: map[string]string{"n": "0"}}
 		require.NoError(b, creator.Create(ctx, f.objs[i]))
 	}
-	f.fromCache = k.client(b, h, fenced.WithReader(startCache(b, k)), fenced.WithAPIReader(f.apiReads))
-	f.live = k.client(b, h, fenced.WithLiveRead())
+	f.fromCache = k.Client(b, h, fenced.WithReader(startCache(b, k)), fenced.WithAPIReader(f.apiReads))
+	f.live = k.Client(b, h, fenced.WithLiveRead())
 	return f
 }
 
@@ -169,9 +169,9 @@ func rotate(b *testing.B, objs []*corev1.ConfigMap, arms []benchArm) {
 // when tb ends.
 func startCache(tb testing.TB, k *kube) cache.Cache {
 	tb.Helper()
-	c, err := cache.New(k.env.Admin(), cache.Options{
+	c, err := cache.New(k.Env.Admin(), cache.Options{
 		Scheme:            clientgoscheme.Scheme,
-		DefaultNamespaces: map[string]cache.Config{k.ns: {}},
+		DefaultNamespaces: map[string]cache.Config{k.NS: {}},
 	})
 	require.NoError(tb, err)
 	ctx, cancel := context.WithCancel(context.Background())

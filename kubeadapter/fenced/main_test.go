@@ -1,21 +1,12 @@
 package fenced_test
 
 import (
-	"context"
 	"os"
 	"testing"
-	"time"
-
-	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
 	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
-	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
-	"github.com/fencer-dev/fencer/token"
 )
 
 // The elector's and the shard's holders are what fenced writes take,
@@ -32,86 +23,14 @@ func TestMain(m *testing.M) {
 	os.Exit(shared.Main(m))
 }
 
-// kube is what a test needs of the API server: admin clients and a
-// namespace of its own.
-type kube struct {
-	env *kubefencertest.APIServer
-	cs  *kubernetes.Clientset
-	crc client.Client
-	ns  string
-}
+// kube is the harness's Kube: admin clients and a namespace of the
+// test's own on the shared API server (newKube) or on one of the test's
+// own (kubetest.LiveKube, kubetest.NewKube).
+type kube = kubetest.Kube
 
 func newKube(tb testing.TB) *kube {
 	tb.Helper()
-	return newKubeOn(tb, shared.Env(tb))
-}
-
-// newKubeOn is newKube on env rather than the shared API server.
-func newKubeOn(tb testing.TB, env *kubefencertest.APIServer) *kube {
-	tb.Helper()
-	cs, crc := kubetest.AdminClients(tb, env)
-	return &kube{env: env, cs: cs, crc: crc, ns: kubetest.CreateNamespace(tb, cs)}
-}
-
-// fast is a Config with short durations, so that takeovers take about 2s.
-func (k *kube) fast(identity string) kubeadapter.Config {
-	return kubeadapter.Config{
-		Namespace: k.ns, Name: "fence", Identity: identity,
-		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 250 * time.Millisecond,
-	}
-}
-
-func (k *kube) elector(tb testing.TB, identity string) *kubeadapter.Elector {
-	tb.Helper()
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), k.fast(identity))
-	require.NoError(tb, err)
-	return e
-}
-
-func (k *kube) client(tb testing.TB, h fenced.Holder, opts ...fenced.Option) *fenced.Client {
-	tb.Helper()
-	c, err := fenced.NewClient(k.crc, h, opts...)
-	require.NoError(tb, err)
-	return c
-}
-
-// tokens acquires and releases the Lease n times and returns the tokens,
-// oldest first.
-func (k *kube) tokens(tb testing.TB, n int) []token.Token {
-	tb.Helper()
-	e := k.elector(tb, "tokens")
-	var toks []token.Token
-	for range n {
-		h, err := e.TryAcquire(context.Background())
-		require.NoError(tb, err)
-		toks = append(toks, h.Token())
-		require.NoError(tb, h.Release(context.Background()))
-	}
-	return toks
-}
-
-func (k *kube) configMap(tb testing.TB, name string) *corev1.ConfigMap {
-	tb.Helper()
-	var cm corev1.ConfigMap
-	require.NoError(tb, k.crc.Get(context.Background(), client.ObjectKey{Namespace: k.ns, Name: name}, &cm))
-	return &cm
-}
-
-// liveKube is newKube on an API server of its own, for a test that
-// installs the live-Lease policy: on the shared API server it would change
-// what the other tests see. The policy is not installed yet.
-func liveKube(tb testing.TB) *kube {
-	tb.Helper()
-	return newKubeOn(tb, kubefencertest.APIServerForTest(tb))
-}
-
-// installLiveLease installs deploy/admission/live-lease.yaml on k's API
-// server and waits until it is enforced.
-func installLiveLease(tb testing.TB, k *kube) {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(tb, kubefencertest.InstallLiveLeasePolicy(ctx, k.env.Admin()))
+	return kubetest.NewKube(tb, shared.Env(tb))
 }
 
 // The kube harness's holder and helpers, by their short names.

@@ -28,7 +28,7 @@ func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	tok := k.tokens(t, 1)[0]
+	tok := k.Tokens(t, 1)[0]
 	wc := widgets(t, k)
 	c, err := fenced.NewClient(wc, staticHolder{Tok: tok})
 	require.NoError(t, err)
@@ -53,7 +53,7 @@ func TestPatchKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 			name := sanitize(tc.name)
 			newWidget(t, k, name)
 			w := &widget{}
-			require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, w))
+			require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: name}, w))
 			patch := tc.patch(w)
 			opts := []client.PatchOption{client.FieldOwner("controller")}
 			if patch.Type() == types.ApplyPatchType {
@@ -95,9 +95,9 @@ func TestPatchCannotWriteTheStamp(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
+	toks := k.Tokens(t, 2)
 	old, cur := toks[0], toks[1]
-	c := k.client(t, staticHolder{Tok: cur})
+	c := k.Client(t, staticHolder{Tok: cur})
 	forged := token.MarkKey("forged")
 	for _, tc := range []struct {
 		name, patch string
@@ -113,10 +113,10 @@ func TestPatchCannotWriteTheStamp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := sanitize(tc.name)
-			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"team": "t"}}, Data: map[string]string{"v": "0"}}
-			require.NoError(t, k.client(t, staticHolder{Tok: old}).Create(ctx, obj))
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name, Annotations: map[string]string{"team": "t"}}, Data: map[string]string{"v": "0"}}
+			require.NoError(t, k.Client(t, staticHolder{Tok: old}).Create(ctx, obj))
 			require.NoError(t, c.Patch(ctx, obj, client.RawPatch(tc.pt, []byte(tc.patch))))
-			got := k.configMap(t, name)
+			got := k.ConfigMap(t, name)
 			require.Equal(t, "x", got.Data["v"], "the patch's own change landed")
 			requireStamped(t, got.Annotations, cur)
 			require.NotContains(t, got.Annotations, forged)
@@ -130,8 +130,8 @@ func TestPatchBadInput(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	c := k.client(t, staticHolder{Tok: k.tokens(t, 1)[0]})
-	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "bad"}, Data: map[string]string{"v": "0"}}
+	c := k.Client(t, staticHolder{Tok: k.Tokens(t, 1)[0]})
+	obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "bad"}, Data: map[string]string{"v": "0"}}
 	require.NoError(t, c.Create(ctx, obj))
 	before := obj.ResourceVersion
 	for _, tc := range []struct {
@@ -157,7 +157,7 @@ func TestPatchBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			err := c.Patch(ctx, obj.DeepCopy(), client.RawPatch(tc.pt, []byte(tc.patch)), client.FieldOwner("bad"))
 			require.ErrorIs(t, err, tc.want)
-			require.Equal(t, before, k.configMap(t, "bad").ResourceVersion, "nothing written")
+			require.Equal(t, before, k.ConfigMap(t, "bad").ResourceVersion, "nothing written")
 		})
 	}
 }
@@ -172,36 +172,36 @@ func TestApply(t *testing.T) {
 	k := newKube(t)
 	shared.InstallPolicy(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
-	old, cur := k.client(t, staticHolder{Tok: toks[0]}), k.client(t, staticHolder{Tok: toks[1]})
+	toks := k.Tokens(t, 2)
+	old, cur := k.Client(t, staticHolder{Tok: toks[0]}), k.Client(t, staticHolder{Tok: toks[1]})
 
-	require.NoError(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "1"}), client.FieldOwner("one")))
-	requireStamped(t, k.configMap(t, "ssa").Annotations, toks[0])
+	require.NoError(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"a": "1"}), client.FieldOwner("one")))
+	requireStamped(t, k.ConfigMap(t, "ssa").Annotations, toks[0])
 
 	// Another manager with a newer token: the stamp's conflict is taken
 	// over, the manager's own field lands, the other's stays.
-	applied := corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"b": "2"})
+	applied := corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"b": "2"})
 	require.NoError(t, cur.Apply(ctx, applied, client.FieldOwner("two")))
-	got := k.configMap(t, "ssa")
+	got := k.ConfigMap(t, "ssa")
 	require.Equal(t, map[string]string{"a": "1", "b": "2"}, got.Data)
 	requireStamped(t, got.Annotations, toks[1])
 	require.Equal(t, got.ResourceVersion, *applied.ResourceVersion, "the config holds the applied object")
 
 	// A conflict over another manager's field is returned, not forced.
 	before := got.ResourceVersion
-	err := cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "changed", "b": "2"}), client.FieldOwner("two"))
+	err := cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"a": "changed", "b": "2"}), client.FieldOwner("two"))
 	require.True(t, apierrors.IsConflict(err), "%v", err)
-	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
-	require.NoError(t, cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "forced", "b": "2"}), client.FieldOwner("two"), client.ForceOwnership))
-	require.Equal(t, "forced", k.configMap(t, "ssa").Data["a"])
+	require.Equal(t, before, k.ConfigMap(t, "ssa").ResourceVersion)
+	require.NoError(t, cur.Apply(ctx, corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"a": "forced", "b": "2"}), client.FieldOwner("two"), client.ForceOwnership))
+	require.Equal(t, "forced", k.ConfigMap(t, "ssa").Data["a"])
 
 	// The superseded holder's apply is refused, from a fresh read or a
 	// lagging cache.
-	before = k.configMap(t, "ssa").ResourceVersion
-	require.ErrorIs(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
-	lagging := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(laggingReader{got}))
-	require.ErrorIs(t, lagging.Apply(ctx, corev1ac.ConfigMap("ssa", k.ns).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
-	require.Equal(t, before, k.configMap(t, "ssa").ResourceVersion)
+	before = k.ConfigMap(t, "ssa").ResourceVersion
+	require.ErrorIs(t, old.Apply(ctx, corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
+	lagging := k.Client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(laggingReader{got}))
+	require.ErrorIs(t, lagging.Apply(ctx, corev1ac.ConfigMap("ssa", k.NS).WithData(map[string]string{"a": "late"}), client.FieldOwner("one"), client.ForceOwnership), token.ErrStale)
+	require.Equal(t, before, k.ConfigMap(t, "ssa").ResourceVersion)
 }
 
 // TestApplyOverAnObjectTheReadsMissed checks, with the admission policy
@@ -215,20 +215,20 @@ func TestApplyOverAnObjectTheReadsMissed(t *testing.T) {
 	k := newKube(t)
 	shared.InstallPolicy(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
-	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "missed"}, Data: map[string]string{"by": "newer"}}
-	require.NoError(t, k.client(t, staticHolder{Tok: toks[1]}).Create(ctx, newer))
+	toks := k.Tokens(t, 2)
+	newer := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "missed"}, Data: map[string]string{"by": "newer"}}
+	require.NoError(t, k.Client(t, staticHolder{Tok: toks[1]}).Create(ctx, newer))
 
-	late := k.client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.crc}))
-	err := late.Apply(ctx, corev1ac.ConfigMap("missed", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
+	late := k.Client(t, staticHolder{Tok: toks[0]}, fenced.WithReader(notFoundReader{}), fenced.WithAPIReader(&missOnce{Reader: k.CRC}))
+	err := late.Apply(ctx, corev1ac.ConfigMap("missed", k.NS).WithData(map[string]string{"by": "older"}), client.FieldOwner("older"), client.ForceOwnership)
 	require.ErrorIs(t, err, token.ErrStale)
-	got := k.configMap(t, "missed")
+	got := k.ConfigMap(t, "missed")
 	require.Equal(t, "newer", got.Data["by"])
 	requireStamped(t, got.Annotations, toks[1])
 
 	// An apply of an object that does not exist creates it, stamped.
-	require.NoError(t, late.Apply(ctx, corev1ac.ConfigMap("fresh", k.ns).WithData(map[string]string{"by": "older"}), client.FieldOwner("older")))
-	requireStamped(t, k.configMap(t, "fresh").Annotations, toks[0])
+	require.NoError(t, late.Apply(ctx, corev1ac.ConfigMap("fresh", k.NS).WithData(map[string]string{"by": "older"}), client.FieldOwner("older")))
+	requireStamped(t, k.ConfigMap(t, "fresh").Annotations, toks[0])
 }
 
 // missOnce is a Reader whose first Get finds nothing, as a read made just
@@ -255,14 +255,14 @@ func TestApplyKeepsFieldsTheTypeDoesNotKnow(t *testing.T) {
 	k := newKube(t)
 	shared.InstallPolicy(t)
 	ctx := t.Context()
-	tok := k.tokens(t, 1)[0]
+	tok := k.Tokens(t, 1)[0]
 	c, err := fenced.NewClient(widgets(t, k), staticHolder{Tok: tok})
 	require.NoError(t, err)
 	newWidget(t, k, "applied")
 
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": widgetGV.String(), "kind": "Widget",
-		"metadata": map[string]any{"namespace": k.ns, "name": "applied"},
+		"metadata": map[string]any{"namespace": k.NS, "name": "applied"},
 		"spec":     map[string]any{"known": "applied"},
 	}}
 	config := client.ApplyConfigurationFromUnstructured(u)
@@ -291,33 +291,33 @@ func TestApplyAfterADelete(t *testing.T) {
 	ctx := t.Context()
 	k := newKube(t)
 	shared.InstallPolicy(t)
-	toks := k.tokens(t, 2)
+	toks := k.Tokens(t, 2)
 	a, b := toks[0], toks[1]
 	apply := func(name string) *corev1ac.ConfigMapApplyConfiguration {
-		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"by": "a-late"})
+		return corev1ac.ConfigMap(name, k.NS).WithData(map[string]string{"by": "a-late"})
 	}
 	deleted := func(t *testing.T, name string) *corev1.ConfigMap {
 		t.Helper()
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
-		require.NoError(t, k.client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy()))
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
+		require.NoError(t, k.Client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy()))
 		return obj
 	}
 	requireGone := func(t *testing.T, name string) {
 		t.Helper()
-		err := k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &corev1.ConfigMap{})
+		err := k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: name}, &corev1.ConfigMap{})
 		require.True(t, apierrors.IsNotFound(err), "the deleted object was recreated: %v", err)
 	}
 
 	aView := deleted(t, "plain")
-	require.NoError(t, k.crc.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "plain"}},
+	require.NoError(t, k.CRC.Patch(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "plain"}},
 		client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"plain","resourceVersion":"`+aView.ResourceVersion+`"},"data":{"by":"a-late"}}`)),
 		client.FieldOwner("a")), "a plain apply carrying the read's resourceVersion recreates the object")
-	require.Equal(t, "a-late", k.configMap(t, "plain").Data["by"])
+	require.Equal(t, "a-late", k.ConfigMap(t, "plain").Data["by"])
 
 	t.Run("lagging cache", func(t *testing.T) {
 		aView := deleted(t, "lagging")
-		c := k.client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{aView}))
+		c := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{aView}))
 		err := c.Apply(ctx, apply("lagging"), client.FieldOwner("a"), client.ForceOwnership)
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.True(t, apierrors.IsNotFound(err), "%v", err)
@@ -325,12 +325,12 @@ func TestApplyAfterADelete(t *testing.T) {
 	})
 
 	t.Run("deleted between the live read and the apply", func(t *testing.T) {
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "between"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
-		r := &deleteAfterRead{Reader: k.crc, del: func(ctx context.Context) error {
-			return k.client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy())
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "between"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
+		r := &deleteAfterRead{Reader: k.CRC, del: func(ctx context.Context) error {
+			return k.Client(t, staticHolder{Tok: b}).Delete(ctx, obj.DeepCopy())
 		}}
-		c := k.client(t, staticHolder{Tok: a}, fenced.WithLiveRead(), fenced.WithAPIReader(r))
+		c := k.Client(t, staticHolder{Tok: a}, fenced.WithLiveRead(), fenced.WithAPIReader(r))
 		err := c.Apply(ctx, apply("between"), client.FieldOwner("a"), client.ForceOwnership)
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		require.NoError(t, r.err)
@@ -339,7 +339,7 @@ func TestApplyAfterADelete(t *testing.T) {
 
 	t.Run("apply patch of an object the caller read", func(t *testing.T) {
 		aView := deleted(t, "caller-read")
-		c := k.client(t, staticHolder{Tok: a}, fenced.WithReader(notFoundReader{}))
+		c := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(notFoundReader{}))
 		err := c.Patch(ctx, aView, client.RawPatch(types.ApplyPatchType, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"caller-read"},"data":{"by":"a-late"}}`)), client.FieldOwner("a"))
 		require.ErrorIs(t, err, fenced.ErrDeleted)
 		requireGone(t, "caller-read")
@@ -377,16 +377,16 @@ func (r *deleteAfterRead) Get(ctx context.Context, key client.ObjectKey, obj cli
 func TestApplyStampOwnership(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	tok := k.tokens(t, 1)[0]
-	c := k.client(t, staticHolder{Tok: tok})
+	tok := k.Tokens(t, 1)[0]
+	c := k.Client(t, staticHolder{Tok: tok})
 	config := func(name, v string) *corev1ac.ConfigMapApplyConfiguration {
-		return corev1ac.ConfigMap(name, k.ns).WithData(map[string]string{"v": v})
+		return corev1ac.ConfigMap(name, k.NS).WithData(map[string]string{"v": v})
 	}
 	plainApply := func(name, v string) {
 		t.Helper()
-		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `"},"data":{"v":"` + v + `"}}`
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
-		require.NoError(t, k.crc.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, []byte(body)), client.FieldOwner("ctrl")))
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.NS + `","name":"` + name + `"},"data":{"v":"` + v + `"}}`
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}}
+		require.NoError(t, k.CRC.Patch(ctx, obj, client.RawPatch(types.ApplyPatchType, []byte(body)), client.FieldOwner("ctrl")))
 	}
 	owns := func(obj *corev1.ConfigMap, manager string) bool {
 		for _, mf := range obj.ManagedFields {
@@ -398,29 +398,29 @@ func TestApplyStampOwnership(t *testing.T) {
 	}
 
 	require.NoError(t, c.Apply(ctx, config("stripped", "1"), client.FieldOwner("ctrl")))
-	got := k.configMap(t, "stripped")
+	got := k.ConfigMap(t, "stripped")
 	require.True(t, owns(got, "ctrl"), "the applying manager owns the stamp: %v", got.ManagedFields)
 	require.False(t, owns(got, "fencer"))
 	require.NoError(t, c.Apply(ctx, config("stripped", "2"), client.FieldOwner("ctrl")))
-	requireStamped(t, k.configMap(t, "stripped").Annotations, tok)
+	requireStamped(t, k.ConfigMap(t, "stripped").Annotations, tok)
 	plainApply("stripped", "3")
-	got = k.configMap(t, "stripped")
+	got = k.ConfigMap(t, "stripped")
 	require.NotContains(t, got.Annotations, token.AnnotationToken, "a plain apply by the manager that owns the stamp strips it")
 	require.NotContains(t, got.Annotations, token.AnnotationLease)
 
 	require.NoError(t, c.Apply(ctx, config("co-owned", "1"), client.FieldOwner("ctrl")))
-	before := k.configMap(t, "co-owned")
+	before := k.ConfigMap(t, "co-owned")
 	stamp := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{
-		"namespace": k.ns, "name": "co-owned", "resourceVersion": before.ResourceVersion, "annotations": tok.Stamp(nil),
+		"namespace": k.NS, "name": "co-owned", "resourceVersion": before.ResourceVersion, "annotations": tok.Stamp(nil),
 	}}
 	body, err := json.Marshal(stamp)
 	require.NoError(t, err)
-	require.NoError(t, k.crc.Patch(ctx, before.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("fencer")))
-	got = k.configMap(t, "co-owned")
+	require.NoError(t, k.CRC.Patch(ctx, before.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("fencer")))
+	got = k.ConfigMap(t, "co-owned")
 	require.NotEqual(t, before.ResourceVersion, got.ResourceVersion, "the stamp's own apply is a second write")
 	require.True(t, owns(got, "fencer") && owns(got, "ctrl"), "%v", got.ManagedFields)
 	plainApply("co-owned", "2")
-	got = k.configMap(t, "co-owned")
+	got = k.ConfigMap(t, "co-owned")
 	require.Equal(t, "2", got.Data["v"])
 	requireStamped(t, got.Annotations, tok)
 }

@@ -33,10 +33,10 @@ func TestPatch(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
+	toks := k.Tokens(t, 2)
 	old, cur := toks[0], toks[1]
-	c := k.client(t, staticHolder{Tok: cur})
-	require.NoError(t, c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "p"}, Data: map[string]string{"a": "0"}}))
+	c := k.Client(t, staticHolder{Tok: cur})
+	require.NoError(t, c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "p"}, Data: map[string]string{"a": "0"}}))
 
 	for _, tc := range []struct {
 		name  string
@@ -61,18 +61,18 @@ func TestPatch(t *testing.T) {
 			obj.Data["a"] = "outdated"
 			// Another write lands after the caller's read; a patch
 			// without a resourceVersion applies to the newer version.
-			other := k.configMap(t, "p")
+			other := k.ConfigMap(t, "p")
 			other.Data["b"] = "other"
 			require.NoError(t, c.Update(ctx, other))
 			return client.MergeFrom(base)
 		}, "outdated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			obj := k.configMap(t, "p")
+			obj := k.ConfigMap(t, "p")
 			before := obj.ResourceVersion
 			require.NoError(t, c.Patch(ctx, obj, tc.patch(obj)))
 			require.Equal(t, tc.value, obj.Data["a"])
-			got := k.configMap(t, "p")
+			got := k.ConfigMap(t, "p")
 			require.Equal(t, tc.value, got.Data["a"])
 			require.Equal(t, got.ResourceVersion, obj.ResourceVersion)
 			require.NotEqual(t, before, got.ResourceVersion)
@@ -80,11 +80,11 @@ func TestPatch(t *testing.T) {
 		})
 	}
 
-	rv := func() string { return k.configMap(t, "p").ResourceVersion }
+	rv := func() string { return k.ConfigMap(t, "p").ResourceVersion }
 	t.Run("optimistic lock on an outdated object", func(t *testing.T) {
-		obj := k.configMap(t, "p")
+		obj := k.ConfigMap(t, "p")
 		base := obj.DeepCopy()
-		other := k.configMap(t, "p")
+		other := k.ConfigMap(t, "p")
 		other.Data["b"] = "moved"
 		require.NoError(t, c.Update(ctx, other))
 		obj.Data["a"] = "locked"
@@ -94,29 +94,29 @@ func TestPatch(t *testing.T) {
 		require.Equal(t, before, rv())
 	})
 	t.Run("stale holder", func(t *testing.T) {
-		obj := k.configMap(t, "p")
+		obj := k.ConfigMap(t, "p")
 		base := obj.DeepCopy()
 		obj.Data["a"] = "stale"
 		before := rv()
-		require.ErrorIs(t, k.client(t, staticHolder{Tok: old}).Patch(ctx, obj, client.MergeFrom(base)), token.ErrStale)
+		require.ErrorIs(t, k.Client(t, staticHolder{Tok: old}).Patch(ctx, obj, client.MergeFrom(base)), token.ErrStale)
 		require.Equal(t, before, rv())
 	})
 	t.Run("unsupported", func(t *testing.T) {
 		before := rv()
-		obj := k.configMap(t, "p")
+		obj := k.ConfigMap(t, "p")
 		unknown := client.RawPatch(types.PatchType("application/x-unknown"), []byte(`{}`))
 		require.ErrorIs(t, c.Patch(ctx, obj, unknown), fenced.ErrUnsupported)
-		require.ErrorIs(t, c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(k.ns)), fenced.ErrUnsupported)
+		require.ErrorIs(t, c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(k.NS)), fenced.ErrUnsupported)
 		require.Equal(t, before, rv())
 	})
 	for _, pt := range []types.PatchType{types.MergePatchType, types.StrategicMergePatchType} {
 		t.Run("unstructured "+string(pt), func(t *testing.T) {
 			u := &unstructured.Unstructured{}
 			u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-			u.SetNamespace(k.ns)
+			u.SetNamespace(k.NS)
 			u.SetName("p")
 			require.NoError(t, c.Patch(ctx, u, client.RawPatch(pt, []byte(`{"data":{"a":"`+string(pt)+`"}}`))))
-			got := k.configMap(t, "p")
+			got := k.ConfigMap(t, "p")
 			require.Equal(t, string(pt), got.Data["a"])
 			requireStamped(t, got.Annotations, cur)
 		})
@@ -124,10 +124,10 @@ func TestPatch(t *testing.T) {
 	t.Run("metadata-only object", func(t *testing.T) {
 		m := &metav1.PartialObjectMetadata{}
 		m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-		m.SetNamespace(k.ns)
+		m.SetNamespace(k.NS)
 		m.SetName("p")
 		require.NoError(t, c.Patch(ctx, m, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"meta":"only"}}}`))))
-		got := k.configMap(t, "p")
+		got := k.ConfigMap(t, "p")
 		require.Equal(t, "only", got.Labels["meta"])
 		requireStamped(t, got.Annotations, cur)
 	})
@@ -139,17 +139,17 @@ func TestDelete(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
-	c := k.client(t, staticHolder{Tok: toks[1]})
-	stale := k.client(t, staticHolder{Tok: toks[0]})
+	toks := k.Tokens(t, 2)
+	c := k.Client(t, staticHolder{Tok: toks[1]})
+	stale := k.Client(t, staticHolder{Tok: toks[0]})
 	create := func(name string) *corev1.ConfigMap {
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"v": "0"}}
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"v": "0"}}
 		require.NoError(t, c.Create(ctx, obj))
 		return obj
 	}
 	exists := func(name string) bool {
 		var cm corev1.ConfigMap
-		err := k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, &cm)
+		err := k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: name}, &cm)
 		if apierrors.IsNotFound(err) {
 			return false
 		}
@@ -159,7 +159,7 @@ func TestDelete(t *testing.T) {
 
 	obj := create("a")
 	require.ErrorIs(t, stale.Delete(ctx, obj.DeepCopy()), token.ErrStale)
-	require.ErrorIs(t, stale.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "a"}}), token.ErrStale)
+	require.ErrorIs(t, stale.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "a"}}), token.ErrStale)
 	require.True(t, exists("a"))
 
 	// An outdated object is retried with a fresh read.
@@ -181,7 +181,7 @@ func TestDelete(t *testing.T) {
 	// A replaced object (same name, new UID) is not deleted on the strength
 	// of a check of the old one.
 	old := obj.DeepCopy()
-	require.NoError(t, k.crc.Delete(ctx, obj))
+	require.NoError(t, k.CRC.Delete(ctx, obj))
 	create("b")
 	uid := old.UID
 	err = c.Delete(ctx, old, client.Preconditions{UID: &uid})
@@ -212,13 +212,13 @@ func TestStatusWrites(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
-	cOld, cCur := k.client(t, staticHolder{Tok: toks[0]}), k.client(t, staticHolder{Tok: toks[1]})
-	dep := deployment(k.ns, "d")
+	toks := k.Tokens(t, 2)
+	cOld, cCur := k.Client(t, staticHolder{Tok: toks[0]}), k.Client(t, staticHolder{Tok: toks[1]})
+	dep := deployment(k.NS, "d")
 	require.NoError(t, cOld.Create(ctx, dep))
 	get := func() *appsv1.Deployment {
 		var d appsv1.Deployment
-		require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(dep), &d))
+		require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(dep), &d))
 		return &d
 	}
 
@@ -266,9 +266,9 @@ func TestClientGo(t *testing.T) {
 	t.Parallel()
 	k := newKube(t)
 	ctx := t.Context()
-	toks := k.tokens(t, 2)
+	toks := k.Tokens(t, 2)
 	old, cur := staticHolder{Tok: toks[0]}, staticHolder{Tok: toks[1]}
-	cms := k.cs.CoreV1().ConfigMaps(k.ns)
+	cms := k.CS.CoreV1().ConfigMaps(k.NS)
 	_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "g", Annotations: toks[0].Stamp(nil)}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	get := func(ctx context.Context) (*corev1.ConfigMap, error) { return cms.Get(ctx, "g", metav1.GetOptions{}) }
@@ -304,9 +304,9 @@ func TestClientGo(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, out.ResourceVersion, now.ResourceVersion)
 
-	dyn, err := dynamic.NewForConfig(k.env.Admin())
+	dyn, err := dynamic.NewForConfig(k.Env.Admin())
 	require.NoError(t, err)
-	res := dyn.Resource(corev1.SchemeGroupVersion.WithResource("configmaps")).Namespace(k.ns)
+	res := dyn.Resource(corev1.SchemeGroupVersion.WithResource("configmaps")).Namespace(k.NS)
 	uget := func(ctx context.Context) (*unstructured.Unstructured, error) {
 		return res.Get(ctx, "g", metav1.GetOptions{})
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/fencer-dev/fencer/kubeadapter"
 	"github.com/fencer-dev/fencer/kubeadapter/fenced"
+	"github.com/fencer-dev/fencer/kubeadapter/internal/kubetest"
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -39,20 +40,20 @@ func clientKube(t *testing.T) *kube {
 	t.Helper()
 	k := newKube(t)
 	var vaps admissionregistrationv1.ValidatingAdmissionPolicyList
-	require.NoError(t, k.crc.List(t.Context(), &vaps))
+	require.NoError(t, k.CRC.List(t.Context(), &vaps))
 	if len(vaps.Items) == 0 {
 		return k
 	}
-	return newKubeOn(t, kubefencertest.APIServerForTest(t))
+	return kubetest.NewKube(t, kubefencertest.APIServerForTest(t))
 }
 
 // leaseTokens acquires and releases the Lease name of k's namespace n
 // times and returns the tokens, oldest first.
-func (k *kube) leaseTokens(t *testing.T, name string, n int) []token.Token {
+func leaseTokens(k *kube, t *testing.T, name string, n int) []token.Token {
 	t.Helper()
-	cfg := k.fast("red-" + name)
+	cfg := k.Fast("red-" + name)
 	cfg.Name = name
-	e, err := kubeadapter.NewElector(k.cs.CoordinationV1(), cfg)
+	e, err := kubeadapter.NewElector(k.CS.CoordinationV1(), cfg)
 	require.NoError(t, err)
 	var toks []token.Token
 	for range n {
@@ -92,7 +93,7 @@ func newHopScene(t *testing.T, k *kube, name string) *hopScene {
 func (s *hopScene) requireFenced(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
-	cur := s.k.configMap(t, s.name)
+	cur := s.k.ConfigMap(t, s.name)
 	for key, want := range s.wantAnnot {
 		require.Equal(t, want, cur.Annotations[key], "protocol annotation %s after the write; annotations %v", key, cur.Annotations)
 	}
@@ -102,10 +103,10 @@ func (s *hopScene) requireFenced(t *testing.T) {
 	}{{s.a, nil}, {s.a, []fenced.Option{fenced.WithTakeover()}}, {s.m0, []fenced.Option{fenced.WithTakeover()}}} {
 		late := cur.DeepCopy()
 		late.Data["by"] = "late " + stale.tok.String()
-		err := s.k.client(t, staticHolder{Tok: stale.tok}, stale.opts...).Update(ctx, late)
+		err := s.k.Client(t, staticHolder{Tok: stale.tok}, stale.opts...).Update(ctx, late)
 		require.ErrorIs(t, err, token.ErrStale, "superseded holder %v (takeover %v) was not refused: %v", stale.tok, len(stale.opts) > 0, err)
 	}
-	after := s.k.configMap(t, s.name)
+	after := s.k.ConfigMap(t, s.name)
 	require.Equal(t, cur.ResourceVersion, after.ResourceVersion, "a superseded holder's write landed")
 }
 
@@ -122,13 +123,13 @@ func runHolderPatches(t *testing.T, cases []patchCase) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newHopScene(t, k, fmt.Sprintf("p%d", i))
-			obj := s.k.configMap(t, s.name)
-			body := strings.ReplaceAll(strings.ReplaceAll(tc.patch, "{ns}", k.ns), "NAME", s.name)
+			obj := s.k.ConfigMap(t, s.name)
+			body := strings.ReplaceAll(strings.ReplaceAll(tc.patch, "{ns}", k.NS), "NAME", s.name)
 			var opts []client.PatchOption
 			if tc.typ == types.ApplyYAMLPatchType {
 				opts = append(opts, client.FieldOwner("red"), client.ForceOwnership)
 			}
-			err := k.client(t, staticHolder{Tok: s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(body)), opts...)
+			err := k.Client(t, staticHolder{Tok: s.b}).Patch(t.Context(), obj, client.RawPatch(tc.typ, []byte(body)), opts...)
 			t.Logf("fenced patch by the current holder: err=%v", err)
 			s.requireFenced(t)
 		})
@@ -260,15 +261,15 @@ func TestRedTeamApplyPatchOnTheStamp(t *testing.T) {
 func takeoverScene(t *testing.T, k *kube, name string, write func(c *fenced.Client, obj *corev1.ConfigMap) error) *hopScene {
 	t.Helper()
 	ctx := t.Context()
-	fence := k.leaseTokens(t, "fence", 2)
-	other := k.leaseTokens(t, "other", 2)
+	fence := leaseTokens(k, t, "fence", 2)
+	other := leaseTokens(k, t, "other", 2)
 	s := &hopScene{k: k, a: fence[0], b: fence[1], m0: other[0], m: other[1], name: name}
 	obj := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name, Annotations: map[string]string{"keep": "me"}},
 		Data:       map[string]string{"by": "m", "extra": "keep me"},
 	}
-	require.NoError(t, k.client(t, staticHolder{Tok: s.m}).Create(ctx, obj))
-	require.NoError(t, write(k.client(t, staticHolder{Tok: s.b}, fenced.WithTakeover()), obj))
+	require.NoError(t, k.Client(t, staticHolder{Tok: s.m}).Create(ctx, obj))
+	require.NoError(t, write(k.Client(t, staticHolder{Tok: s.b}, fenced.WithTakeover()), obj))
 	s.wantAnnot = map[string]string{
 		token.AnnotationLease:    s.b.Lease,
 		token.AnnotationToken:    fmt.Sprint(s.b.Revision),
@@ -323,8 +324,8 @@ func TestRedTeamTakeoverKeepsTheMarkOnEveryPath(t *testing.T) {
 			s := takeoverScene(t, k, sanitize(name), write)
 			s.requireFenced(t)
 			// The holder's own next plain write keeps the mark too.
-			obj := k.configMap(t, s.name)
-			require.NoError(t, apply(k.client(t, staticHolder{Tok: s.b}), obj, "again"))
+			obj := k.ConfigMap(t, s.name)
+			require.NoError(t, apply(k.Client(t, staticHolder{Tok: s.b}), obj, "again"))
 			s.requireFenced(t)
 		})
 	}
@@ -340,22 +341,22 @@ type podScene struct {
 
 func newPodScene(t *testing.T, k *kube, name string) *podScene {
 	t.Helper()
-	toks := k.leaseTokens(t, "fence", 2)
+	toks := leaseTokens(k, t, "fence", 2)
 	s := &podScene{k: k, a: toks[0], b: toks[1], name: name}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name, Annotations: map[string]string{"keep": "me"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 	}
-	require.NoError(t, k.client(t, staticHolder{Tok: s.a}).Create(t.Context(), pod))
+	require.NoError(t, k.Client(t, staticHolder{Tok: s.a}).Create(t.Context(), pod))
 	pod.Labels = map[string]string{"by": "b"}
-	require.NoError(t, k.client(t, staticHolder{Tok: s.b}).Update(t.Context(), pod))
+	require.NoError(t, k.Client(t, staticHolder{Tok: s.b}).Update(t.Context(), pod))
 	return s
 }
 
 func (s *podScene) pod(t *testing.T) *corev1.Pod {
 	t.Helper()
 	var pod corev1.Pod
-	require.NoError(t, s.k.crc.Get(t.Context(), client.ObjectKey{Namespace: s.k.ns, Name: s.name}, &pod))
+	require.NoError(t, s.k.CRC.Get(t.Context(), client.ObjectKey{Namespace: s.k.NS, Name: s.name}, &pod))
 	return &pod
 }
 
@@ -366,7 +367,7 @@ func (s *podScene) requireFenced(t *testing.T) {
 	ctx := t.Context()
 	cur := s.pod(t)
 	requireStamped(t, cur.Annotations, s.b)
-	ca := s.k.client(t, staticHolder{Tok: s.a})
+	ca := s.k.Client(t, staticHolder{Tok: s.a})
 	late := cur.DeepCopy()
 	late.Status.Message = "late a"
 	require.ErrorIs(t, ca.Status().Update(ctx, late), token.ErrStale)
@@ -428,12 +429,12 @@ func TestRedTeamPodStatusOnTheStamp(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("pod%d", i))
-			err := tc.write(k.client(t, staticHolder{Tok: s.b}), s, s.pod(t))
+			err := tc.write(k.Client(t, staticHolder{Tok: s.b}), s, s.pod(t))
 			t.Logf("fenced status write by the current holder: err=%v", err)
 			s.requireFenced(t)
 			// The same write by the superseded holder must be refused.
 			before := s.pod(t)
-			err = tc.write(k.client(t, staticHolder{Tok: s.a}), s, s.pod(t))
+			err = tc.write(k.Client(t, staticHolder{Tok: s.a}), s, s.pod(t))
 			require.Error(t, err, "the superseded holder's status write was accepted")
 			t.Logf("fenced status write by the superseded holder: err=%v", err)
 			require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion, "the superseded holder's status write landed")
@@ -518,7 +519,7 @@ func gadgets(t *testing.T, k *kube) client.Client {
 			}},
 		},
 	}}
-	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := k.CRC.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
 	return crdClient(t, k, gadgetGV.WithKind("Gadget"), &gadget{}, &gadgetList{})
@@ -531,23 +532,23 @@ func newGadget(t *testing.T, k *kube, name string, holder fenced.Holder) {
 	ctx := t.Context()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": gadgetGV.String(), "kind": "Gadget",
-		"metadata": map[string]any{"namespace": k.ns, "name": name, "annotations": map[string]any{"keep": "me"}},
+		"metadata": map[string]any{"namespace": k.NS, "name": name, "annotations": map[string]any{"keep": "me"}},
 		"spec":     map[string]any{"known": "k0", "extra": "keep me"},
 	}}
 	if holder != nil {
-		require.NoError(t, k.client(t, holder).Create(ctx, u))
+		require.NoError(t, k.Client(t, holder).Create(ctx, u))
 	} else {
-		require.NoError(t, k.crc.Create(ctx, u))
+		require.NoError(t, k.CRC.Create(ctx, u))
 	}
 	require.NoError(t, unstructured.SetNestedStringMap(u.Object, map[string]string{"known": "s0", "extra": "keep me too"}, "status"))
-	require.NoError(t, k.crc.Status().Update(ctx, u))
+	require.NoError(t, k.CRC.Status().Update(ctx, u))
 }
 
 func storedGadget(t *testing.T, k *kube, name string) *unstructured.Unstructured {
 	t.Helper()
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(gadgetGV.WithKind("Gadget"))
-	require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: k.ns, Name: name}, u))
+	require.NoError(t, k.CRC.Get(t.Context(), client.ObjectKey{Namespace: k.NS, Name: name}, u))
 	return u
 }
 
@@ -563,7 +564,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
 	gc := gadgets(t, k)
-	toks := k.leaseTokens(t, "fence", 2)
+	toks := leaseTokens(k, t, "fence", 2)
 	older, tok := toks[0], toks[1]
 	fc, err := fenced.NewClient(gc, staticHolder{Tok: tok})
 	require.NoError(t, err)
@@ -633,7 +634,7 @@ func TestRedTeamDataLossThroughTheFencedClient(t *testing.T) {
 			newGadget(t, k, name+"-plain", nil)
 			outcome := func(c client.Client, name string) (*unstructured.Unstructured, error) {
 				g := &gadget{}
-				require.NoError(t, gc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, g))
+				require.NoError(t, gc.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: name}, g))
 				err := tc.write(c, g)
 				return storedGadget(t, k, name), err
 			}
@@ -679,7 +680,7 @@ func requireDenied(t *testing.T, k *kube, name, rv string, err error) {
 	t.Helper()
 	require.Error(t, err, "the raw write was admitted")
 	require.True(t, apierrors.IsForbidden(err) || apierrors.IsInvalid(err), "not an admission denial: %v", err)
-	require.Equal(t, rv, k.configMap(t, name).ResourceVersion, "the object changed")
+	require.Equal(t, rv, k.ConfigMap(t, name).ResourceVersion, "the object changed")
 	t.Logf("denied: %v", err)
 }
 
@@ -695,12 +696,12 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 	aTok := func(s *hopScene) string { return fmt.Sprint(s.a.Revision) }
 	raw := func(typ types.PatchType, body string) func(s *hopScene, obj *corev1.ConfigMap) error {
 		return func(s *hopScene, obj *corev1.ConfigMap) error {
-			b := strings.NewReplacer("{ns}", k.ns, "NAME", s.name, "{a}", aTok(s), "{m}", fmt.Sprint(s.m.Revision), "{b}", fmt.Sprint(s.b.Revision)).Replace(body)
+			b := strings.NewReplacer("{ns}", k.NS, "NAME", s.name, "{a}", aTok(s), "{m}", fmt.Sprint(s.m.Revision), "{b}", fmt.Sprint(s.b.Revision)).Replace(body)
 			var opts []client.PatchOption
 			if typ == types.ApplyYAMLPatchType {
 				opts = append(opts, client.FieldOwner("raw"), client.ForceOwnership)
 			}
-			return k.crc.Patch(ctx, obj, client.RawPatch(typ, []byte(b)), opts...)
+			return k.CRC.Patch(ctx, obj, client.RawPatch(typ, []byte(b)), opts...)
 		}
 	}
 	j, m, sm, ap := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType, types.ApplyYAMLPatchType
@@ -711,11 +712,11 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 		{"update with the stale stamp and the current resourceVersion", func(s *hopScene, obj *corev1.ConfigMap) error {
 			obj.Annotations = s.a.Stamp(map[string]string{token.MarkKey(s.m.Lease): fmt.Sprint(s.m.Revision)})
 			obj.Data["by"] = "a-late"
-			return k.crc.Update(ctx, obj)
+			return k.CRC.Update(ctx, obj)
 		}},
 		{"update without annotations", func(_ *hopScene, obj *corev1.ConfigMap) error {
 			obj.Annotations = nil
-			return k.crc.Update(ctx, obj)
+			return k.CRC.Update(ctx, obj)
 		}},
 		{"merge patch stale token", raw(m, `{"metadata":{"annotations":{"fencer.dev/token":"{a}"}},"data":{"by":"a-late"}}`)},
 		{"merge patch null annotations", raw(m, `{"metadata":{"annotations":null}}`)},
@@ -740,7 +741,7 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newHopScene(t, k, sanitize(tc.name))
-			obj := k.configMap(t, s.name)
+			obj := k.ConfigMap(t, s.name)
 			err := tc.write(s, obj.DeepCopy())
 			requireDenied(t, k, s.name, obj.ResourceVersion, err)
 			s.requireFenced(t)
@@ -748,21 +749,21 @@ func TestRedTeamRawWriterWithPolicy(t *testing.T) {
 	}
 
 	t.Run("apply by the field manager that owns the stamp", func(t *testing.T) {
-		toks := k.leaseTokens(t, "fence", 1)
+		toks := leaseTokens(k, t, "fence", 1)
 		name := "ssa-owner"
-		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `"},"data":{"by":"b-apply"}}`
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.NS + `","name":"` + name + `"},"data":{"by":"b-apply"}}`
 		// The fenced apply creates the object: "ctrl" alone owns the
 		// protocol keys.
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
-		require.NoError(t, k.client(t, staticHolder{Tok: toks[0]}).Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl")))
-		obj = k.configMap(t, name)
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: toks[0]}).Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl")))
+		obj = k.ConfigMap(t, name)
 		requireStamped(t, obj.Annotations, toks[0])
 		t.Logf("managed fields: %+v", obj.ManagedFields)
 		// The same manager's raw apply, without them: SSA removes fields a
 		// manager owned alone and no longer applies.
-		err := k.crc.Patch(ctx, obj.DeepCopy(), client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl"))
+		err := k.CRC.Patch(ctx, obj.DeepCopy(), client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("ctrl"))
 		requireDenied(t, k, name, obj.ResourceVersion, err)
-		requireStamped(t, k.configMap(t, name).Annotations, toks[0])
+		requireStamped(t, k.ConfigMap(t, name).Annotations, toks[0])
 	})
 }
 
@@ -838,7 +839,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 			return c.Delete(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: s.current.Namespace, Name: s.current.Name}})
 		}},
 		{"DeleteFenced with b's copy", func(s superseded, _ *fenced.Client) error {
-			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			cms := k.CS.CoreV1().ConfigMaps(k.NS)
 			return fenced.DeleteFenced(ctx, staticHolder{Tok: s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
@@ -848,7 +849,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 				})
 		}},
 		{"UpdateFenced with a mutate that restamps", func(s superseded, _ *fenced.Client) error {
-			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			cms := k.CS.CoreV1().ConfigMaps(k.NS)
 			_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
 				func(ctx context.Context) (*corev1.ConfigMap, error) {
 					return cms.Get(ctx, s.current.Name, metav1.GetOptions{})
@@ -864,7 +865,7 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 			return err
 		}},
 		{"UpdateFenced with a get that returns a's old copy", func(s superseded, _ *fenced.Client) error {
-			cms := k.cs.CoreV1().ConfigMaps(k.ns)
+			cms := k.CS.CoreV1().ConfigMaps(k.NS)
 			_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
 				func(context.Context) (*corev1.ConfigMap, error) { return s.aView.DeepCopy(), nil },
 				func(cm *corev1.ConfigMap) error { cm.Data["by"] = "a-late"; return nil },
@@ -876,24 +877,24 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSuperseded(t, k, sanitize(tc.name))
-			err := tc.write(s, k.client(t, staticHolder{Tok: s.a}))
+			err := tc.write(s, k.Client(t, staticHolder{Tok: s.a}))
 			t.Logf("superseded holder: %v", err)
 			require.Error(t, err, "the superseded holder's write was accepted")
 			s.requireIntact(t)
-			require.Equal(t, s.current.ResourceVersion, k.configMap(t, s.current.Name).ResourceVersion)
+			require.Equal(t, s.current.ResourceVersion, k.ConfigMap(t, s.current.Name).ResourceVersion)
 		})
 	}
 
 	t.Run("create of an object b deleted, with b's stamp copied", func(t *testing.T) {
 		s := newSuperseded(t, k, "recreate")
-		require.NoError(t, k.client(t, staticHolder{Tok: s.b}).Delete(ctx, s.current.DeepCopy()))
+		require.NoError(t, k.Client(t, staticHolder{Tok: s.b}).Delete(ctx, s.current.DeepCopy()))
 		obj := s.current.DeepCopy()
 		obj.ResourceVersion, obj.UID = "", ""
 		obj.Data["by"] = "a-late"
-		err := k.client(t, staticHolder{Tok: s.a}).Create(ctx, obj)
+		err := k.Client(t, staticHolder{Tok: s.a}).Create(ctx, obj)
 		t.Logf("superseded holder: %v", err)
 		require.ErrorIs(t, err, token.ErrStale)
-		require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(obj), &corev1.ConfigMap{})))
+		require.True(t, apierrors.IsNotFound(k.CRC.Get(ctx, client.ObjectKeyFromObject(obj), &corev1.ConfigMap{})))
 	})
 
 	t.Run("status apply", func(t *testing.T) {
@@ -901,10 +902,10 @@ func TestRedTeamCarelessCaller(t *testing.T) {
 		before := s.pod(t)
 		u := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "v1", "kind": "Pod",
-			"metadata": map[string]any{"namespace": k.ns, "name": s.name},
+			"metadata": map[string]any{"namespace": k.NS, "name": s.name},
 			"status":   map[string]any{"message": "a-late"},
 		}}
-		err := k.client(t, staticHolder{Tok: s.a}).Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("a"), client.ForceOwnership)
+		err := k.Client(t, staticHolder{Tok: s.a}).Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("a"), client.ForceOwnership)
 		t.Logf("superseded holder: %v", err)
 		require.Error(t, err)
 		require.Equal(t, before.ResourceVersion, s.pod(t).ResourceVersion)
@@ -968,24 +969,24 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 		{"delete", func(c *fenced.Client, obj *corev1.ConfigMap) error { return c.Delete(ctx, obj) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			toks := k.leaseTokens(t, "fence", 2)
+			toks := leaseTokens(k, t, "fence", 2)
 			a, b := toks[0], toks[1]
 			name := sanitize(tc.name)
-			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"by": "a"}}
+			require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
 			var bRV string
-			hook := &interposingReader{Reader: k.crc, write: func() {
-				cur := k.configMap(t, name)
+			hook := &interposingReader{Reader: k.CRC, write: func() {
+				cur := k.ConfigMap(t, name)
 				cur.Data["by"] = "b"
-				require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
+				require.NoError(t, k.Client(t, staticHolder{Tok: b}).Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
+			ca := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 			err := tc.write(ca, obj.DeepCopy())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once, "the fenced client did not read")
 			require.Error(t, err, "a's write landed after b's")
-			cur := k.configMap(t, name)
+			cur := k.ConfigMap(t, name)
 			requireStamped(t, cur.Annotations, b)
 			require.Equal(t, "b", cur.Data["by"])
 			require.Equal(t, bRV, cur.ResourceVersion)
@@ -1008,27 +1009,27 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			toks := k.leaseTokens(t, "fence", 2)
+			toks := leaseTokens(k, t, "fence", 2)
 			a, b := toks[0], toks[1]
 			name := sanitize(tc.name)
 			pod := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 			}
-			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, pod))
+			require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, pod))
 			get := func() *corev1.Pod {
 				var p corev1.Pod
-				require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
+				require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(pod), &p))
 				return &p
 			}
 			var bRV string
-			hook := &interposingReader{Reader: k.crc, write: func() {
+			hook := &interposingReader{Reader: k.CRC, write: func() {
 				cur := get()
 				cur.Status.Message = "b"
-				require.NoError(t, k.client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
+				require.NoError(t, k.Client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
 				bRV = cur.ResourceVersion
 			}}
-			ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
+			ca := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 			err := tc.write(ca, get())
 			t.Logf("a's write after b's: %v", err)
 			require.True(t, hook.once)
@@ -1041,11 +1042,11 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 	}
 
 	t.Run("UpdateFenced with b writing during mutate", func(t *testing.T) {
-		toks := k.leaseTokens(t, "fence", 2)
+		toks := leaseTokens(k, t, "fence", 2)
 		a, b := toks[0], toks[1]
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "mutate"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
-		cms := k.cs.CoreV1().ConfigMaps(k.ns)
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "mutate"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
+		cms := k.CS.CoreV1().ConfigMaps(k.NS)
 		first := true
 		_, err := fenced.UpdateFenced(ctx, staticHolder{Tok: a},
 			func(ctx context.Context) (*corev1.ConfigMap, error) {
@@ -1054,9 +1055,9 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 			func(cm *corev1.ConfigMap) error {
 				if first {
 					first = false
-					cur := k.configMap(t, "mutate")
+					cur := k.ConfigMap(t, "mutate")
 					cur.Data["by"] = "b"
-					require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
+					require.NoError(t, k.Client(t, staticHolder{Tok: b}).Update(ctx, cur))
 				}
 				cm.Data["by"] = "a-late"
 				return nil
@@ -1066,7 +1067,7 @@ func TestRedTeamWriteBetweenCheckAndWrite(t *testing.T) {
 			})
 		t.Logf("a's write after b's: %v", err)
 		require.ErrorIs(t, err, token.ErrStale)
-		cur := k.configMap(t, "mutate")
+		cur := k.ConfigMap(t, "mutate")
 		requireStamped(t, cur.Annotations, b)
 		require.Equal(t, "b", cur.Data["by"])
 	})
@@ -1081,9 +1082,9 @@ func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
 	ctx := t.Context()
 	s := newSuperseded(t, k, name)
 	unsafe := true
-	c, err := cache.New(k.env.Admin(), cache.Options{
+	c, err := cache.New(k.Env.Admin(), cache.Options{
 		Scheme:                       clientgoscheme.Scheme,
-		DefaultNamespaces:            map[string]cache.Config{k.ns: {}},
+		DefaultNamespaces:            map[string]cache.Config{k.NS: {}},
 		DefaultUnsafeDisableDeepCopy: &unsafe,
 	})
 	require.NoError(t, err)
@@ -1094,7 +1095,7 @@ func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
 	_, err = c.GetInformer(ctx, &corev1.ConfigMap{})
 	require.NoError(t, err)
 	require.True(t, c.WaitForCacheSync(ctx))
-	key := client.ObjectKey{Namespace: k.ns, Name: s.current.Name}
+	key := client.ObjectKey{Namespace: k.NS, Name: s.current.Name}
 	require.Eventually(t, func() bool {
 		var cm corev1.ConfigMap
 		return c.Get(ctx, key, &cm) == nil && cm.ResourceVersion == s.current.ResourceVersion
@@ -1104,9 +1105,9 @@ func unsafeCacheWrite(t *testing.T, k *kube, name string) (superseded, error) {
 	require.NoError(t, c.Get(ctx, key, &obj))
 	s.a.Stamp(obj.Annotations) // the careless caller stamps "its" token by hand
 	obj.Data = map[string]string{"by": "a-late"}
-	fc := k.client(t, staticHolder{Tok: s.a}, fenced.WithReader(c))
+	fc := k.Client(t, staticHolder{Tok: s.a}, fenced.WithReader(c))
 	err = fc.Update(ctx, &obj)
-	stored := k.configMap(t, s.current.Name)
+	stored := k.ConfigMap(t, s.current.Name)
 	t.Logf("fenced Update of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
 	return s, err
 }
@@ -1120,28 +1121,28 @@ func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
 	k := policyKube(t)
 	ctx := t.Context()
 	s := newSuperseded(t, k, "lister")
-	factory := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.ns))
+	factory := informers.NewSharedInformerFactoryWithOptions(k.CS, 0, informers.WithNamespace(k.NS))
 	lister := factory.Core().V1().ConfigMaps().Lister()
 	stop := make(chan struct{})
 	factory.Start(stop)
 	t.Cleanup(func() { close(stop); factory.Shutdown() })
 	factory.WaitForCacheSync(stop)
 	require.Eventually(t, func() bool {
-		cm, err := lister.ConfigMaps(k.ns).Get(s.current.Name)
+		cm, err := lister.ConfigMaps(k.NS).Get(s.current.Name)
 		return err == nil && cm.ResourceVersion == s.current.ResourceVersion
 	}, 10*time.Second, 10*time.Millisecond)
 
-	cached, err := lister.ConfigMaps(k.ns).Get(s.current.Name)
+	cached, err := lister.ConfigMaps(k.NS).Get(s.current.Name)
 	require.NoError(t, err)
 	s.a.Stamp(cached.Annotations) // hand-edited, in the lister's memory
-	cms := k.cs.CoreV1().ConfigMaps(k.ns)
+	cms := k.CS.CoreV1().ConfigMaps(k.NS)
 	_, err = fenced.UpdateFenced(ctx, staticHolder{Tok: s.a},
-		func(context.Context) (*corev1.ConfigMap, error) { return lister.ConfigMaps(k.ns).Get(s.current.Name) },
+		func(context.Context) (*corev1.ConfigMap, error) { return lister.ConfigMaps(k.NS).Get(s.current.Name) },
 		func(cm *corev1.ConfigMap) error { cm.Data = map[string]string{"by": "a-late"}; return nil },
 		func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
 			return cms.Update(ctx, cm, metav1.UpdateOptions{})
 		})
-	stored := k.configMap(t, s.current.Name)
+	stored := k.ConfigMap(t, s.current.Name)
 	t.Logf("UpdateFenced of the superseded holder (a=%v, b=%v): err=%v; stored annotations %v, data %v", s.a, s.b, err, stored.Annotations, stored.Data)
 	require.True(t, apierrors.IsForbidden(err), "not denied by the policy: %v", err)
 	s.requireIntact(t)
@@ -1154,66 +1155,66 @@ func TestRedTeamSharedCacheMemoryWithPolicy(t *testing.T) {
 // Update) and raw, with and without the epoch. The live-Lease policy must
 // refuse every one.
 func TestRedTeamResurrectionWithLiveLease(t *testing.T) {
-	k := liveKube(t)
+	k := kubetest.LiveKube(t)
 	ctx := t.Context()
-	ha := acquire(t, k.elector(t, "replica-a"))
+	ha := acquire(t, k.Elector(t, "replica-a"))
 	ta := ha.Token()
-	a := k.client(t, staticHolder{Tok: ta})
+	a := k.Client(t, staticHolder{Tok: ta})
 	for _, name := range []string{"deleted", "untouched"} {
-		require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}))
+		require.NoError(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"by": "a"}}))
 	}
 	pctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	require.NoError(t, kubefencertest.InstallPolicy(pctx, k.env.Admin()))
-	installLiveLease(t, k)
-	taken := kubefencertest.Supersede(t, k.env.Admin(), ha)
-	b := k.client(t, taken)
-	require.NoError(t, b.Delete(ctx, k.configMap(t, "deleted")))
-	untouched := k.configMap(t, "untouched").ResourceVersion
+	require.NoError(t, kubefencertest.InstallPolicy(pctx, k.Env.Admin()))
+	k.InstallLiveLease(t)
+	taken := kubefencertest.Supersede(t, k.Env.Admin(), ha)
+	b := k.Client(t, taken)
+	require.NoError(t, b.Delete(ctx, k.ConfigMap(t, "deleted")))
+	untouched := k.ConfigMap(t, "untouched").ResourceVersion
 	// The live check reads the API server's Lease cache: wait until it has
 	// the takeover, so that each write below comes after it.
 	require.Eventually(t, func() bool {
-		probe := k.configMap(t, "untouched")
-		return apierrors.IsForbidden(k.crc.Update(ctx, probe, client.DryRunAll))
+		probe := k.ConfigMap(t, "untouched")
+		return apierrors.IsForbidden(k.CRC.Update(ctx, probe, client.DryRunAll))
 	}, 10*time.Second, 5*time.Millisecond)
 
 	requireRefused := func(t *testing.T, err error) {
 		t.Helper()
 		t.Logf("a's write: %v", err)
 		require.True(t, apierrors.IsForbidden(err), "not refused by the API server: %v", err)
-		require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "deleted"}, &corev1.ConfigMap{})), "resurrected")
-		require.Equal(t, untouched, k.configMap(t, "untouched").ResourceVersion, "the untouched object changed")
+		require.True(t, apierrors.IsNotFound(k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "deleted"}, &corev1.ConfigMap{})), "resurrected")
+		require.Equal(t, untouched, k.ConfigMap(t, "untouched").ResourceVersion, "the untouched object changed")
 	}
 	t.Run("fenced create", func(t *testing.T) {
-		requireRefused(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted"}, Data: map[string]string{"by": "a-late"}}))
+		requireRefused(t, a.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "deleted"}, Data: map[string]string{"by": "a-late"}}))
 	})
 	t.Run("fenced apply", func(t *testing.T) {
-		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"deleted"},"data":{"by":"a-late"}}`
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted"}}
+		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.NS + `","name":"deleted"},"data":{"by":"a-late"}}`
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "deleted"}}
 		requireRefused(t, a.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("a")))
 	})
 	t.Run("fenced update of an untouched object", func(t *testing.T) {
-		obj := k.configMap(t, "untouched")
+		obj := k.ConfigMap(t, "untouched")
 		obj.Data["by"] = "a-late"
 		requireRefused(t, a.Update(ctx, obj))
 	})
 	t.Run("fenced merge patch of an untouched object", func(t *testing.T) {
-		obj := k.configMap(t, "untouched")
+		obj := k.ConfigMap(t, "untouched")
 		requireRefused(t, a.Patch(ctx, obj, client.RawPatch(types.MergePatchType, []byte(`{"data":{"by":"a-late"}}`))))
 	})
 	t.Run("raw create with a's stamp", func(t *testing.T) {
-		requireRefused(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted", Annotations: ta.Stamp(nil)}}))
+		requireRefused(t, k.CRC.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "deleted", Annotations: ta.Stamp(nil)}}))
 	})
 	t.Run("raw create with a's stamp without the epoch", func(t *testing.T) {
 		ann := ta.Stamp(nil)
 		delete(ann, token.AnnotationEpoch)
-		requireRefused(t, k.crc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "deleted", Annotations: ann}}))
+		requireRefused(t, k.CRC.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "deleted", Annotations: ann}}))
 	})
 	t.Run("raw update of an untouched object dropping the epoch", func(t *testing.T) {
-		obj := k.configMap(t, "untouched")
+		obj := k.ConfigMap(t, "untouched")
 		delete(obj.Annotations, token.AnnotationEpoch)
 		obj.Data["by"] = "a-late"
-		requireRefused(t, k.crc.Update(ctx, obj))
+		requireRefused(t, k.CRC.Update(ctx, obj))
 	})
 }
 
@@ -1242,7 +1243,7 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 	aliasScheme := runtime.NewScheme()
 	aliasScheme.AddKnownTypeWithName(corev1.SchemeGroupVersion.WithKind("Binding"), &bindingAlias{})
 	metav1.AddToGroupVersion(aliasScheme, corev1.SchemeGroupVersion)
-	aliasClient, err := client.New(k.env.Admin(), client.Options{Scheme: aliasScheme})
+	aliasClient, err := client.New(k.Env.Admin(), client.Options{Scheme: aliasScheme})
 	require.NoError(t, err)
 
 	for i, tc := range []struct {
@@ -1250,10 +1251,10 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 		inner client.Client
 		write func(c *fenced.Client, pod *corev1.Pod) error
 	}{
-		{"typed binding", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
+		{"typed binding", k.CRC, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
-		{"unstructured binding", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
+		{"unstructured binding", k.CRC, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "v1", "kind": "Binding",
 				"metadata": map[string]any{"namespace": pod.Namespace, "name": pod.Name},
@@ -1263,7 +1264,7 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 		{"own Go type registered as v1 Binding", aliasClient, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.Create(ctx, &bindingAlias{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
-		{"pods/binding subresource", k.crc, func(c *fenced.Client, pod *corev1.Pod) error {
+		{"pods/binding subresource", k.CRC, func(c *fenced.Client, pod *corev1.Pod) error {
 			return c.SubResource("binding").Create(ctx, pod, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}, Target: corev1.ObjectReference{Kind: "Node", Name: "n1"}})
 		}},
 	} {
@@ -1290,8 +1291,8 @@ func TestRedTeamBindingCopiesTheStampOntoThePod(t *testing.T) {
 func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	tok := k.leaseTokens(t, "fence", 1)[0]
-	c := k.client(t, staticHolder{Tok: tok})
+	tok := leaseTokens(k, t, "fence", 1)[0]
+	c := k.Client(t, staticHolder{Tok: tok})
 	for i, tc := range []struct {
 		name string
 		edit func(u *unstructured.Unstructured)
@@ -1314,18 +1315,18 @@ func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := fmt.Sprintf("u%d", i)
 			require.NoError(t, c.Create(ctx, &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}},
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}},
 				Data:       map[string]string{"by": "0"},
 			}))
-			before := k.configMap(t, name)
+			before := k.ConfigMap(t, name)
 			u := &unstructured.Unstructured{}
 			u.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("ConfigMap"))
-			require.NoError(t, k.crc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: name}, u))
+			require.NoError(t, k.CRC.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: name}, u))
 			require.NoError(t, unstructured.SetNestedField(u.Object, tc.name, "data", "by"))
 			tc.edit(u)
-			plainErr := k.crc.Update(ctx, u.DeepCopy(), client.DryRunAll)
+			plainErr := k.CRC.Update(ctx, u.DeepCopy(), client.DryRunAll)
 			err := c.Update(ctx, u)
-			after := k.configMap(t, name)
+			after := k.ConfigMap(t, name)
 			t.Logf("plain (dry run): %v; fenced: %v; stored annotations %v", plainErr, err, after.Annotations)
 			require.Equal(t, "me", after.Annotations["keep"], "a stored annotation the caller did not touch was erased")
 			require.Equal(t, "me", after.Annotations["also"], "a stored annotation the caller did not touch was erased")
@@ -1344,7 +1345,7 @@ func TestRedTeamUnstructuredAnnotationsNotStrings(t *testing.T) {
 func TestRedTeamDryRunWritesNothing(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	toks := k.leaseTokens(t, "fence", 2)
+	toks := leaseTokens(k, t, "fence", 2)
 	for i, tc := range []struct {
 		name  string
 		write func(c *fenced.Client, pod *corev1.Pod) error
@@ -1385,15 +1386,15 @@ func TestRedTeamDryRunWritesNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := fmt.Sprintf("dry%d", i)
 			pod := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name},
+				ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name},
 				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 			}
-			require.NoError(t, k.client(t, staticHolder{Tok: toks[0]}).Create(ctx, pod))
+			require.NoError(t, k.Client(t, staticHolder{Tok: toks[0]}).Create(ctx, pod))
 			var before corev1.Pod
-			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &before))
-			err := tc.write(k.client(t, staticHolder{Tok: toks[1]}), before.DeepCopy())
+			require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(pod), &before))
+			err := tc.write(k.Client(t, staticHolder{Tok: toks[1]}), before.DeepCopy())
 			var after corev1.Pod
-			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &after))
+			require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(pod), &after))
 			t.Logf("dry run: %v; stored annotations %v", err, after.Annotations)
 			require.Equal(t, before.ResourceVersion, after.ResourceVersion, "a dry run stored a write")
 		})
@@ -1431,8 +1432,8 @@ func TestRedTeamPatchContentTypes(t *testing.T) {
 func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	tok := k.leaseTokens(t, "fence", 1)[0]
-	fc := k.client(t, staticHolder{Tok: tok})
+	tok := leaseTokens(k, t, "fence", 1)[0]
+	fc := k.Client(t, staticHolder{Tok: tok})
 	j, m, sm := types.JSONPatchType, types.MergePatchType, types.StrategicMergePatchType
 	for i, tc := range []patchCase{
 		{"json remove then add annotations", j, `[{"op":"remove","path":"/metadata/annotations"},{"op":"add","path":"/metadata/annotations","value":{"x":"1"}}]`},
@@ -1454,17 +1455,17 @@ func TestRedTeamPatchMeansWhatItSays(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			build := func(name string) *corev1.ConfigMap {
 				return &corev1.ConfigMap{
-					ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}, Labels: map[string]string{"l": "1"}},
+					ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name, Annotations: map[string]string{"keep": "me", "also": "me"}, Labels: map[string]string{"l": "1"}},
 					Data:       map[string]string{"a": "1", "b": "1"},
 				}
 			}
 			twin, obj := build(fmt.Sprintf("twin%d", i)), build(fmt.Sprintf("obj%d", i))
-			require.NoError(t, k.crc.Create(ctx, twin))
+			require.NoError(t, k.CRC.Create(ctx, twin))
 			require.NoError(t, fc.Create(ctx, obj))
-			before := k.configMap(t, obj.Name).ResourceVersion
-			plainErr := k.crc.Patch(ctx, twin, client.RawPatch(tc.typ, []byte(tc.patch)))
+			before := k.ConfigMap(t, obj.Name).ResourceVersion
+			plainErr := k.CRC.Patch(ctx, twin, client.RawPatch(tc.typ, []byte(tc.patch)))
 			fencedErr := fc.Patch(ctx, obj, client.RawPatch(tc.typ, []byte(tc.patch)))
-			gotTwin, got := k.configMap(t, twin.Name), k.configMap(t, obj.Name)
+			gotTwin, got := k.ConfigMap(t, twin.Name), k.ConfigMap(t, obj.Name)
 			t.Logf("plain: %v; fenced: %v", plainErr, fencedErr)
 			t.Logf("plain result: annotations %v labels %v data %v", gotTwin.Annotations, gotTwin.Labels, gotTwin.Data)
 			t.Logf("fenced result: annotations %v labels %v data %v", got.Annotations, got.Labels, got.Data)
@@ -1545,7 +1546,7 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 	} {
 		t.Run("current holder "+tc.name, func(t *testing.T) {
 			s := newPodScene(t, k, fmt.Sprintf("body%d", i))
-			err := tc.write(k.client(t, staticHolder{Tok: s.b}), s, s.pod(t))
+			err := tc.write(k.Client(t, staticHolder{Tok: s.b}), s, s.pod(t))
 			pod := s.pod(t)
 			t.Logf("b's write: %v; stored annotations %v, message %q", err, pod.Annotations, pod.Status.Message)
 			s.requireFenced(t)
@@ -1553,24 +1554,24 @@ func TestRedTeamSubResourceBody(t *testing.T) {
 	}
 
 	t.Run("superseded holder, unconditional body, b writes after a's check", func(t *testing.T) {
-		toks := k.leaseTokens(t, "fence", 2)
+		toks := leaseTokens(k, t, "fence", 2)
 		a, b := toks[0], toks[1]
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "body-late"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "body-late"},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
 		}
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, pod))
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, pod))
 		get := func() *corev1.Pod {
 			var p corev1.Pod
-			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(pod), &p))
+			require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(pod), &p))
 			return &p
 		}
-		hook := &interposingReader{Reader: k.crc, write: func() {
+		hook := &interposingReader{Reader: k.CRC, write: func() {
 			cur := get()
 			cur.Status.Message = "b"
-			require.NoError(t, k.client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
+			require.NoError(t, k.Client(t, staticHolder{Tok: b}).Status().Update(ctx, cur))
 		}}
-		ca := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
+		ca := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(hook))
 		obj := get()
 		body := obj.DeepCopy()
 		body.ResourceVersion = ""
@@ -1623,21 +1624,21 @@ func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
 		{"preconditions with an empty resourceVersion", []client.DeleteOption{client.Preconditions{ResourceVersion: &empty}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			toks := k.leaseTokens(t, "fence", 2)
+			toks := leaseTokens(k, t, "fence", 2)
 			a, b := toks[0], toks[1]
 			name := fmt.Sprintf("del%d", i)
-			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Data: map[string]string{"by": "a"}}
-			require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
-			hook := &interposingReader{Reader: k.crc, write: func() {
-				cur := k.configMap(t, name)
+			obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Data: map[string]string{"by": "a"}}
+			require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
+			hook := &interposingReader{Reader: k.CRC, write: func() {
+				cur := k.ConfigMap(t, name)
 				cur.Data["by"] = "b"
-				require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
+				require.NoError(t, k.Client(t, staticHolder{Tok: b}).Update(ctx, cur))
 			}}
-			err := k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
+			err := k.Client(t, staticHolder{Tok: a}, fenced.WithReader(hook)).Delete(ctx, obj.DeepCopy(), tc.opts...)
 			t.Logf("a's delete: %v", err)
 			require.Error(t, err, "a's delete was accepted")
 			cur := &corev1.ConfigMap{}
-			require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(obj), cur), "b's object was deleted")
+			require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(obj), cur), "b's object was deleted")
 			requireStamped(t, cur.Annotations, b)
 		})
 	}
@@ -1653,19 +1654,19 @@ func TestRedTeamDeleteOptionsDropThePreconditions(t *testing.T) {
 func TestRedTeamApplyForcesOnlyProtocolKeys(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	toks := k.leaseTokens(t, "fence", 2)
+	toks := leaseTokens(k, t, "fence", 2)
 	for i, label := range []string{"fencer.dev/token", "fencer.dev/lease", "x.mark.fencer.dev/token", "fencer.dev/epoch"} {
 		t.Run(label, func(t *testing.T) {
 			name := fmt.Sprintf("force%d", i)
 			apply := func(c client.Client, manager, value string, opts ...client.PatchOption) error {
-				body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.ns + `","name":"` + name + `","labels":{"` + label + `":"` + value + `"}}}`
-				obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}}
+				body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"namespace":"` + k.NS + `","name":"` + name + `","labels":{"` + label + `":"` + value + `"}}}`
+				obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}}
 				return c.Patch(ctx, obj, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), append(opts, client.FieldOwner(manager))...)
 			}
 			// "other" owns the stamp of the older token and the label.
-			require.NoError(t, apply(k.client(t, staticHolder{Tok: toks[0]}), "other", "1"))
-			err := apply(k.client(t, staticHolder{Tok: toks[1]}), "ctrl", "2")
-			cur := k.configMap(t, name)
+			require.NoError(t, apply(k.Client(t, staticHolder{Tok: toks[0]}), "other", "1"))
+			err := apply(k.Client(t, staticHolder{Tok: toks[1]}), "ctrl", "2")
+			cur := k.ConfigMap(t, name)
 			t.Logf("ctrl's apply: %v; labels %v", err, cur.Labels)
 			require.Error(t, err, "the apply forced a conflict over a label")
 			require.Equal(t, "1", cur.Labels[label], "the other manager's label was overwritten")
@@ -1687,21 +1688,21 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 			func(pod *corev1.Pod) error {
 				pod.Annotations = s.a.Stamp(map[string]string{})
 				pod.Status.Message = "a-late"
-				return k.crc.Status().Update(ctx, pod)
+				return k.CRC.Status().Update(ctx, pod)
 			},
 			func(pod *corev1.Pod) error {
 				pod.Annotations = nil
-				return k.crc.Status().Update(ctx, pod)
+				return k.CRC.Status().Update(ctx, pod)
 			},
 			func(pod *corev1.Pod) error {
-				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
+				return k.CRC.Status().Patch(ctx, pod, client.RawPatch(types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/annotations"}]`)))
 			},
 			func(pod *corev1.Pod) error {
-				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"`+fmt.Sprint(s.a.Revision)+`"}}}`)))
+				return k.CRC.Status().Patch(ctx, pod, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"fencer.dev/token":"`+fmt.Sprint(s.a.Revision)+`"}}}`)))
 			},
 			func(pod *corev1.Pod) error {
 				body := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + s.name + `","annotations":{"fencer.dev/token":"` + fmt.Sprint(s.a.Revision) + `"}},"status":{"message":"a-late"}}`
-				return k.crc.Status().Patch(ctx, pod, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("raw"), client.ForceOwnership)
+				return k.CRC.Status().Patch(ctx, pod, client.RawPatch(types.ApplyYAMLPatchType, []byte(body)), client.FieldOwner("raw"), client.ForceOwnership)
 			},
 		} {
 			before := s.pod(t)
@@ -1714,29 +1715,29 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 	})
 
 	t.Run("lease deleted and recreated", func(t *testing.T) {
-		ea := k.elector(t, "replica-a")
+		ea := k.Elector(t, "replica-a")
 		ha := acquire(t, ea)
 		a := ha.Token()
-		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "recreated-lease"}, Data: map[string]string{"by": "a"}}
-		require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
-		require.NoError(t, k.cs.CoordinationV1().Leases(k.ns).Delete(ctx, "fence", metav1.DeleteOptions{}))
-		hb := acquire(t, k.elector(t, "replica-b"))
+		obj := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "recreated-lease"}, Data: map[string]string{"by": "a"}}
+		require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
+		require.NoError(t, k.CS.CoordinationV1().Leases(k.NS).Delete(ctx, "fence", metav1.DeleteOptions{}))
+		hb := acquire(t, k.Elector(t, "replica-b"))
 		b := hb.Token()
 		requireGreater(t, b, a)
 		t.Logf("a %v, b %v", a, b)
-		cur := k.configMap(t, obj.Name)
+		cur := k.ConfigMap(t, obj.Name)
 		cur.Data["by"] = "b"
-		require.NoError(t, k.client(t, hb).Update(ctx, cur))
+		require.NoError(t, k.Client(t, hb).Update(ctx, cur))
 
-		late := k.configMap(t, obj.Name)
+		late := k.ConfigMap(t, obj.Name)
 		late.Annotations = a.Stamp(nil)
 		late.Data["by"] = "a-late"
-		err := k.crc.Update(ctx, late)
+		err := k.CRC.Update(ctx, late)
 		require.True(t, apierrors.IsForbidden(err), "raw stale write not denied: %v", err)
-		late = k.configMap(t, obj.Name)
+		late = k.ConfigMap(t, obj.Name)
 		late.Data["by"] = "a-late"
-		require.ErrorIs(t, k.client(t, staticHolder{Tok: a}).Update(ctx, late), token.ErrStale)
-		got := k.configMap(t, obj.Name)
+		require.ErrorIs(t, k.Client(t, staticHolder{Tok: a}).Update(ctx, late), token.ErrStale)
+		got := k.ConfigMap(t, obj.Name)
 		requireStamped(t, got.Annotations, b)
 		require.Equal(t, "b", got.Data["by"])
 	})
@@ -1751,32 +1752,32 @@ func TestRedTeamRawStatusAndLeaseRecreate(t *testing.T) {
 func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 	k := clientKube(t)
 	ctx := t.Context()
-	tok := k.leaseTokens(t, "fence", 1)[0]
+	tok := leaseTokens(k, t, "fence", 1)[0]
 	gvr := corev1.SchemeGroupVersion.WithResource("configmaps")
 
 	t.Run("create", func(t *testing.T) {
 		u := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "v1", "kind": "ConfigMap",
-			"metadata": map[string]any{"namespace": k.ns, "name": "create", "annotations": map[string]any{"keep": "me", "n": int64(5)}},
+			"metadata": map[string]any{"namespace": k.NS, "name": "create", "annotations": map[string]any{"keep": "me", "n": int64(5)}},
 		}}
-		plainErr := k.crc.Create(ctx, u.DeepCopy(), client.DryRunAll)
-		err := k.client(t, staticHolder{Tok: tok}).Create(ctx, u)
+		plainErr := k.CRC.Create(ctx, u.DeepCopy(), client.DryRunAll)
+		err := k.Client(t, staticHolder{Tok: tok}).Create(ctx, u)
 		t.Logf("plain (dry run): %v; fenced: %v", plainErr, err)
 		require.Error(t, plainErr)
 		if err == nil {
-			got := k.configMap(t, "create")
+			got := k.ConfigMap(t, "create")
 			t.Logf("stored annotations %v", got.Annotations)
 			require.Equal(t, "me", got.Annotations["keep"], "the caller's annotation was dropped")
 		}
 	})
 
 	t.Run("UpdateFenced with a dynamic client", func(t *testing.T) {
-		require.NoError(t, k.client(t, staticHolder{Tok: tok}).Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: "dyn", Annotations: map[string]string{"keep": "me"}},
+		require.NoError(t, k.Client(t, staticHolder{Tok: tok}).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: "dyn", Annotations: map[string]string{"keep": "me"}},
 		}))
-		dyn, err := dynamic.NewForConfig(k.env.Admin())
+		dyn, err := dynamic.NewForConfig(k.Env.Admin())
 		require.NoError(t, err)
-		res := dyn.Resource(gvr).Namespace(k.ns)
+		res := dyn.Resource(gvr).Namespace(k.NS)
 		_, err = fenced.UpdateFenced(ctx, staticHolder{Tok: tok},
 			func(ctx context.Context) (*unstructured.Unstructured, error) {
 				return res.Get(ctx, "dyn", metav1.GetOptions{})
@@ -1788,7 +1789,7 @@ func TestRedTeamUnstructuredAnnotationsNotStringsOtherWrites(t *testing.T) {
 			func(ctx context.Context, u *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 				return res.Update(ctx, u, metav1.UpdateOptions{})
 			})
-		got := k.configMap(t, "dyn")
+		got := k.ConfigMap(t, "dyn")
 		t.Logf("UpdateFenced: %v; stored annotations %v", err, got.Annotations)
 		require.Equal(t, "me", got.Annotations["keep"], "a stored annotation the caller did not touch was erased")
 	})
@@ -1831,22 +1832,22 @@ func TestRedTeamWholeObjectPatches(t *testing.T) {
 			s := newSuperseded(t, k, sanitize(tc.name))
 			obj := tc.obj(s)
 			obj.Data = map[string]string{"by": "a-late"}
-			err := k.client(t, staticHolder{Tok: s.a}).Patch(ctx, obj, tc.patch, client.FieldOwner("a"), client.ForceOwnership)
+			err := k.Client(t, staticHolder{Tok: s.a}).Patch(ctx, obj, tc.patch, client.FieldOwner("a"), client.ForceOwnership)
 			t.Logf("a's patch: %v", err)
 			require.Error(t, err)
 			s.requireIntact(t)
-			require.Equal(t, s.current.ResourceVersion, k.configMap(t, s.current.Name).ResourceVersion)
+			require.Equal(t, s.current.ResourceVersion, k.ConfigMap(t, s.current.Name).ResourceVersion)
 		})
 	}
 
 	t.Run("merge of a typed widget by the current holder", func(t *testing.T) {
 		wc := widgets(t, k)
-		tok := k.leaseTokens(t, "fence", 1)[0]
+		tok := leaseTokens(k, t, "fence", 1)[0]
 		c, err := fenced.NewClient(wc, staticHolder{Tok: tok})
 		require.NoError(t, err)
 		newWidget(t, k, "whole")
 		w := &widget{}
-		require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.ns, Name: "whole"}, w))
+		require.NoError(t, wc.Get(ctx, client.ObjectKey{Namespace: k.NS, Name: "whole"}, w))
 		w.Spec.Known = "k1"
 		require.NoError(t, c.Patch(ctx, w, client.Merge))
 		got := storedWidget(t, k, "whole")
@@ -1872,23 +1873,23 @@ func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
 	newObj := func(kind, name string) client.Object {
 		if kind == "lease" {
 			h := "a"
-			return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &h}}
+			return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Spec: coordinationv1.LeaseSpec{HolderIdentity: &h}}
 		}
-		return &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Namespace: k.ns, Name: name}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}}}
+		return &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Namespace: k.NS, Name: name}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}}}}
 	}
 	for _, kind := range []string{"lease", "limitrange"} {
 		for _, scene := range []string{"delete between check and write, pinned", "delete between check and write, unpinned", "lagging cache, hand-built object"} {
 			name := fmt.Sprintf("%s-%d", kind, len(scene)%7+strings.Count(scene, ","))
 			t.Run(kind+": "+scene, func(t *testing.T) {
-				toks := k.leaseTokens(t, "fence-"+name, 2)
+				toks := leaseTokens(k, t, "fence-"+name, 2)
 				a, b := toks[0], toks[1]
 				obj := newObj(kind, name)
-				require.NoError(t, k.client(t, staticHolder{Tok: a}).Create(ctx, obj))
+				require.NoError(t, k.Client(t, staticHolder{Tok: a}).Create(ctx, obj))
 				deleteByB := func() {
 					cur := newObj(kind, name)
-					require.NoError(t, k.crc.Get(ctx, client.ObjectKeyFromObject(obj), cur))
-					require.NoError(t, k.client(t, staticHolder{Tok: b}).Update(ctx, cur))
-					require.NoError(t, k.client(t, staticHolder{Tok: b}).Delete(ctx, cur))
+					require.NoError(t, k.CRC.Get(ctx, client.ObjectKeyFromObject(obj), cur))
+					require.NoError(t, k.Client(t, staticHolder{Tok: b}).Update(ctx, cur))
+					require.NoError(t, k.Client(t, staticHolder{Tok: b}).Delete(ctx, cur))
 				}
 				w := obj.DeepCopyObject().(client.Object)
 				w.SetUID("")
@@ -1897,18 +1898,18 @@ func TestRedTeamUpdateCannotRecreateADeletedObject(t *testing.T) {
 				if scene == "lagging cache, hand-built object" {
 					cached := obj.DeepCopyObject().(client.Object)
 					deleteByB()
-					ca = k.client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{cached}))
+					ca = k.Client(t, staticHolder{Tok: a}, fenced.WithReader(laggingReader{cached}))
 					w.SetResourceVersion("")
 				} else {
-					hook := &interposingReader{Reader: k.crc, write: deleteByB}
-					ca = k.client(t, staticHolder{Tok: a}, fenced.WithReader(hook), fenced.WithAPIReader(hook))
+					hook := &interposingReader{Reader: k.CRC, write: deleteByB}
+					ca = k.Client(t, staticHolder{Tok: a}, fenced.WithReader(hook), fenced.WithAPIReader(hook))
 					if strings.HasSuffix(scene, "unpinned") {
 						w.SetResourceVersion("")
 					}
 				}
 				err := ca.Update(ctx, w)
 				require.Error(t, err, "the superseded holder's update after the delete reported success")
-				require.True(t, apierrors.IsNotFound(k.crc.Get(ctx, client.ObjectKeyFromObject(obj), newObj(kind, name))),
+				require.True(t, apierrors.IsNotFound(k.CRC.Get(ctx, client.ObjectKeyFromObject(obj), newObj(kind, name))),
 					"the superseded holder's update brought back the object the newer holder deleted")
 				require.Empty(t, w.GetUID(), "the caller's object was left with the UID fencer sent")
 			})

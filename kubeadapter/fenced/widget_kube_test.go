@@ -79,7 +79,7 @@ func crdClient(t *testing.T, k *kube, gvk schema.GroupVersionKind, obj, list run
 	var c client.Client
 	require.NoError(t, untilDiscovered(t.Context(), func() error {
 		var err error
-		if c, err = client.New(k.env.Admin(), client.Options{Scheme: scheme}); err != nil {
+		if c, err = client.New(k.Env.Admin(), client.Options{Scheme: scheme}); err != nil {
 			return err
 		}
 		_, err = c.RESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
@@ -92,7 +92,7 @@ func crdClient(t *testing.T, k *kube, gvk schema.GroupVersionKind, obj, list run
 // lags a moment behind a CRD's creation. A REST mapper that asks earlier
 // keeps the answer, so no client should map the kind before.
 func waitDiscovered(ctx context.Context, k *kube, gvk schema.GroupVersionKind) error {
-	dc, err := discovery.NewDiscoveryClientForConfig(k.env.Admin())
+	dc, err := discovery.NewDiscoveryClientForConfig(k.Env.Admin())
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func installWidgetCRD(ctx context.Context, k *kube) error {
 			}},
 		},
 	}}
-	if err := k.crc.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := k.CRC.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
 	return waitDiscovered(ctx, k, widgetGV.WithKind("Widget"))
@@ -147,10 +147,10 @@ func newWidget(t *testing.T, k *kube, name string) {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": widgetGV.String(), "kind": "Widget",
-		"metadata": map[string]any{"namespace": k.ns, "name": name},
+		"metadata": map[string]any{"namespace": k.NS, "name": name},
 		"spec":     map[string]any{"known": "k0", "extra": "keep me"},
 	}}
-	require.NoError(t, untilDiscovered(t.Context(), func() error { return k.crc.Create(t.Context(), u) }))
+	require.NoError(t, untilDiscovered(t.Context(), func() error { return k.CRC.Create(t.Context(), u) }))
 }
 
 // untilDiscovered runs f until it returns anything but a discovery error.
@@ -178,6 +178,6 @@ func storedWidget(t *testing.T, k *kube, name string) *unstructured.Unstructured
 	t.Helper()
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(widgetGV.WithKind("Widget"))
-	require.NoError(t, k.crc.Get(t.Context(), client.ObjectKey{Namespace: k.ns, Name: name}, u))
+	require.NoError(t, k.CRC.Get(t.Context(), client.ObjectKey{Namespace: k.NS, Name: name}, u))
 	return u
 }
