@@ -57,27 +57,16 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 
 func (b bearer) RequireTransportSecurity() bool { return b.secure }
 
-// WriteOption modifies one guarded write: Put, Delete, Txn or Advance.
-type WriteOption func(*writeOptions)
-
-type writeOptions struct {
-	takeOver bool
-}
-
-func writeOpts(opts []WriteOption) writeOptions {
-	var o writeOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
-}
+// WriteOption modifies one guarded write: Put, Delete, Txn or Advance. It
+// is token.WriteOption, the one the etcd store takes too.
+type WriteOption = token.WriteOption
 
 // TakeOver makes a write take over the data keys it writes, or the
 // resource it advances, from whichever lease owns them, instead of failing
 // with a *token.ForeignLeaseError: the request's take_over field. The
 // takeover is fenced like any write, committing only while tok is current;
-// see the library's etcdstore.TakeOver.
-func TakeOver() WriteOption { return func(o *writeOptions) { o.takeOver = true } }
+// see token.TakeOver, which it is.
+func TakeOver() WriteOption { return token.TakeOver() }
 
 // Check returns nil if tok is its lease's current token, and a
 // *token.StaleError otherwise. The answer may be out of date when it
@@ -91,8 +80,8 @@ func (c *Client) Check(ctx context.Context, tok token.Token) error {
 // see the library's etcdstore.Store.Advance. A resource another lease
 // advanced yields a *token.ForeignLeaseError unless TakeOver is given.
 func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, opts ...WriteOption) error {
-	o := writeOpts(opts)
-	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String(), TakeOver: o.takeOver})
+	o := token.ApplyWriteOptions(opts)
+	_, err := c.rpc.Advance(ctx, &fencerv1.AdvanceRequest{Resource: resource, Token: tok.String(), TakeOver: o.TakeOver})
 	return fromStatus(err)
 }
 
@@ -103,8 +92,8 @@ func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, 
 // written. A transport error leaves it unknown whether the write
 // committed.
 func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
-	o := writeOpts(opts)
-	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value, TakeOver: o.takeOver})
+	o := token.ApplyWriteOptions(opts)
+	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value, TakeOver: o.TakeOver})
 	if err != nil {
 		return 0, fromStatus(err)
 	}
@@ -158,8 +147,8 @@ func (c *Client) ListKeys(ctx context.Context, prefix string) ([]KeyValue, error
 // tok's lease or to none (or TakeOver is given), and reports whether it
 // existed. The errors are Put's.
 func (c *Client) Delete(ctx context.Context, tok token.Token, key string, opts ...WriteOption) (bool, error) {
-	o := writeOpts(opts)
-	resp, err := c.rpc.Delete(ctx, &fencerv1.DeleteRequest{Token: tok.String(), Key: key, TakeOver: o.takeOver})
+	o := token.ApplyWriteOptions(opts)
+	resp, err := c.rpc.Delete(ctx, &fencerv1.DeleteRequest{Token: tok.String(), Key: key, TakeOver: o.TakeOver})
 	if err != nil {
 		return false, fromStatus(err)
 	}
@@ -173,8 +162,8 @@ func (c *Client) Delete(ctx context.Context, tok token.Token, key string, opts .
 // neither branch runs; otherwise the response's Succeeded reports the
 // caller's compares.
 func (c *Client) Txn(ctx context.Context, tok token.Token, compares []*fencerv1.Compare, success, failure []*fencerv1.Op, opts ...WriteOption) (*fencerv1.TxnResponse, error) {
-	o := writeOpts(opts)
-	resp, err := c.rpc.Txn(ctx, &fencerv1.TxnRequest{Token: tok.String(), Compares: compares, Success: success, Failure: failure, TakeOver: o.takeOver})
+	o := token.ApplyWriteOptions(opts)
+	resp, err := c.rpc.Txn(ctx, &fencerv1.TxnRequest{Token: tok.String(), Compares: compares, Success: success, Failure: failure, TakeOver: o.TakeOver})
 	return resp, fromStatus(err)
 }
 

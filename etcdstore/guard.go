@@ -259,7 +259,7 @@ func (s *Store) AdvanceChecked(ctx context.Context, c Checked, opts ...WriteOpti
 		return err
 	}
 	resource, tok := c.name, c.tok
-	o := writeOpts(opts)
+	o := token.ApplyWriteOptions(opts)
 	key := s.fenceKey(resource)
 	for {
 		cur, err := s.cli.Get(ctx, key)
@@ -276,7 +276,7 @@ func (s *Store) AdvanceChecked(ctx context.Context, c Checked, opts ...WriteOpti
 			c, err := tok.Compare(recorded)
 			var refused error
 			switch {
-			case err != nil && !o.takeOver:
+			case err != nil && !o.TakeOver:
 				refused = fmt.Errorf("etcdstore: advance %q: %w", resource, err)
 			case err == nil && c < 0:
 				refused = &token.StaleError{Token: tok, Newer: recorded}

@@ -44,20 +44,9 @@ import (
 // Advance resources follow the same rule with no extra key: the token
 // recorded in <prefix>fences/<resource> names the lease that owns it.
 
-// WriteOption modifies one guarded write: Put, Delete, Txn or Advance.
-type WriteOption func(*writeOptions)
-
-type writeOptions struct {
-	takeOver bool
-}
-
-func writeOpts(opts []WriteOption) writeOptions {
-	var o writeOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
-}
+// WriteOption modifies one guarded write: Put, Delete, Txn or Advance. It
+// is token.WriteOption, the one the gRPC client takes too.
+type WriteOption = token.WriteOption
 
 // TakeOver makes a write take over the data keys it writes (or the
 // resource it advances) from whichever lease owns them, instead of
@@ -68,7 +57,7 @@ func writeOpts(opts []WriteOption) writeOptions {
 // are refused. A Txn with TakeOver takes over every data key that the
 // branch which runs puts or deletes. Taking over a key the lease already
 // owns, or one nobody owns, is an ordinary write.
-func TakeOver() WriteOption { return func(o *writeOptions) { o.takeOver = true } }
+func TakeOver() WriteOption { return token.TakeOver() }
 
 func (s *Store) ownerKey(key string) string { return s.prefix + "owners/" + key }
 

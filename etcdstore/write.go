@@ -37,7 +37,7 @@ func (s *Store) PutChecked(ctx context.Context, c Checked, opts ...WriteOption) 
 	if err := c.checkedFor(checkedPut); err != nil {
 		return 0, err
 	}
-	_, rev, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpPut(s.DataKey(c.name), string(c.value)), writeOpts(opts).takeOver)
+	_, rev, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpPut(s.DataKey(c.name), string(c.value)), token.ApplyWriteOptions(opts).TakeOver)
 	if err != nil {
 		return 0, fmt.Errorf("etcdstore: put %q: %w", c.name, err)
 	}
@@ -64,7 +64,7 @@ func (s *Store) DeleteChecked(ctx context.Context, c Checked, opts ...WriteOptio
 	if err := c.checkedFor(checkedDelete); err != nil {
 		return false, err
 	}
-	r, _, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpDelete(s.DataKey(c.name)), writeOpts(opts).takeOver)
+	r, _, err := s.writeKey(ctx, c.tok, c.name, clientv3.OpDelete(s.DataKey(c.name)), token.ApplyWriteOptions(opts).TakeOver)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: delete %q: %w", c.name, err)
 	}
@@ -112,7 +112,7 @@ func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, 
 		return nil, err
 	}
 	tok := c.tok
-	o := writeOpts(opts)
+	o := token.ApplyWriteOptions(opts)
 	thenKeys, err := s.dataKeysWritten(then)
 	if err != nil {
 		return nil, err
@@ -136,12 +136,12 @@ func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, 
 	claim := map[string]bool{}
 	for {
 		for _, k := range keys {
-			claim[k] = o.takeOver || expect[k] != mine
+			claim[k] = o.TakeOver || expect[k] != mine
 		}
 		op := clientv3.OpTxn(cmps,
 			slices.Concat(then, s.claims(tok, thenKeys, claim)),
 			slices.Concat(els, s.claims(tok, elsKeys, claim)))
-		checked := !o.takeOver && len(keys) > 0 && !mutant.On(mutant.OwnerCompareDropped)
+		checked := !o.TakeOver && len(keys) > 0 && !mutant.On(mutant.OwnerCompareDropped)
 		if checked {
 			owned := make([]clientv3.Cmp, len(keys))
 			reads := make([]clientv3.Op, len(keys))
