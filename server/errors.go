@@ -109,14 +109,7 @@ func userMessage(err error) string {
 		return fmt.Sprintf("lease %q is held by %s", held.Lease, held.Holder)
 	}
 	if delay, ok := errors.AsType[*token.LockDelayError](err); ok {
-		msg := fmt.Sprintf("lease %q is in its lock-delay", delay.Lease)
-		if delay.Delay > 0 {
-			msg += " of " + delay.Delay.String()
-		}
-		if delay.Remaining > 0 {
-			msg += fmt.Sprintf(" (about %s left)", delay.Remaining)
-		}
-		return msg + ": its last holder did not release it cleanly, so it cannot be acquired until the delay has passed"
+		return delay.Explain()
 	}
 	if foreign, ok := errors.AsType[*token.ForeignLeaseError](err); ok {
 		owner := fmt.Sprintf("lease %q", foreign.Got)

@@ -61,6 +61,19 @@ func (e *LockDelayError) Error() string {
 // Unwrap returns ErrLockDelay.
 func (e *LockDelayError) Unwrap() error { return ErrLockDelay }
 
+// Explain says for people, without Error's "token:" prefix, that the lease
+// is in its lock-delay and why: the text the service and the CLI show.
+func (e *LockDelayError) Explain() string {
+	msg := fmt.Sprintf("lease %q is in its lock-delay", e.Lease)
+	if e.Delay > 0 {
+		msg += " of " + e.Delay.String()
+	}
+	if e.Remaining > 0 {
+		msg += fmt.Sprintf(" (about %s left)", e.Remaining)
+	}
+	return msg + ": its last holder did not release it cleanly, so nobody can acquire it until the delay has passed"
+}
+
 // StaleError reports a token that has been superseded. It wraps ErrStale.
 type StaleError struct {
 	// Token is the token that was presented.

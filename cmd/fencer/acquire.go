@@ -281,7 +281,7 @@ func (a *app) acquireWaiting(ctx context.Context, sess *client.Session, f acquir
 				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s, held by %s\n", name, holder)
 			case delay != nil && !delayed:
 				holder, delayed = "", true
-				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s: %s\n", name, lockDelayText(delay))
+				fmt.Fprintf(a.stderr, "fencer acquire: waiting for %s: %s\n", name, delay.Explain())
 			}
 			lease, err = sess.Acquire(octx, name, client.WithLockDelay(f.lockDelay))
 		}

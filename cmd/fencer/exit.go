@@ -138,7 +138,7 @@ func describe(err error, server string, tls bool) failure {
 		}
 		return failure{exitHeld, msg}
 	case errors.As(err, &delay):
-		return failure{exitHeld, lockDelayText(delay)}
+		return failure{exitHeld, delay.Explain()}
 	case errors.As(err, &foreign):
 		return failure{exitForeign, fmt.Sprintf("foreign lease: the key belongs to lease %q, not %q; nothing was written (--take-over takes it over)", foreign.Got, foreign.Want)}
 	case errors.As(err, &malformed):
@@ -185,16 +185,4 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitError, fmt.Sprintf("fencer at %s failed the call (%s)", server, strings.ToLower(code.String()))}
 	}
 	return failure{exitError, err.Error()}
-}
-
-// lockDelayText says for people that a lease is in its lock-delay.
-func lockDelayText(e *token.LockDelayError) string {
-	msg := fmt.Sprintf("lease %q is in its lock-delay", e.Lease)
-	if e.Delay > 0 {
-		msg += " of " + e.Delay.String()
-	}
-	if e.Remaining > 0 {
-		msg += fmt.Sprintf(" (about %s left)", e.Remaining)
-	}
-	return msg + ": its last holder did not release it cleanly, so nobody can acquire it until the delay has passed"
 }
