@@ -162,10 +162,7 @@ func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 // Err returns nil while the session runs, and then why it ended:
 // token.ErrSessionClosed or token.ErrSessionExpired, wrapped.
 func (s *Session) Err() error {
-	if s.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(s.ctx)
+	return token.Ended(s.ctx)
 }
 
 // AcquireOption configures one acquisition (Acquire, TryAcquire).
@@ -725,10 +722,7 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // ErrSessionExpired, wrapped with detail. All of them also match
 // token.ErrNotHeld.
 func (l *Lease) Err() error {
-	if l.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(l.ctx)
+	return token.Ended(l.ctx)
 }
 
 // Release ends the Lease with token.ErrReleased (Done closes first,

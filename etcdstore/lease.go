@@ -46,10 +46,7 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // ErrReleased, ErrLeaseLost, ErrSessionClosed or ErrSessionExpired, wrapped
 // with detail. All of them also match token.ErrNotHeld.
 func (l *Lease) Err() error {
-	if l.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(l.ctx)
+	return token.Ended(l.ctx)
 }
 
 // Guard returns the etcd conditions that hold while this acquisition is

@@ -147,10 +147,7 @@ func (s *Session) Done() <-chan struct{} { return s.ctx.Done() }
 // Err returns nil while the session runs, and then why it ended:
 // ErrSessionClosed or ErrSessionExpired (possibly wrapped with detail).
 func (s *Session) Err() error {
-	if s.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(s.ctx)
+	return token.Ended(s.ctx)
 }
 
 // Close releases every lease the session holds, revokes its etcd lease so

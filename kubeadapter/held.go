@@ -102,10 +102,7 @@ func (h *Held) Done() <-chan struct{} { return h.ctx.Done() }
 // *LostError that matches token.ErrNotHeld and the reason it ended. A nil
 // Err only means that this process has not yet seen the loss.
 func (h *Held) Err() error {
-	if h.ctx.Err() == nil {
-		return nil
-	}
-	return context.Cause(h.ctx)
+	return token.Ended(h.ctx)
 }
 
 // end ends the Held for reason and reports whether this call did; only

@@ -63,3 +63,13 @@ type Value struct {
 	CreateRevision int64
 	ModRevision    int64
 }
+
+// Ended returns nil while ctx is not done, and then context.Cause(ctx):
+// what a Holder's Err returns for the Context its Holder gives, once the
+// Holder ends its Context with the reason as cause.
+func Ended(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(ctx)
+}

@@ -86,11 +86,9 @@ func (h *Held) Done() <-chan struct{} { return h.ctx.Done() }
 // *kubeadapter.LostError that matches token.ErrNotHeld and the reason: ErrMoved,
 // ErrMemberLost or kubeadapter.ErrReleased.
 func (h *Held) Err() error {
-	if h.ctx.Err() == nil {
-		return nil
-	}
+	cause := token.Ended(h.ctx)
 	var lost *kubeadapter.LostError
-	if cause := context.Cause(h.ctx); errors.As(cause, &lost) && lost.Token == h.tok {
+	if cause == nil || errors.As(cause, &lost) && lost.Token == h.tok {
 		return cause
 	}
 	return &kubeadapter.LostError{Token: h.tok, Reason: ErrMemberLost}
