@@ -27,6 +27,7 @@ type scaleSeries struct {
 // scaleChart is one curve of a scale benchmark: fencer and its baseline,
 // one series each, over a log-scaled x axis.
 type scaleChart struct {
+	File                  string // the chart is drawn as docs/scale-<File>.svg
 	Title, XLabel, YLabel string
 	Series                []scaleSeries
 }
