@@ -38,12 +38,13 @@ import (
 // serve on an embedded etcd, drives it with the Go client, and reads the
 // server process's RSS (/proc/<pid>/status VmRSS), CPU (/proc/<pid>/stat)
 // and its Prometheus metrics (go_goroutines, fencer_server_keepalives_total).
-// Each point runs beside its baseline, on a fresh server of its own: the
+// It also reads etcd's own lease-renewal counter on the embedded member's
+// unix socket. Each point runs beside its baseline, on a fresh server of its own: the
 // same work done with etcd's own client straight on that server's embedded
 // etcd. They print Markdown tables with a least-squares growth rate, and,
 // with FENCER_SCALE_DOCS set to a directory, draw each curve there as an
 // SVG (make bench draws docs/scale-*.svg). FENCER_SCALE_MAX caps the
-// sizes measured (for a quick look). Use -benchtime 1x: an iteration is a
+// leases (or streams) of a point measured (for a quick look). Use -benchtime 1x: an iteration is a
 // whole curve, and the largest points take minutes.
 
 // scaleTTL is the sessions' TTL: the default, renewed every third of it.
@@ -177,20 +178,37 @@ func (s *scaleServer) cpu() time.Duration {
 
 // metric is the value of an unlabelled metric on the server's /metrics.
 func (s *scaleServer) metric(name string) float64 {
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := hc.Get("http://" + s.metrics + "/metrics")
-	require.NoError(s.b, err)
+	return scrape(s.b, &http.Transport{DisableKeepAlives: true}, "http://"+s.metrics+"/metrics", name)
+}
+
+// etcdMetric is the value of an unlabelled metric of the embedded etcd,
+// which serves /metrics on its unix socket.
+func (s *scaleServer) etcdMetric(name string) float64 {
+	sock, ok := strings.CutPrefix(s.etcd, "unix://")
+	require.True(s.b, ok, "embedded etcd endpoint %q is not a unix socket", s.etcd)
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	return scrape(s.b, tr, "http://etcd/metrics", name)
+}
+
+// scrape reads the unlabelled metric name from the Prometheus text at url.
+func scrape(b *testing.B, tr *http.Transport, url, name string) float64 {
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: tr}
+	resp, err := hc.Get(url)
+	require.NoError(b, err)
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			require.NoError(s.b, err)
+			require.NoError(b, err)
 			return v
 		}
 	}
-	s.b.Fatalf("no metric %s", name)
+	b.Fatalf("no metric %s at %s", name, url)
 	return 0
 }
 
@@ -241,10 +259,14 @@ type sessionPoint struct {
 	idleMB, rssMB    float64
 	goroutines       float64
 	keepalivesPerSec float64
+	etcdRenewsPerSec float64 // etcd_debugging_lease_renewed_total's rate
 	putP99ms         float64
 	acquire          time.Duration
 	lostSessions     int
 }
+
+// etcdRenewed is etcd's own count of lease renewals.
+const etcdRenewed = "etcd_debugging_lease_renewed_total"
 
 // keepaliveWindow is how long keepalive writes are counted: three renewal
 // intervals.
@@ -288,9 +310,10 @@ func fencerSessions(b *testing.B, n, k int) sessionPoint {
 	}))
 	p.acquire = time.Since(start)
 	settle()
-	k0, t0 := srv.metric("fencer_server_keepalives_total"), time.Now()
+	k0, e0, t0 := srv.metric("fencer_server_keepalives_total"), srv.etcdMetric(etcdRenewed), time.Now()
 	time.Sleep(keepaliveWindow)
 	p.keepalivesPerSec = (srv.metric("fencer_server_keepalives_total") - k0) / time.Since(t0).Seconds()
+	p.etcdRenewsPerSec = (srv.etcdMetric(etcdRenewed) - e0) / time.Since(t0).Seconds()
 	p.rssMB, p.goroutines = srv.rssMB(), srv.metric("go_goroutines")
 	p.putP99ms = timePuts(b, func() error {
 		_, err := cs[0].Put(ctx, leases[0].Token(), "scale/put", []byte("value"))
@@ -383,9 +406,10 @@ func directSessions(b *testing.B, n, k int) sessionPoint {
 	}))
 	p.acquire = time.Since(start)
 	settle()
-	r0, t0 := renewals.Load(), time.Now()
+	r0, e0, t0 := renewals.Load(), srv.etcdMetric(etcdRenewed), time.Now()
 	time.Sleep(keepaliveWindow)
 	p.keepalivesPerSec = float64(renewals.Load()-r0) / time.Since(t0).Seconds()
+	p.etcdRenewsPerSec = (srv.etcdMetric(etcdRenewed) - e0) / time.Since(t0).Seconds()
 	p.rssMB, p.goroutines = srv.rssMB(), srv.metric("go_goroutines")
 	p.putP99ms = timePuts(b, func() error {
 		r, err := clis[0].Txn(ctx).If(first[0].IsOwner()).Then(clientv3.OpPut("/scale/put", "value")).Commit()
@@ -455,7 +479,7 @@ func BenchmarkScaleSessions(b *testing.B) {
 			fmt.Printf("scale: measured fencer %+v, etcd %+v\n", fs[len(fs)-1], ds[len(ds)-1])
 		}
 		t := scaleTable{Header: []string{"sessions × leases", "fencer RSS MB (idle)", "etcd sessions RSS MB (idle)",
-			"fencer goroutines", "etcd sessions goroutines", "fencer keepalives/s", "etcd sessions keepalives/s",
+			"fencer goroutines", "etcd sessions goroutines", "fencer keepalives/s", "etcd sessions keepalives/s", "etcd's lease renewals/s (fencer / etcd sessions)",
 			"fencer put p99 ms", "etcd guarded Txn p99 ms", "fencer acquire s", "etcd Lock s", "sessions lost (fencer/etcd)", "RSS ≤ 64 MB"}}
 		var x, fr, dr, fg, dg, fk, dk, fp, dp []float64
 		for j := range fs {
@@ -468,6 +492,7 @@ func BenchmarkScaleSessions(b *testing.B) {
 				fmt.Sprintf("%s (%s)", mb(f.rssMB), mb(f.idleMB)), fmt.Sprintf("%s (%s)", mb(d.rssMB), mb(d.idleMB)),
 				fmt.Sprintf("%.0f", f.goroutines), fmt.Sprintf("%.0f", d.goroutines),
 				fmt.Sprintf("%.1f", f.keepalivesPerSec), fmt.Sprintf("%.1f", d.keepalivesPerSec),
+				fmt.Sprintf("%.1f / %.1f", f.etcdRenewsPerSec, d.etcdRenewsPerSec),
 				fmt.Sprintf("%.2f", f.putP99ms), fmt.Sprintf("%.2f", d.putP99ms),
 				fmt.Sprintf("%.1f", f.acquire.Seconds()), fmt.Sprintf("%.1f", d.acquire.Seconds()),
 				fmt.Sprintf("%d/%d", f.lostSessions, d.lostSessions), target})
