@@ -101,3 +101,13 @@ wait "$serve_pid" || true
 # FENCER_SOAK_DURATION shortens it.
 echo "== FENCER_SOAK=1 go test -run '^TestSoak\$' -v ./embedetcd"
 FENCER_SOAK=1 go test -run '^TestSoak$' -v -count 1 -timeout 30m ./embedetcd | grep -E 'soak:|^(ok|FAIL|---|panic)|Error' || true
+# Scale curves through the shipped binary: fencer serve (embedded etcd) with
+# 1 to 10,000 sessions of 10 leases, 10,000 and 100,000 leases, and 1 to
+# 10,000 WatchLease streams, each point beside etcd's own client doing the
+# same work on the same embedded etcd; prints the tables with their growth
+# rates and draws docs/scale-*.svg. The largest points take minutes.
+for curve in Sessions Leases WatchStreams; do
+  echo "== go test -run '^\$' -bench 'BenchmarkScale$curve\$' -benchtime 1x -timeout 60m ./cmd/fencer"
+  FENCER_SCALE_DOCS="$PWD/docs" go test -run '^$' -bench "BenchmarkScale$curve\$" -benchtime 1x -count 1 -timeout 60m ./cmd/fencer |
+    grep -E '^(Benchmark|ok|FAIL|---|panic|\||scale:)' || true
+done

@@ -42,7 +42,7 @@ var (
 
 // fencerBinary builds the fencer binary once for the package's tests and
 // returns its path; TestMain removes it.
-func fencerBinary(t *testing.T) string {
+func fencerBinary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
 		if binDir, binErr = os.MkdirTemp("", "fencer-bin-"); binErr != nil {
