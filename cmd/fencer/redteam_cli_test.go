@@ -356,14 +356,16 @@ func TestRedTeamCLIFencerPausedPastTTL(t *testing.T) {
 // stops fencer, leaves it running to stop CMD.
 func TestRedTeamCLIWatchdogPausedWhileHeld(t *testing.T) {
 	s := startServeProc(t)
-	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "2s", "--grace", "500ms"}, "dogpaused", `echo $$ x; sleep 5; exit 7`)
+	// A 3s TTL: with 2s, a test machine starved for 2s ended the session
+	// before CMD started, which is not what this test is about.
+	p, pid, _ := rtCommand(t, s, nil, []string{"--ttl", "3s", "--grace", "500ms"}, "dogpaused", `echo $$ x; sleep 6; exit 7`)
 	wd, err := syscall.Getpgid(pid) // the watchdog leads CMD's process group
 	require.NoError(t, err)
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", wd))
 	require.NoError(t, err)
 	require.Equal(t, "fencer-watchdog", strings.TrimSpace(string(comm)))
 	require.NoError(t, syscall.Kill(wd, syscall.SIGSTOP))
-	time.Sleep(3 * time.Second) // past the TTL, and several renewals
+	time.Sleep(4 * time.Second) // past the TTL, and several renewals
 	require.NoError(t, syscall.Kill(wd, syscall.SIGCONT))
 	require.Equal(t, 7, p.wait(t, 15*time.Second), "CMD's own exit: %s", p.stderr.String())
 }
