@@ -7,8 +7,9 @@ PKGS      ?= ./...
 LIGHT_MODULES := token proto client
 # Every module but the root and tools/: the light modules, the two small
 # internal ones both the root and the Kubernetes module share, the
-# Kubernetes module, and the Sharder's end-to-end tests.
-MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport kubeadapter kubeadapter/shard/e2e
+# Kubernetes module, the Sharder's end-to-end tests, and the
+# multicluster-runtime Coordinator.
+MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport kubeadapter kubeadapter/shard/e2e mcr
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 
