@@ -2,7 +2,10 @@ package mcr_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -46,6 +49,7 @@ import (
 	"github.com/fencer-dev/fencer/kubeadapter/kubefencertest"
 	"github.com/fencer-dev/fencer/kubeadapter/shard"
 	"github.com/fencer-dev/fencer/mcr"
+	"github.com/fencer-dev/fencer/token"
 )
 
 func TestMain(m *testing.M) {
@@ -82,6 +86,9 @@ type env struct {
 	down     string
 	projects []string
 	log      *writeLog
+	// handoff is the replicas' shard.Config.HandoffTimeout; 0 means
+	// fastShardConfig's.
+	handoff time.Duration
 }
 
 func newEnv(t *testing.T, api *kubefencertest.APIServer, prefix string, projects int) *env {
@@ -125,6 +132,7 @@ func (e *env) record(t *testing.T, project string) *corev1.ConfigMap {
 type write struct {
 	replica, project, value string
 	rv                      int64
+	tok                     token.Token // the record's stamp after the write
 	err                     error
 }
 
@@ -174,8 +182,11 @@ func (l *writeLog) all() []write {
 type pauser struct {
 	mu      sync.Mutex
 	project string
-	paused  chan string
-	resume  chan struct{}
+	// stubborn makes the pause ignore the reconcile's context, as a
+	// reconcile that does not check it.
+	stubborn bool
+	paused   chan string
+	resume   chan struct{}
 }
 
 // arm makes the next reconcile of project pause; it sends the value it
@@ -183,25 +194,41 @@ type pauser struct {
 func (p *pauser) arm(project string) (paused <-chan string, resume chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.project, p.paused, p.resume = project, make(chan string, 1), make(chan struct{})
+	p.project, p.paused, p.resume, p.stubborn = project, make(chan string, 1), make(chan struct{}), false
 	return p.paused, p.resume
 }
 
-func (p *pauser) maybe(ctx context.Context, project, value string) {
+// armStubborn is arm for a pause that ignores the reconcile's context.
+func (p *pauser) armStubborn(project string) (paused <-chan string, resume chan struct{}) {
+	paused, resume = p.arm(project)
+	p.mu.Lock()
+	p.stubborn = true
+	p.mu.Unlock()
+	return paused, resume
+}
+
+// maybe pauses if armed for project, and returns the context the
+// reconcile goes on with: ctx, or for a stubborn pause one that never
+// ends.
+func (p *pauser) maybe(ctx context.Context, project, value string) context.Context {
 	p.mu.Lock()
 	if p.project != project {
 		p.mu.Unlock()
-		return
+		return ctx
 	}
-	paused, resume := p.paused, p.resume
+	paused, resume, stubborn := p.paused, p.resume, p.stubborn
 	p.project = ""
 	p.mu.Unlock()
 	paused <- value
+	if stubborn {
+		ctx = context.Background()
+	}
 	select {
 	case <-resume:
 	case <-ctx.Done():
 	case <-time.After(time.Minute):
 	}
+	return ctx
 }
 
 // engagements records, for one replica, the clusters its aware runnables
@@ -266,6 +293,7 @@ type replica struct {
 	prov    *nsProvider
 	engaged *engagements
 	pause   pauser
+	net     *netCut
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -288,12 +316,14 @@ func fastShardConfig(ns, identity string) shard.Config {
 // It is stopped when the test ends unless stopped before.
 func (e *env) startReplica(t *testing.T, k kind, name string) *replica {
 	t.Helper()
+	net := &netCut{inflight: map[int]context.CancelFunc{}}
 	rc := rest.CopyConfig(e.api.Admin())
+	rc.Wrap(net.wrap)
 	api, err := client.New(rc, client.Options{Scheme: clientgoscheme.Scheme})
 	require.NoError(t, err)
 	prov, err := newNSProvider(rc, e.projects...)
 	require.NoError(t, err)
-	r := &replica{name: name, kind: k, e: e, api: api, prov: prov, engaged: newEngagements(), done: make(chan struct{})}
+	r := &replica{name: name, kind: k, e: e, api: api, prov: prov, net: net, engaged: newEngagements(), done: make(chan struct{})}
 
 	var opts []mcmanager.Option
 	var watcher *kubeadapter.Watcher
@@ -313,6 +343,9 @@ func (e *env) startReplica(t *testing.T, k kind, name string) *replica {
 		w, err := kubeadapter.NewWatcher(r.leases, kubeadapter.WatchNamespaces(e.ring), kubeadapter.WithRegisterer(prometheus.NewRegistry()))
 		require.NoError(t, err)
 		cfg := fastShardConfig(e.ring, name)
+		if e.handoff > 0 {
+			cfg.HandoffTimeout = e.handoff
+		}
 		cfg.Watcher = w
 		s, err := shard.NewSharder(r.leases, cfg)
 		require.NoError(t, err)
@@ -322,10 +355,13 @@ func (e *env) startReplica(t *testing.T, k kind, name string) *replica {
 		watcher = w
 	}
 	mgr, err := mcmanager.New(rc, prov, manager.Options{
-		Scheme:     clientgoscheme.Scheme,
-		Metrics:    metricsserver.Options{BindAddress: "0"},
-		Cache:      cache.Options{DefaultNamespaces: map[string]cache.Config{e.down: {}}},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Scheme:  clientgoscheme.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		// A replica whose network is cut cannot hand its clusters off:
+		// bound its shutdown.
+		GracefulShutdownTimeout: ptr.To(10 * time.Second),
+		Cache:                   cache.Options{DefaultNamespaces: map[string]cache.Config{e.down: {}}},
+		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
 	}, opts...)
 	require.NoError(t, err)
 	r.mgr = mgr
@@ -384,6 +420,78 @@ func projectRequest(project string) mcreconcile.Request {
 	return req
 }
 
+// netCut is a replica's network link to the API server. While it is cut,
+// every request fails at once without reaching the server, and every
+// request in flight, watches included, is ended: a partition, or a
+// process that died without releasing anything.
+type netCut struct {
+	mu       sync.Mutex
+	cut      bool
+	next     int
+	inflight map[int]context.CancelFunc
+}
+
+var errPartitioned = errors.New("test: partitioned from the API server")
+
+func (n *netCut) set(cut bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.cut = cut
+	if cut {
+		for id, cancel := range n.inflight {
+			cancel()
+			delete(n.inflight, id)
+		}
+	}
+}
+
+func (n *netCut) done(id int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cancel := n.inflight[id]; cancel != nil {
+		cancel()
+		delete(n.inflight, id)
+	}
+}
+
+func (n *netCut) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		n.mu.Lock()
+		if n.cut {
+			n.mu.Unlock()
+			return nil, errPartitioned
+		}
+		ctx, cancel := context.WithCancel(req.Context())
+		id := n.next
+		n.next++
+		n.inflight[id] = cancel
+		n.mu.Unlock()
+		resp, err := rt.RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			n.done(id)
+			return nil, err
+		}
+		resp.Body = &closeHook{ReadCloser: resp.Body, done: func() { n.done(id) }}
+		return resp, nil
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+type closeHook struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (c *closeHook) Close() error {
+	err := c.ReadCloser.Close()
+	c.once.Do(c.done)
+	return err
+}
+
 // stop stops the replica gracefully and waits for its manager to return.
 func (r *replica) stop() {
 	if r.leases != nil {
@@ -410,7 +518,7 @@ func (r *replica) reconcile(ctx context.Context, req mcreconcile.Request, h *sha
 	}
 	v := down.Data["v"]
 	r.e.log.reconcile(r.name, project, v)
-	r.pause.maybe(ctx, project, v)
+	ctx = r.pause.maybe(ctx, project, v)
 	var c client.Client = r.api
 	if h != nil {
 		fc, err := fenced.NewClient(r.api, h)
@@ -430,7 +538,8 @@ func (r *replica) reconcile(ctx context.Context, req mcreconcile.Request, h *sha
 		err = c.Update(ctx, &rec)
 	}
 	rv, _ := strconv.ParseInt(rec.ResourceVersion, 10, 64)
-	r.e.log.wrote(write{replica: r.name, project: project, value: v, rv: rv, err: err})
+	tok, _, _ := token.FromAnnotations(rec.Annotations)
+	r.e.log.wrote(write{replica: r.name, project: project, value: v, rv: rv, tok: tok, err: err})
 	return reconcile.Result{}, err
 }
 
