@@ -231,30 +231,29 @@ func (p *pauser) maybe(ctx context.Context, project, value string) context.Conte
 	return ctx
 }
 
-// engagements records, for one replica, the clusters its aware runnables
-// are engaged for now: an aware runnable of the manager, engaged by the
-// coordinator as the controllers are.
+// engagements records, for one replica, the engagements of its aware
+// runnables: an aware runnable of the manager, engaged by the coordinator
+// as the controllers are. An engagement is live while its context is not
+// done, read at the moment of asking, so a sample sees exactly what the
+// controllers see.
 type engagements struct {
 	mu    sync.Mutex
-	live  map[multicluster.ClusterName]int
-	total map[multicluster.ClusterName]int
+	ctxs  map[multicluster.ClusterName][]context.Context
 	ended map[multicluster.ClusterName][]error
 }
 
 func newEngagements() *engagements {
-	return &engagements{live: map[multicluster.ClusterName]int{}, total: map[multicluster.ClusterName]int{}, ended: map[multicluster.ClusterName][]error{}}
+	return &engagements{ctxs: map[multicluster.ClusterName][]context.Context{}, ended: map[multicluster.ClusterName][]error{}}
 }
 
 func (e *engagements) Start(ctx context.Context) error { <-ctx.Done(); return nil }
 
 func (e *engagements) Engage(ctx context.Context, name multicluster.ClusterName, _ cluster.Cluster) error {
 	e.mu.Lock()
-	e.live[name]++
-	e.total[name]++
+	e.ctxs[name] = append(e.ctxs[name], ctx)
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		e.mu.Lock()
-		e.live[name]--
 		e.ended[name] = append(e.ended[name], context.Cause(ctx))
 		e.mu.Unlock()
 	})
@@ -262,17 +261,23 @@ func (e *engagements) Engage(ctx context.Context, name multicluster.ClusterName,
 }
 
 func (e *engagements) isLive(name multicluster.ClusterName) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.live[name] > 0
+	live, _ := e.count(name)
+	return live > 0
 }
 
+// count returns the live engagements of name and all of them so far.
 func (e *engagements) count(name multicluster.ClusterName) (live, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.live[name], e.total[name]
+	for _, ctx := range e.ctxs[name] {
+		if ctx.Err() == nil {
+			live++
+		}
+	}
+	return live, len(e.ctxs[name])
 }
 
+// endings returns the causes of the ended engagements of name.
 func (e *engagements) endings(name multicluster.ClusterName) []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
