@@ -284,7 +284,7 @@ func TestBadInput(t *testing.T) {
 		require.True(t, waitFor(10*time.Second, func() bool {
 			return len(engagedBy(rs, p)) == 0
 		}), "the removed cluster is still engaged")
-		require.NotEmpty(t, o.engaged.endings(multicluster.ClusterName(p)))
+		require.True(t, waitFor(5*time.Second, func() bool { return len(o.engaged.endings(multicluster.ClusterName(p))) > 0 }))
 		for _, r := range rs {
 			_, err := r.mgr.GetCluster(ctx, multicluster.ClusterName(p))
 			require.ErrorIs(t, err, mcr.ErrNotOwner)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -40,6 +41,7 @@ import (
 	mcmanager "sigs.k8s.io/multicluster-runtime/pkg/manager"
 	"sigs.k8s.io/multicluster-runtime/pkg/manager/coordinator/sharded"
 	"sigs.k8s.io/multicluster-runtime/pkg/manager/coordinator/sharded/peers"
+	mcsharder "sigs.k8s.io/multicluster-runtime/pkg/manager/coordinator/sharded/sharder"
 	"sigs.k8s.io/multicluster-runtime/pkg/multicluster"
 	mcreconcile "sigs.k8s.io/multicluster-runtime/pkg/reconcile"
 	mcsource "sigs.k8s.io/multicluster-runtime/pkg/source"
@@ -238,12 +240,13 @@ func (p *pauser) maybe(ctx context.Context, project, value string) context.Conte
 // controllers see.
 type engagements struct {
 	mu    sync.Mutex
-	ctxs  map[multicluster.ClusterName][]context.Context
+	ctxs  map[multicluster.ClusterName][]context.Context // live ones, and ended ones not yet pruned
+	total map[multicluster.ClusterName]int
 	ended map[multicluster.ClusterName][]error
 }
 
 func newEngagements() *engagements {
-	return &engagements{ctxs: map[multicluster.ClusterName][]context.Context{}, ended: map[multicluster.ClusterName][]error{}}
+	return &engagements{ctxs: map[multicluster.ClusterName][]context.Context{}, total: map[multicluster.ClusterName]int{}, ended: map[multicluster.ClusterName][]error{}}
 }
 
 func (e *engagements) Start(ctx context.Context) error { <-ctx.Done(); return nil }
@@ -251,6 +254,7 @@ func (e *engagements) Start(ctx context.Context) error { <-ctx.Done(); return ni
 func (e *engagements) Engage(ctx context.Context, name multicluster.ClusterName, _ cluster.Cluster) error {
 	e.mu.Lock()
 	e.ctxs[name] = append(e.ctxs[name], ctx)
+	e.total[name]++
 	e.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		e.mu.Lock()
@@ -258,6 +262,20 @@ func (e *engagements) Engage(ctx context.Context, name multicluster.ClusterName,
 		e.mu.Unlock()
 	})
 	return nil
+}
+
+// liveLocked returns name's live engagements, pruning the ended ones.
+func (e *engagements) liveLocked(name multicluster.ClusterName) int {
+	ctxs := e.ctxs[name]
+	live := ctxs[:0]
+	for _, ctx := range ctxs {
+		if ctx.Err() == nil {
+			live = append(live, ctx)
+		}
+	}
+	clear(ctxs[len(live):])
+	e.ctxs[name] = live
+	return len(live)
 }
 
 func (e *engagements) isLive(name multicluster.ClusterName) bool {
@@ -269,12 +287,21 @@ func (e *engagements) isLive(name multicluster.ClusterName) bool {
 func (e *engagements) count(name multicluster.ClusterName) (live, total int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, ctx := range e.ctxs[name] {
-		if ctx.Err() == nil {
-			live++
+	return e.liveLocked(name), e.total[name]
+}
+
+// live returns the live engagements of every cluster that has one, read
+// under one lock.
+func (e *engagements) live() map[multicluster.ClusterName]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[multicluster.ClusterName]int{}
+	for name := range e.ctxs {
+		if n := e.liveLocked(name); n > 0 {
+			out[name] = n
 		}
 	}
-	return live, len(e.ctxs[name])
+	return out
 }
 
 // endings returns the causes of the ended engagements of name.
@@ -297,6 +324,7 @@ type replica struct {
 	leases  *freezable
 	prov    *nsProvider
 	engaged *engagements
+	peers   peers.Registry // mcr's sharded coordinator's peer view
 	pause   pauser
 	net     *netCut
 	cancel  context.CancelFunc
@@ -336,6 +364,7 @@ func (e *env) startReplica(t *testing.T, k kind, name string) *replica {
 	case mcrSharded:
 		log := crlog.Log.WithName(name)
 		reg := peers.NewLeaseRegistry(api, e.ring, "mcr-peer", name, 1, log)
+		r.peers = reg
 		opts = append(opts, mcmanager.WithCoordinator(sharded.New(api, log,
 			sharded.WithPeerRegistry(reg),
 			sharded.WithShardLease(e.ring, "mcr-shard"),
@@ -573,28 +602,46 @@ func engagedBy(rs []*replica, project string) []*replica {
 	return out
 }
 
-// settle waits until every project is engaged by exactly one replica
-// (and, for fencer's, owned by it) and returns the owner of each.
+// settle waits until every project is engaged by exactly one replica,
+// which owns it (fencer's: Owns; mcr's: its HRW over a peer view that
+// has every replica), and no engagement has changed for a second, and
+// returns the owner of each.
 func settle(t *testing.T, rs []*replica, projects []string, d time.Duration) map[string]*replica {
 	t.Helper()
-	owner := map[string]*replica{}
+	var last map[string]*replica
+	var since time.Time
+	hrw := mcsharder.NewHRW()
 	ok := waitFor(d, func() bool {
+		cur := map[string]*replica{}
 		for _, p := range projects {
 			by := engagedBy(rs, p)
 			if len(by) != 1 {
+				last = nil
 				return false
 			}
-			if by[0].coord != nil {
-				if _, owns := by[0].coord.Owns(multicluster.ClusterName(p)); !owns {
+			o := by[0]
+			if o.coord != nil {
+				if _, owns := o.coord.Owns(multicluster.ClusterName(p)); !owns {
+					last = nil
 					return false
 				}
 			}
-			owner[p] = by[0]
+			if o.peers != nil {
+				if snap := o.peers.Snapshot(); len(snap) != len(rs) || !hrw.ShouldOwn(p, snap, o.peers.Self()) {
+					last = nil
+					return false
+				}
+			}
+			cur[p] = o
 		}
-		return true
+		if !maps.Equal(cur, last) {
+			last, since = cur, time.Now()
+			return false
+		}
+		return time.Since(since) >= time.Second
 	})
-	require.True(t, ok, "the projects were not each engaged by one replica within %v", d)
-	return owner
+	require.True(t, ok, "the projects were not each engaged by their owner, stably, within %v", d)
+	return last
 }
 
 // requireNoWriteSince fails t if a write of project's record landed
