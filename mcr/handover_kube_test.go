@@ -320,7 +320,7 @@ func TestBadInput(t *testing.T) {
 		}
 		h, err := o.coord.Shard(multicluster.ClusterName(p))
 		require.NoError(t, err)
-		paused, resume := o.pause.armStubborn(p)
+		paused, resume := o.pause.armStubborn(p, "handoff")
 		e.setDownstream(t, "handoff")
 		select {
 		case <-paused:

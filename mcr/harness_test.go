@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -184,6 +185,7 @@ func (l *writeLog) all() []write {
 type pauser struct {
 	mu      sync.Mutex
 	project string
+	value   string
 	// stubborn makes the pause ignore the reconcile's context, as a
 	// reconcile that does not check it.
 	stubborn bool
@@ -191,18 +193,19 @@ type pauser struct {
 	resume   chan struct{}
 }
 
-// arm makes the next reconcile of project pause; it sends the value it
-// read on the returned channel and waits until resume is closed.
-func (p *pauser) arm(project string) (paused <-chan string, resume chan struct{}) {
+// arm makes the next reconcile of project that reads value pause (an
+// earlier change's reconcile, still queued or retried, goes on); it sends
+// the value on the returned channel and waits until resume is closed.
+func (p *pauser) arm(project, value string) (paused <-chan string, resume chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.project, p.paused, p.resume, p.stubborn = project, make(chan string, 1), make(chan struct{}), false
+	p.project, p.value, p.paused, p.resume, p.stubborn = project, value, make(chan string, 1), make(chan struct{}), false
 	return p.paused, p.resume
 }
 
 // armStubborn is arm for a pause that ignores the reconcile's context.
-func (p *pauser) armStubborn(project string) (paused <-chan string, resume chan struct{}) {
-	paused, resume = p.arm(project)
+func (p *pauser) armStubborn(project, value string) (paused <-chan string, resume chan struct{}) {
+	paused, resume = p.arm(project, value)
 	p.mu.Lock()
 	p.stubborn = true
 	p.mu.Unlock()
@@ -214,7 +217,7 @@ func (p *pauser) armStubborn(project string) (paused <-chan string, resume chan 
 // ends.
 func (p *pauser) maybe(ctx context.Context, project, value string) context.Context {
 	p.mu.Lock()
-	if p.project != project {
+	if p.project != project || p.value != value {
 		p.mu.Unlock()
 		return ctx
 	}
@@ -561,16 +564,22 @@ func (r *replica) reconcile(ctx context.Context, req mcreconcile.Request, h *sha
 		}
 		c = fc
 	}
+	// Write the value read, retrying on a conflict with a fresh read of
+	// the record, as many controllers do.
 	var rec corev1.ConfigMap
-	err := r.api.Get(ctx, client.ObjectKey{Namespace: r.e.down, Name: "dns-record-" + project}, &rec)
-	switch {
-	case apierrors.IsNotFound(err):
-		rec = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.e.down, Name: "dns-record-" + project}, Data: map[string]string{"v": v, "by": r.name}}
-		err = c.Create(ctx, &rec)
-	case err == nil:
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		rec = corev1.ConfigMap{}
+		err := r.api.Get(ctx, client.ObjectKey{Namespace: r.e.down, Name: "dns-record-" + project}, &rec)
+		switch {
+		case apierrors.IsNotFound(err):
+			rec = corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: r.e.down, Name: "dns-record-" + project}, Data: map[string]string{"v": v, "by": r.name}}
+			return c.Create(ctx, &rec)
+		case err != nil:
+			return err
+		}
 		rec.Data = map[string]string{"v": v, "by": r.name}
-		err = c.Update(ctx, &rec)
-	}
+		return c.Update(ctx, &rec)
+	})
 	rv, _ := strconv.ParseInt(rec.ResourceVersion, 10, 64)
 	tok, _, _ := token.FromAnnotations(rec.Annotations)
 	r.e.log.wrote(write{replica: r.name, project: project, value: v, rv: rv, tok: tok, err: err})

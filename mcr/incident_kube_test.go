@@ -74,7 +74,7 @@ func incidentBaseline(t *testing.T, api *kubefencertest.APIServer) {
 	// value moves on to 3, which the other replicas write; the owner
 	// resumes and writes 2 over 3.
 	p, o := e.projects[0], owner[e.projects[0]]
-	paused, resume := o.pause.arm(p)
+	paused, resume := o.pause.arm(p, "2")
 	e.setDownstream(t, "2")
 	select {
 	case v := <-paused:
@@ -191,7 +191,7 @@ func incidentFenced(t *testing.T, api *kubefencertest.APIServer) {
 	hOld, err := o.coord.Shard(multicluster.ClusterName(p))
 	require.NoError(t, err)
 	o.leases.freeze(shard.LeaseName("mcr", p))
-	paused, resume := o.pause.arm(p)
+	paused, resume := o.pause.arm(p, "2")
 	e.setDownstream(t, "2")
 	select {
 	case v := <-paused:
