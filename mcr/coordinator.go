@@ -45,10 +45,10 @@ const resync = time.Second
 //     writes grow with replicas, not clusters; a cluster's own Lease is
 //     written only when it moves.
 //
-// What it guarantees: an engagement's context is done no later than the
-// moment this process learns that it lost the cluster (the Held ends
-// first, then the engagement), and Owns, Shard and GetCluster of a
-// manager wrapped by Gated refuse the cluster from then on.
+// What it guarantees: when this process learns that it lost the cluster,
+// the Held ends first, from when Owns, Shard, Gate and GetCluster of a
+// manager wrapped by Gated refuse the cluster, and the engagement's
+// context ends right after, on a goroutine of its own.
 //
 // What it does not guarantee: that no two replicas run a cluster's
 // runnables at the same instant. A paused or partitioned former owner
@@ -183,8 +183,10 @@ func (c *Coordinator) Sharder() *shard.Sharder { return c.s }
 // (mcmanager.WithCoordinator). It runs on every replica (it needs no
 // leader election). When its context ends, the Sharder leaves the ring
 // (every Held ends, so every engagement ends) and it returns once the
-// Sharder has. The Sharder's Watcher must be running: add it to the
-// manager too.
+// Sharder has, with the Sharder's error (such as a *kubeadapter.AcquireError
+// of a heartbeat the API server refuses for good), or
+// kubeadapter.ErrAlreadyStarted when started a second time. The Sharder's
+// Watcher must be running: add it to the manager too.
 func (c *Coordinator) Runnable() manager.Runnable { return runnable{c} }
 
 type runnable struct{ c *Coordinator }
