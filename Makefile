@@ -6,9 +6,10 @@ PKGS      ?= ./...
 # requires them through replace directives (internal/layout tests this).
 LIGHT_MODULES := token proto client
 # Every module but the root and tools/: the light modules, the three small
-# internal ones the root and the Kubernetes module share, the
-# Kubernetes module, and the Sharder's end-to-end tests.
-MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport internal/rendezvous kubeadapter kubeadapter/shard/e2e
+# internal ones the root and the Kubernetes module share, the Kubernetes
+# module, the Sharder's end-to-end tests, and the multicluster-runtime
+# Coordinator.
+MODULES := $(LIGHT_MODULES) internal/mutant internal/freeport internal/rendezvous kubeadapter kubeadapter/shard/e2e mcr
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1x
 

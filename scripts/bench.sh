@@ -16,6 +16,7 @@ gotest() { # package, go test arguments...
 	case "$pkg" in
 	./kubeadapter/shard/e2e*) dir=kubeadapter/shard/e2e pkg=".${pkg#./kubeadapter/shard/e2e}" ;;
 	./kubeadapter*) dir=kubeadapter pkg=".${pkg#./kubeadapter}" ;;
+	./mcr*) dir=mcr pkg=".${pkg#./mcr}" ;;
 	esac
 	(cd "$dir" && go test "$@" "${pkg:-.}")
 }
@@ -72,6 +73,14 @@ gotest ./kubeadapter/shard/e2e -run '^$' -bench 'BenchmarkShardRenewals$' -bench
 # API server Lease writes beside renewals, and time to converge.
 echo "== go test -run '^\$' -bench BenchmarkShardRebalance -benchtime 1x -timeout 30m ./kubeadapter/shard/e2e"
 gotest ./kubeadapter/shard/e2e -run '^$' -bench 'BenchmarkShardRebalance$' -benchtime 1x -count 1 -timeout 30m | grep -E '^(Benchmark|ok|FAIL|---|panic)' || true
+# multicluster-runtime on the real kube-apiserver, 1,000 and 10,000 clusters:
+# fencer's Coordinator beside mcr v0.24.1's sharded coordinator, 3 replicas
+# each, renewals every 2s, unthrottled clients: time to engage every cluster
+# from a cold start, steady-state Lease writes/s from the API server's
+# apiserver_request_total over 20s, and the baseline's offered rate and lapsed
+# Leases (docs/multicluster.md). The 10,000 case runs only here.
+echo "== go test -run '^\$' -bench BenchmarkCoordinatorLeaseWrites -benchtime 1x -timeout 90m ./mcr -mcr-clusters=1000,10000"
+gotest ./mcr -run '^$' -bench 'BenchmarkCoordinatorLeaseWrites$' -benchtime 1x -count 1 -timeout 90m -mcr-clusters=1000,10000 | grep -E '^(Benchmark|ok|FAIL|---|panic)|engaged after' || true
 # End to end through the shipped binary: fencer bench (guarded puts, then
 # acquire/release cycles, 64 clients with a connection and session each)
 # against a fencer serve in its own process, on an embedded etcd.

@@ -3,7 +3,8 @@
 # lint, the kube-apiserver and etcd builds, and the Python packages).
 #
 # The root module's tests and the Kubernetes modules' (kubeadapter, then
-# the Sharder's end-to-end tests in kubeadapter/shard/e2e) run at the same
+# the Sharder's end-to-end tests in kubeadapter/shard/e2e, then the
+# multicluster-runtime Coordinator in mcr) run at the same
 # time, as they did when they were one go test run: the Kubernetes chain's
 # output is kept in .cache/test-kube.log and printed when it ends. Then the
 # small modules and the alert-rule check run. The script fails if any part
@@ -18,12 +19,13 @@ log=.cache/test-kube.log
 	set -e
 	(cd kubeadapter && go test "${flags[@]}" ./...)
 	(cd kubeadapter/shard/e2e && go test "${flags[@]}" ./...)
+	(cd mcr && go test "${flags[@]}" ./...)
 ) >"$log" 2>&1 &
 kube=$!
 status=0
 go test "${flags[@]}" ./... || status=1
 wait "$kube" || status=1
-echo "== Kubernetes modules (kubeadapter, kubeadapter/shard/e2e):"
+echo "== Kubernetes modules (kubeadapter, kubeadapter/shard/e2e, mcr):"
 cat "$log"
 for m in token proto client internal/mutant internal/freeport internal/rendezvous; do
 	(cd "$m" && go test "${flags[@]}" ./...) || status=1
