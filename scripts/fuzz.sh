@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fuzztime="${FUZZTIME:-10s}"
-for mod in . token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter kubeadapter/shard/e2e; do
+for mod in . token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter kubeadapter/shard/e2e mcr; do
 	for pkg in $(cd "$mod" && go list ./...); do
 		for target in $(cd "$mod" && go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
 			echo "== $pkg $target ($fuzztime)"

@@ -2,7 +2,7 @@
 # Cuts fencer release VERSION (see docs/releasing.md): on a clean tree, it
 # sets every module's requirements on fencer's other modules (token, proto,
 # client, internal/mutant, internal/freeport, internal/rendezvous,
-# kubeadapter) to VERSION,
+# kubeadapter, mcr) to VERSION,
 # commits, tags the commit with each module's tag (token/VERSION, ...,
 # kubeadapter/VERSION) and VERSION for the root, builds the release binaries
 # into dist/ with the version and commit stamped, and prints the commands
@@ -29,7 +29,7 @@ semver='^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z-]+(\.[0-
 [ -z "$(git status --porcelain)" ] || die "the working tree is not clean (git status)"
 
 root=github.com/fencer-dev/fencer
-modules=(token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter)
+modules=(token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter mcr)
 for m in "${modules[@]}" ""; do
 	tag="${m:+$m/}$version"
 	if git rev-parse -q --verify "refs/tags/$tag" >/dev/null; then
@@ -46,10 +46,11 @@ requires() { # module directory, the modules it requires
 	for m in "$@"; do args+=("-require=$root/$m@$version"); done
 	(cd "$dir" && go mod edit "${args[@]}")
 }
-requires . "${modules[@]}"
+requires . token proto client internal/mutant internal/freeport internal/rendezvous kubeadapter
 requires client token proto
 requires kubeadapter token internal/mutant internal/freeport internal/rendezvous
 requires kubeadapter/shard/e2e kubeadapter
+requires mcr kubeadapter token internal/mutant internal/freeport internal/rendezvous
 for m in . "${modules[@]}" kubeadapter/shard/e2e; do
 	(cd "$m" && go mod tidy)
 done

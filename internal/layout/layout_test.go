@@ -24,9 +24,10 @@ const kubeModule = "kubeadapter"
 
 // modules are all of fencer's modules but the root and tools/, by
 // directory: the light modules, the three small internal ones that the root
-// and the Kubernetes module share, the Kubernetes module, and the Sharder's
-// end-to-end tests (a test-only module).
-var modules = append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule, "kubeadapter/shard/e2e")
+// and the Kubernetes module share, the Kubernetes module, the Sharder's
+// end-to-end tests (a test-only module) and the multicluster-runtime
+// Coordinator.
+var modules = append(slices.Clone(lightModules), "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule, "kubeadapter/shard/e2e", "mcr")
 
 // kube is the Kubernetes stack that only kubeadapter, its test helpers and
 // the binary may pull in. k8s.io/utils (a clock, no client) is not in it.
@@ -73,6 +74,7 @@ func rules() []rule {
 		{pkg: root + "/embedetcd", owns: "the embedded etcd member that fencer serve runs by default", forbid: cat(kube, fencer("etcdstore", "server", "client", "kubeadapter"))},
 		{pkg: root + "/kubeadapter/...", owns: "the Kubernetes module: election, the watcher, fenced writes, sharding, their manifests and test kit; it requires token and the two small internal modules, never the root module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport", "internal/rendezvous")},
 		{pkg: root + "/kubeadapter", owns: "Kubernetes Lease election (Elector, Held) and the Lease watcher, on client-go alone", forbid: cat([]string{"sigs.k8s.io/controller-runtime"}, fencer("kubeadapter/shard", "kubeadapter/fenced", "kubeadapter/leader", "kubeadapter/kubefencertest", "kubeadapter/internal/leasefake", "kubeadapter/internal/kubetest"))},
+		{pkg: root + "/mcr", owns: "the multicluster-runtime Coordinator on the Sharder, and its gates; a module of its own, on the Kubernetes module", forbid: []string{"go.etcd.io", "github.com/anishathalye/porcupine", "sigs.k8s.io/kustomize"}, only: fencer("kubeadapter/...", "token", "internal/mutant", "internal/freeport", "internal/rendezvous")},
 		{pkg: root + "/kubeadapter/leader", owns: "the controller-runtime Runnable that runs work under each acquisition of an Elector", only: fencer("kubeadapter", "kubeadapter/internal/...", "token")},
 		{pkg: root + "/kubeadapter/internal/watcherr", owns: "a watch that reports its Error events and ends at Stop", forbid: []string{"k8s.io/client-go", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/kubeadapter/deploy", owns: "the Kubernetes library's manifests (admission policies, Role), embedded", stdOnly: true},
@@ -88,7 +90,7 @@ func rules() []rule {
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "mcr", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
@@ -252,6 +254,8 @@ func TestRuleBites(t *testing.T) {
 		{root + "/kubeadapter", root + "/kubeadapter/kubefencertest"},
 		{root + "/kubeadapter", "sigs.k8s.io/controller-runtime/pkg/manager"},
 		{root + "/kubeadapter/leader", root + "/kubeadapter/shard"},
+		{root + "/mcr", root + "/etcdstore"},
+		{root + "/mcr", "go.etcd.io/etcd/client/v3"},
 		{root + "/kubeadapter/deploy", "sigs.k8s.io/kustomize/api/krusty"},
 		{root + "/kubeadapter/internal/leaserecord", root + "/token"},
 		{root + "/kubeadapter", root + "/kubeadapter/internal/leasefake"},

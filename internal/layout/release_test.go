@@ -26,7 +26,7 @@ func modulePath(dir string) string {
 
 // releasedModules are the directories of the modules a release tags, the
 // root ("") first.
-var releasedModules = []string{"", "token", "proto", "client", "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule}
+var releasedModules = []string{"", "token", "proto", "client", "internal/mutant", "internal/freeport", "internal/rendezvous", kubeModule, "mcr"}
 
 // rootRequires are the modules the root's go.mod requires, by directory:
 // those its packages import (internal/rendezvous reaches it only through
@@ -91,7 +91,7 @@ func TestRelease(t *testing.T) {
 			t.Errorf("tag %s is on %s, not on the release commit %s", tag, got, head)
 		}
 	}
-	for dir, needs := range map[string][]string{"": rootRequires, "client": {"token", "proto"}, "kubeadapter": {"token", "internal/mutant", "internal/freeport", "internal/rendezvous"}} {
+	for dir, needs := range map[string][]string{"": rootRequires, "client": {"token", "proto"}, "kubeadapter": {"token", "internal/mutant", "internal/freeport", "internal/rendezvous"}, "mcr": {kubeModule, "token"}} {
 		gomod := filepath.Join(dir, "go.mod")
 		mf, err := modfile.Parse(gomod, command(t, clone, nil, "git", "show", version+":"+gomod), nil)
 		if err != nil {
