@@ -37,7 +37,19 @@ func TestIncidentWithMCR(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	require.NoError(t, kubefencertest.InstallPolicy(ctx, api.Admin()))
-	t.Run(mcrSharded.String(), func(t *testing.T) { incidentBaseline(t, api) })
+	t.Run(mcrSharded.String(), func(t *testing.T) {
+		if raceEnabled {
+			// mcr v0.24.1's sharded coordinator races with itself:
+			// its Lease fence's held flag and cancel func are written
+			// by the Release goroutines the coordinator starts and
+			// read by TryAcquire under the coordinator's lock, with
+			// no lock shared. Under -race that fails the test when
+			// the timing hits it; scripts/test.sh runs this test
+			// again without the race detector.
+			t.Skip("mcr's sharded coordinator has data races of its own: run without -race")
+		}
+		incidentBaseline(t, api)
+	})
 	t.Run(fencerCoord.String(), func(t *testing.T) { incidentFenced(t, api) })
 	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
