@@ -346,12 +346,67 @@ func TestRedTeamReplacedClusterStaysOwned(t *testing.T) {
 	}
 	requireOrdered(t, r.aware.of(x))
 
-	// Removed for good: the engagement ends and the cluster is released.
+	// Replaced again, then lost and taken back: the new ownership
+	// engages the object registered last, never the replaced one.
+	cl4, cancel4 := r.engage(t, x, "cl4")
+	e4 := r.waitEngaged(t, x, cl4, 10*time.Second)
 	cancel3()
+	h := e4.held
+	require.NotNil(t, h)
+	kubefencertest.Supersede(t, api.Admin(), h)
+	select {
+	case <-h.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the superseded Held did not end")
+	}
+	var back rtEngagement
+	require.True(t, waitFor(20*time.Second, func() bool {
+		for _, e := range r.aware.liveOf(x) {
+			if e.returned && e.held != nil && e.held != h {
+				back = e
+				return true
+			}
+		}
+		return false
+	}), "the cluster was not taken back and engaged")
+	require.Same(t, cl4, back.cl, "the new ownership engaged a replaced cluster object")
+	for _, e := range r.aware.of(x) {
+		if e.cl != cl4 {
+			require.Error(t, e.ctx.Err(), "an engagement of a replaced or removed cluster (%v) is still live", e.cl)
+		}
+	}
+	requireOrdered(t, r.aware.of(x))
+
+	// Removed for good: the engagement ends and the cluster is released.
+	cancel4()
 	require.True(t, waitFor(10*time.Second, func() bool {
 		_, ok := r.coord.Owns(x)
 		return !ok && len(r.aware.liveOf(x)) == 0
 	}), "the removed cluster is still owned or engaged")
+
+	// The Coordinator stops while the provider still has a cluster: its
+	// engagement ends and nothing is owned; a cluster engaged after the
+	// stop is neither owned nor engaged.
+	const y, z multicluster.ClusterName = "cluster-y", "cluster-z"
+	cly, cancelY := r.engage(t, y, "cly")
+	defer cancelY()
+	ey := r.waitEngaged(t, y, cly, 20*time.Second)
+	r.stopRun()
+	select {
+	case <-r.ran:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Coordinator's Runnable did not return")
+	}
+	require.Error(t, ey.ctx.Err(), "an engagement outlived the Coordinator")
+	_, ok := r.coord.Owns(y)
+	require.False(t, ok, "a stopped Coordinator owns a cluster")
+	zctx, cancelZ := context.WithCancel(context.Background())
+	defer cancelZ()
+	_ = r.coord.Engage(zctx, z, &rtCluster{id: "clz"})
+	time.Sleep(time.Second)
+	require.Empty(t, r.aware.liveOf(z), "a stopped Coordinator engaged a cluster")
+	_, ok = r.coord.Owns(z)
+	require.False(t, ok, "a stopped Coordinator owns a cluster")
 	t.Logf("%d engagements of %s, in order; wall time %v", len(r.aware.of(x)), x, time.Since(start).Round(time.Millisecond))
 }
 
@@ -1067,4 +1122,102 @@ func TestRedTeamNetworkCutThenHeal(t *testing.T) {
 	requireOrdered(t, b.aware.of(x))
 	t.Logf("the healed replica took the cluster back %v after the heal; wall time %v",
 		back.at.Sub(healed).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// TestRedTeamHeldFetchedAtWriteTime follows the docs' alternative to the
+// Held Gate passes: "write downstream through fenced.NewClient with the
+// Held that Gate passes (or coord.Shard(cluster))", and Gated's "write
+// ... with the cluster's Held (Coordinator.Shard)". A reconcile reads the
+// value 2 under the replica's first ownership of the cluster and is paused
+// before it writes (by construction: a channel). Meanwhile the cluster is
+// taken over, the new owner writes the fresh value 3, and the replica takes
+// the cluster back. The reconcile resumes: with the Held Gate passed, its
+// write is refused; fetching the Held with Coordinator.Shard at write time,
+// as the docs allow, it gets the current ownership's token and its stale
+// value must still not land after the fresh one (the incident).
+func TestRedTeamHeldFetchedAtWriteTime(t *testing.T) {
+	start := time.Now()
+	api := kubefencertest.APIServerForTest(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, kubefencertest.InstallPolicy(ctx, api.Admin()))
+	const ring, down = "rt-late", "rt-late-down"
+	createNamespace(t, api, ring, down)
+	admin, err := client.New(api.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
+	require.NoError(t, err)
+	r := startRT(t, api, ring, "replica-0", nil)
+	const x multicluster.ClusterName = "cluster-x"
+	_, cancelX := r.engage(t, x, "cl")
+	defer cancelX()
+	var h1 *shard.Held
+	require.True(t, waitFor(30*time.Second, func() bool {
+		h, err := r.coord.Shard(x)
+		h1 = h
+		return err == nil
+	}), "the replica did not take the cluster")
+	fc1, err := fenced.NewClient(admin, h1)
+	require.NoError(t, err)
+	key := client.ObjectKey{Namespace: down, Name: "dns-record"}
+	require.NoError(t, fc1.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: down, Name: key.Name}, Data: map[string]string{"v": "1"}}))
+
+	// write writes v through a fenced client of held, over a fresh read.
+	write := func(held *shard.Held, v string) error {
+		fc, err := fenced.NewClient(admin, held)
+		if err != nil {
+			return err
+		}
+		var cm corev1.ConfigMap
+		if err := admin.Get(ctx, key, &cm); err != nil {
+			return err
+		}
+		cm.Data = map[string]string{"v": v}
+		return fc.Update(ctx, &cm)
+	}
+	entered, resume := make(chan struct{}), make(chan struct{})
+	type result struct{ gate, shardAtWrite error }
+	done := make(chan result, 1)
+	gated := mcr.Gate(r.coord, shard.ReconcilerFunc[mcreconcile.Request](func(_ context.Context, req mcreconcile.Request, h *shard.Held) (reconcile.Result, error) {
+		v := "2" // read from the downstream source under this ownership
+		close(entered)
+		<-resume // paused mid-reconcile
+		var res result
+		res.gate = write(h, v)
+		now, err := r.coord.Shard(req.ClusterName)
+		if err != nil {
+			res.shardAtWrite = err
+		} else {
+			res.shardAtWrite = write(now, v)
+		}
+		done <- res
+		return reconcile.Result{}, nil
+	}))
+	go func() { _, _ = gated.Reconcile(context.Background(), rtRequest(x)) }()
+	<-entered
+
+	// The cluster is taken over; the new owner writes the fresh value.
+	taken := kubefencertest.Supersede(t, api.Admin(), h1)
+	fcNew, err := fenced.NewClient(admin, taken)
+	require.NoError(t, err)
+	var cm corev1.ConfigMap
+	require.NoError(t, admin.Get(ctx, key, &cm))
+	cm.Data = map[string]string{"v": "3"}
+	require.NoError(t, fcNew.Update(ctx, &cm))
+	fresh := cm.ResourceVersion
+	// The replica takes the cluster back (the superseder is no member).
+	var h3 *shard.Held
+	require.True(t, waitFor(20*time.Second, func() bool {
+		h, err := r.coord.Shard(x)
+		h3 = h
+		return err == nil && h != h1
+	}), "the replica did not take the cluster back")
+	requireGreater(t, h3.Token(), taken.Token())
+
+	close(resume)
+	res := <-done
+	require.True(t, errors.Is(res.gate, token.ErrNotHeld) || errors.Is(res.gate, token.ErrStale), "the write with Gate's Held: %v", res.gate)
+	require.NoError(t, admin.Get(ctx, key, &cm))
+	t.Logf("with Gate's Held: %v; with Coordinator.Shard at write time: err %v, record v=%q at %s (fresh value 3 at %s)",
+		res.gate, res.shardAtWrite, cm.Data["v"], cm.ResourceVersion, fresh)
+	require.Equal(t, "3", cm.Data["v"], "a value read under an ownership that had ended landed after the newer owner's, through a fenced client of the Held Coordinator.Shard returned at write time")
+	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
