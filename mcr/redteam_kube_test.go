@@ -1221,3 +1221,43 @@ func TestRedTeamHeldFetchedAtWriteTime(t *testing.T) {
 	require.Equal(t, "3", cm.Data["v"], "a value read under an ownership that had ended landed after the newer owner's, through a fenced client of the Held Coordinator.Shard returned at write time")
 	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestRedTeamClusterLostByOneProvider: two replicas' providers engage a
+// cluster; the provider of the owner loses it (its context ends: a
+// kubeconfig Secret it cannot read, a cluster it cannot reach), while the
+// other replica's provider still has it. The Coordinator untracks and
+// releases the cluster on the owner. The cluster should then be engaged
+// by the replica whose provider has it; otherwise no replica runs its
+// controllers and Gate drops its requests everywhere.
+func TestRedTeamClusterLostByOneProvider(t *testing.T) {
+	start := time.Now()
+	api := kubefencertest.APIServerForTest(t)
+	const ring = "rt-lost"
+	createNamespace(t, api, ring)
+	x := clusterOwnedBy("replica-a", "replica-a", "replica-b")
+	a := startRT(t, api, ring, "replica-a", nil)
+	b := startRT(t, api, ring, "replica-b", nil)
+	clA, cancelA := a.engage(t, x, "cl-a")
+	clB, cancelB := b.engage(t, x, "cl-b")
+	defer cancelB()
+	eA := a.waitEngaged(t, x, clA, 30*time.Second)
+	cancelA()
+	require.True(t, waitFor(10*time.Second, func() bool { return eA.ctx.Err() != nil }), "the owner is still engaged for a cluster its provider lost")
+	lost := time.Now()
+	ok := waitFor(15*time.Second, func() bool { return len(b.aware.liveOf(x)) > 0 })
+	_, owned := b.coord.Owns(x)
+	t.Logf("after %v: the replica whose provider has the cluster owns it: %v, is engaged: %v; wall time %v",
+		time.Since(lost).Round(time.Millisecond), owned, ok, time.Since(start).Round(time.Millisecond))
+	// A request of the cluster, from a raw source, is dropped on both.
+	dropped := 0
+	for _, r := range []*rtReplica{a, b} {
+		g := mcr.Gate(r.coord, shard.ReconcilerFunc[mcreconcile.Request](func(context.Context, mcreconcile.Request, *shard.Held) (reconcile.Result, error) {
+			return reconcile.Result{}, nil
+		}))
+		_, err := g.Reconcile(t.Context(), rtRequest(x))
+		require.NoError(t, err)
+		dropped += int(g.Skipped())
+	}
+	t.Logf("a request of %s was dropped by %d of 2 replicas", x, dropped)
+	require.True(t, ok, "no replica engaged %s after the owner's provider lost it, though replica-b's provider has it (%v)", x, clB)
+}
