@@ -20,6 +20,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -1260,4 +1261,52 @@ func TestRedTeamClusterLostByOneProvider(t *testing.T) {
 	}
 	t.Logf("a request of %s was dropped by %d of 2 replicas", x, dropped)
 	require.True(t, ok, "no replica engaged %s after the owner's provider lost it, though replica-b's provider has it (%v)", x, clB)
+}
+
+// TestRedTeamJoinBeforeDiscovery: replica A owns and engages a cluster;
+// replica B, the cluster's rendezvous owner, joins, but its provider has
+// not discovered the cluster yet (a provider lists thousands of clusters,
+// or reaches one late). Until B's provider engages the cluster, it should
+// stay engaged on A; once it does, B should take it over.
+func TestRedTeamJoinBeforeDiscovery(t *testing.T) {
+	start := time.Now()
+	api := kubefencertest.APIServerForTest(t)
+	const ring = "rt-join"
+	createNamespace(t, api, ring)
+	x := clusterOwnedBy("replica-b", "replica-a", "replica-b")
+	a := startRT(t, api, ring, "replica-a", nil)
+	clA, cancelA := a.engage(t, x, "cl-a")
+	defer cancelA()
+	a.waitEngaged(t, x, clA, 30*time.Second)
+
+	b := startRT(t, api, ring, "replica-b", nil)
+	require.True(t, waitFor(20*time.Second, func() bool { return b.coord.Sharder().Member() != nil }), "B did not join")
+	joined := time.Now()
+	// Sample for two lease durations: how long the cluster was engaged
+	// nowhere, and whether it is engaged at the end.
+	var unengaged time.Duration
+	last := time.Now()
+	for time.Since(joined) < 4*time.Second {
+		time.Sleep(25 * time.Millisecond)
+		if len(a.aware.liveOf(x)) == 0 && len(b.aware.liveOf(x)) == 0 {
+			unengaged += time.Since(last)
+		}
+		last = time.Now()
+	}
+	_, ownedA := a.coord.Owns(x)
+	_, ownedB := b.coord.Owns(x)
+	t.Logf("in the %v after B joined, %s was engaged nowhere for %v; now A owns it: %v, B owns it: %v",
+		time.Since(joined).Round(time.Millisecond), x, unengaged.Round(time.Millisecond), ownedA, ownedB)
+	cs, err := kubernetes.NewForConfig(api.Admin())
+	require.NoError(t, err)
+	l, err := cs.CoordinationV1().Leases(ring).Get(t.Context(), shard.LeaseName("mcr", string(x)), metav1.GetOptions{})
+	require.NoError(t, err)
+	t.Logf("%s's Lease: holder %q, transitions %d", x, ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseTransitions, 0))
+	require.NotEmpty(t, a.aware.liveOf(x), "A gave up %s for a replica whose provider does not have it: no replica runs its controllers", x)
+
+	clB, cancelB := b.engage(t, x, "cl-b")
+	defer cancelB()
+	b.waitEngaged(t, x, clB, 20*time.Second)
+	require.Empty(t, a.aware.liveOf(x))
+	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
