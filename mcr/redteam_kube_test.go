@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -302,7 +303,12 @@ func requireRefused(t *testing.T, c *mcr.Coordinator, name multicluster.ClusterN
 // the name, release the cluster or end the new engagement. It then
 // removes the cluster and re-adds it at once (cancel, then Engage):
 // the cluster ends owned and engaged with the new object, and every
-// ownership has a greater token than the one before.
+// ownership has a greater token than the one before. It replaces the
+// object once more and supersedes the cluster's Lease: the ownership that
+// takes it back engages the object registered last, never a replaced one.
+// Last, the Coordinator stops while the provider still has a cluster: the
+// engagement ends, and a cluster engaged after the stop is neither owned
+// nor engaged.
 func TestRedTeamReplacedClusterStaysOwned(t *testing.T) {
 	start := time.Now()
 	api := kubefencertest.APIServerForTest(t)
@@ -942,6 +948,7 @@ func TestRedTeamRawWritersAgainstAClusterToken(t *testing.T) {
 			} else {
 				_, err = cs.CoreV1().Namespaces().Finalize(ctx, &n, metav1.UpdateOptions{})
 			}
+			t.Logf("namespaces/%s with the old stamp: %v", sub, err)
 			var after corev1.Namespace
 			require.NoError(t, admin.Get(ctx, client.ObjectKey{Name: fencedNS}, &after))
 			tok, _, terr := token.FromAnnotations(after.Annotations)
@@ -1302,11 +1309,14 @@ func TestRedTeamJoinBeforeDiscovery(t *testing.T) {
 	l, err := cs.CoordinationV1().Leases(ring).Get(t.Context(), shard.LeaseName("mcr", string(x)), metav1.GetOptions{})
 	require.NoError(t, err)
 	t.Logf("%s's Lease: holder %q, transitions %d", x, ptr.Deref(l.Spec.HolderIdentity, ""), ptr.Deref(l.Spec.LeaseTransitions, 0))
-	require.NotEmpty(t, a.aware.liveOf(x), "A gave up %s for a replica whose provider does not have it: no replica runs its controllers", x)
+	assert.NotEmpty(t, a.aware.liveOf(x), "A gave up %s for a replica whose provider does not have it: no replica runs its controllers", x)
 
+	// B's provider discovers the cluster: B takes it.
+	discovered := time.Now()
 	clB, cancelB := b.engage(t, x, "cl-b")
 	defer cancelB()
-	b.waitEngaged(t, x, clB, 20*time.Second)
+	eB := b.waitEngaged(t, x, clB, 20*time.Second)
 	require.Empty(t, a.aware.liveOf(x))
+	t.Logf("B engaged %s %v after its provider did", x, eB.at.Sub(discovered).Round(time.Millisecond))
 	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
