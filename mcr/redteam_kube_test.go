@@ -1320,3 +1320,62 @@ func TestRedTeamJoinBeforeDiscovery(t *testing.T) {
 	t.Logf("B engaged %s %v after its provider did", x, eB.at.Sub(discovered).Round(time.Millisecond))
 	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestRedTeamSlowEngageDoesNotStallOthers has an aware runnable whose
+// Engage of one cluster waits until that cluster's cache syncs, or its
+// engagement ends, and the cluster's API server does not answer (so it
+// waits while the replica owns the cluster). Engaging is asynchronous;
+// the replica's other clusters must still be engaged, and lost and
+// engaged again, meanwhile.
+func TestRedTeamSlowEngageDoesNotStallOthers(t *testing.T) {
+	start := time.Now()
+	api := kubefencertest.APIServerForTest(t)
+	const ring = "rt-stall"
+	createNamespace(t, api, ring)
+	const slow, other multicluster.ClusterName = "cluster-slow", "cluster-other"
+	release := make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	r := startRT(t, api, ring, "replica-0", func(e *rtEngagement) error {
+		if e.name == slow {
+			select { // WaitForCacheSync(ctx) on an unreachable cluster
+			case <-e.ctx.Done():
+			case <-release:
+			}
+		}
+		return nil
+	})
+	_, cancelSlow := r.engage(t, slow, "cl-slow")
+	defer cancelSlow()
+	require.True(t, waitFor(30*time.Second, func() bool { return len(r.aware.of(slow)) > 0 }), "the slow cluster was never engaged")
+	clO, cancelO := r.engage(t, other, "cl-other")
+	defer cancelO()
+	blocked := time.Now()
+	engaged := waitFor(10*time.Second, func() bool { return len(r.aware.liveOf(other)) > 0 })
+	_, owned := r.coord.Owns(other)
+	cs, err := kubernetes.NewForConfig(api.Admin())
+	require.NoError(t, err)
+	_, lerr := cs.CoordinationV1().Leases(ring).Get(t.Context(), shard.LeaseName("mcr", string(other)), metav1.GetOptions{})
+	t.Logf("%v after the other cluster was engaged by the provider, while one Engage blocks: owned %v, its Lease: %v, Engage calls %d",
+		time.Since(blocked).Round(time.Millisecond), owned, lerr, len(r.aware.of(other)))
+	require.True(t, engaged, "the other cluster was not engaged while one Engage blocked")
+	eO := r.waitEngaged(t, other, clO, time.Second)
+	// Lost and taken back while the slow Engage still blocks.
+	kubefencertest.Supersede(t, api.Admin(), eO.held)
+	require.True(t, waitFor(10*time.Second, func() bool {
+		for _, e := range r.aware.liveOf(other) {
+			if e.returned && e.held != eO.held {
+				return true
+			}
+		}
+		return false
+	}), "the other cluster was not engaged again while one Engage blocked")
+	close(release)
+	requireOrdered(t, r.aware.of(other))
+	t.Logf("wall time %v", time.Since(start).Round(time.Millisecond))
+}
