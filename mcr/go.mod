@@ -11,6 +11,7 @@ replace github.com/fencer-dev/fencer/internal/mutant => ../internal/mutant
 replace github.com/fencer-dev/fencer/internal/freeport => ../internal/freeport
 
 require (
+	github.com/fencer-dev/fencer/internal/rendezvous v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/kubeadapter v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
 	github.com/go-logr/logr v1.4.4
@@ -33,7 +34,6 @@ require (
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/fencer-dev/fencer/internal/freeport v0.0.0-00010101000000-000000000000 // indirect
 	github.com/fencer-dev/fencer/internal/mutant v0.0.0-00010101000000-000000000000 // indirect
-	github.com/fencer-dev/fencer/internal/rendezvous v0.0.0-00010101000000-000000000000 // indirect
 	github.com/fsnotify/fsnotify v1.9.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
