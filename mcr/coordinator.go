@@ -54,12 +54,18 @@ const resync = time.Second
 // runnables at the same instant. A paused or partitioned former owner
 // runs them until it notices, and a reconcile that started before the
 // loss may still write afterwards. Write downstream through
-// fenced.NewClient with the cluster's Held (Shard, or the Held Gate
-// passes) so that the store refuses those writes; the admission policy
-// refuses raw writes with an old stamp. Engaging is asynchronous: Engage
-// returns before the runnables are engaged, and an aware runnable that
-// fails to engage is retried about every second while the cluster is
-// owned.
+// fenced.NewClient with the Held the work began under (the one Gate
+// passes a reconcile) so that the store refuses those writes; the
+// admission policy refuses raw writes with an old stamp. A Held fetched
+// later (Shard) may be a newer ownership, under which stale inputs land.
+// Every replica's provider must engage the same clusters: a cluster is
+// run only by its owner among the live replicas, so while that replica's
+// provider has not engaged it (a replica just started, a cluster it
+// cannot reach) no replica runs it. Engaging is asynchronous: Engage
+// returns before the runnables are engaged; each cluster's engagement
+// runs on a goroutine of its own, so an Engage that waits stalls no other
+// cluster; an aware runnable that fails to engage is retried about
+// every second while the cluster is owned.
 type Coordinator struct {
 	s *shard.Sharder
 
@@ -162,14 +168,16 @@ func (c *Coordinator) remove(name multicluster.ClusterName, e *entry) {
 // Owns returns the token of this replica's ownership of the cluster and
 // true, or false when it does not own it now. It takes no lock. The
 // answer can be stale the moment it is returned: write through
-// fenced.NewClient with Shard's Held.
+// fenced.NewClient with the Held the work began under.
 func (c *Coordinator) Owns(name multicluster.ClusterName) (token.Token, bool) {
 	return c.s.Owns(string(name))
 }
 
-// Shard returns this replica's ownership of the cluster, a
+// Shard returns this replica's current ownership of the cluster, a
 // kubeadapter.Holder for fenced.NewClient, so that downstream writes carry
-// the cluster's token. It returns an error matching ErrNotOwner and
+// the cluster's token. Call it when work starts, and write with what it
+// returned: after a move away and back it returns a newer ownership,
+// under which inputs read earlier would land. It returns an error matching ErrNotOwner and
 // token.ErrNotHeld when this replica does not own the cluster now.
 func (c *Coordinator) Shard(name multicluster.ClusterName) (*shard.Held, error) {
 	return c.s.Shard(string(name))
@@ -242,11 +250,11 @@ func (c *Coordinator) run(ctx context.Context) error {
 			if shutdown {
 				return
 			}
-			if err := c.sync(log, multicluster.ClusterName(name)); err != nil {
-				log.Error(err, "engaging an owned cluster failed", "cluster", name)
-				q.AddRateLimited(name)
-			} else {
-				q.Forget(name)
+			if run := c.sync(log, q, multicluster.ClusterName(name)); run != nil {
+				// Each engagement runs on its own goroutine, so that
+				// an Engage that waits (a cache that cannot sync)
+				// stalls no other cluster.
+				wg.Go(run)
 			}
 			q.Done(name)
 		}
@@ -265,17 +273,21 @@ func (c *Coordinator) names() []multicluster.ClusterName {
 	return out
 }
 
-// sync engages the aware runnables for name if this replica owns it
-// under a Held they are not engaged for yet.
-func (c *Coordinator) sync(log logr.Logger, name multicluster.ClusterName) error {
+// sync starts an engagement of the aware runnables for name if this
+// replica owns it under a Held they are not engaged for yet, and returns
+// the function that engages them (nil when there is nothing to do). That
+// function ends the engagement and requeues name, rate-limited, when an
+// aware runnable fails to engage, and forgets name's failures when all
+// engaged.
+func (c *Coordinator) sync(log logr.Logger, q workqueue.TypedRateLimitingInterface[string], name multicluster.ClusterName) func() {
 	h, err := c.s.Shard(string(name))
 	if err != nil {
 		return nil // not owned: an engagement of an ended Held has ended with it
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	e := c.clusters[name]
 	if e == nil || e.ctx.Err() != nil || (e.eng != nil && e.eng.h == h && e.eng.ctx.Err() == nil) {
-		c.mu.Unlock()
 		return nil
 	}
 	if e.eng != nil {
@@ -284,16 +296,18 @@ func (c *Coordinator) sync(log logr.Logger, name multicluster.ClusterName) error
 	ectx, cancel := context.WithCancelCause(e.ctx)
 	stop := context.AfterFunc(h.Context(), func() { cancel(context.Cause(h.Context())) })
 	context.AfterFunc(ectx, func() { stop() })
-	eng := &engagement{h: h, ctx: ectx, cancel: cancel}
-	e.eng = eng
-	awares := slices.Clone(c.awares)
-	c.mu.Unlock()
-	log.V(1).Info("engaging", "cluster", name, "token", h.Token().String())
-	for _, a := range awares {
-		if err := a.Engage(ectx, name, e.cl); err != nil {
-			cancel(err)
-			return fmt.Errorf("mcr: engage cluster %q: %w", name, err)
+	e.eng = &engagement{h: h, ctx: ectx, cancel: cancel}
+	awares, cl := slices.Clone(c.awares), e.cl
+	return func() {
+		log.V(1).Info("engaging", "cluster", name, "token", h.Token().String())
+		for _, a := range awares {
+			if err := a.Engage(ectx, name, cl); err != nil {
+				cancel(err)
+				log.Error(err, "engaging an owned cluster failed", "cluster", name)
+				q.AddRateLimited(string(name))
+				return
+			}
 		}
+		q.Forget(string(name))
 	}
-	return nil
 }

@@ -8,8 +8,9 @@
 // manager whose GetCluster refuses clusters this replica does not own
 // (ErrNotOwner), Gate for a reconciler that drops requests of clusters
 // this replica does not own at dispatch, and AcquiredSource to enqueue a
-// cluster's requests when this replica gains it. Coordinator.Shard
-// returns the cluster's shard.Held for fenced.NewClient. See
+// cluster's requests when this replica gains it. Gate passes a
+// reconcile the cluster's shard.Held for fenced.NewClient;
+// Coordinator.Shard returns the current one. See
 // docs/multicluster.md.
 //
 // # What is not guaranteed

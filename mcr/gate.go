@@ -39,8 +39,8 @@ var (
 //
 // What it does not guarantee: the cluster returned can stop being owned
 // the moment it is returned, and its client writes unfenced. Write to
-// shared downstream objects through fenced.NewClient with the cluster's
-// Held (Coordinator.Shard).
+// shared downstream objects through fenced.NewClient with the Held the
+// work began under (the one Gate passes).
 func Gated(mgr mcmanager.Manager, c *Coordinator) mcmanager.Manager {
 	return &gatedManager{Manager: mgr, c: c}
 }
