@@ -61,7 +61,58 @@ func TestMain(m *testing.M) {
 		logger = funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: 1})
 	}
 	crlog.SetLogger(logger)
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	stopSharedAPI()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// shared is the API server the red-team tests share, started by the first
+// that asks (sharedAPI) and stopped when every test has run.
+var shared struct {
+	once sync.Once
+	api  *kubefencertest.APIServer
+	dir  string
+	err  error
+}
+
+// sharedAPI returns the API server the tests that call it share, with the
+// admission policy installed; each such test works in namespaces of its
+// own. It fails or skips t as kubefencertest.APIServerForTest does.
+func sharedAPI(t *testing.T) *kubefencertest.APIServer {
+	t.Helper()
+	shared.once.Do(func() {
+		start := time.Now()
+		shared.dir, shared.err = os.MkdirTemp("", "mcr-api-")
+		if shared.err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), kubefencertest.StartTimeout)
+		defer cancel()
+		shared.api, shared.err = kubefencertest.StartAPIServer(ctx, shared.dir)
+		if shared.err == nil {
+			shared.err = kubefencertest.InstallPolicy(ctx, shared.api.Admin())
+		}
+		t.Logf("kubefencertest: shared kube-apiserver ready in %v", time.Since(start).Round(time.Millisecond))
+	})
+	kubefencertest.SkipIfNoBinaries(t, shared.err)
+	require.NoError(t, shared.err)
+	return shared.api
+}
+
+// stopSharedAPI stops the shared API server, if one was started.
+func stopSharedAPI() {
+	if shared.api != nil {
+		shared.api.Stop()
+	}
+	if shared.dir != "" {
+		_ = os.RemoveAll(shared.dir)
+	}
 }
 
 // kind says which coordinator a replica runs.

@@ -310,7 +310,7 @@ func requireRefused(t *testing.T, c *mcr.Coordinator, name multicluster.ClusterN
 // nor engaged.
 func TestRedTeamReplacedClusterStaysOwned(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-replace"
 	createNamespace(t, api, ring)
 	r := startRT(t, api, ring, "replica-0", nil)
@@ -426,7 +426,7 @@ func TestRedTeamReplacedClusterStaysOwned(t *testing.T) {
 // earlier engagement is live and the token has grown.
 func TestRedTeamSlowEngageAcrossLoss(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-slow"
 	createNamespace(t, api, ring)
 	release := make(chan struct{})
@@ -518,7 +518,7 @@ func clusterOwnedBy(want string, identities ...string) multicluster.ClusterName 
 // no engagement on A may be live while B owns the cluster.
 func TestRedTeamFailingEngageStopsAtLoss(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-retry"
 	createNamespace(t, api, ring)
 	x := clusterOwnedBy("replica-b", "replica-a", "replica-b")
@@ -607,7 +607,7 @@ type gatedCall struct {
 // must end with the Held.
 func TestRedTeamGateAtEveryAcquisition(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-gate"
 	createNamespace(t, api, ring)
 	r := startRT(t, api, ring, "replica-0", nil)
@@ -720,7 +720,7 @@ func TestRedTeamGateAtEveryAcquisition(t *testing.T) {
 // soon after the reconcile returns.
 func TestRedTeamHandoffWaitsForGatedReconcile(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-drain"
 	createNamespace(t, api, ring)
 	x := clusterOwnedBy("replica-b", "replica-a", "replica-b")
@@ -989,10 +989,9 @@ func TestRedTeamRawWritersAgainstAClusterToken(t *testing.T) {
 // baseline: the same write through a plain client lands.
 func TestRedTeamStopMidReconcile(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	require.NoError(t, kubefencertest.InstallPolicy(ctx, api.Admin()))
 	e := newEnv(t, api, "stop", 4)
 	rs := []*replica{e.startReplica(t, fencerCoord, "replica-0"), e.startReplica(t, fencerCoord, "replica-1")}
 	owner := settle(t, rs, e.projects, 60*time.Second)
@@ -1079,7 +1078,7 @@ func TestRedTeamStopMidReconcile(t *testing.T) {
 // replica's runnable checks the other's engagements at every Engage.
 func TestRedTeamNetworkCutThenHeal(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-cut"
 	createNamespace(t, api, ring)
 	x := clusterOwnedBy("replica-a", "replica-a", "replica-b")
@@ -1147,10 +1146,9 @@ func TestRedTeamNetworkCutThenHeal(t *testing.T) {
 // write time does not, as documented; the test pins that limit.
 func TestRedTeamHeldFetchedAtWriteTime(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	require.NoError(t, kubefencertest.InstallPolicy(ctx, api.Admin()))
 	const ring, down = "rt-late", "rt-late-down"
 	createNamespace(t, api, ring, down)
 	admin, err := client.New(api.Admin(), client.Options{Scheme: clientgoscheme.Scheme})
@@ -1248,7 +1246,7 @@ func TestRedTeamHeldFetchedAtWriteTime(t *testing.T) {
 // the owner leaves the ring, the replica whose provider has it takes it.
 func TestRedTeamClusterLostByOneProvider(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-lost"
 	createNamespace(t, api, ring)
 	x := clusterOwnedBy("replica-a", "replica-a", "replica-b")
@@ -1296,7 +1294,7 @@ func TestRedTeamClusterLostByOneProvider(t *testing.T) {
 // it. The test bounds that second step and pins the first.
 func TestRedTeamJoinBeforeDiscovery(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-join"
 	createNamespace(t, api, ring)
 	x := clusterOwnedBy("replica-b", "replica-a", "replica-b")
@@ -1349,7 +1347,7 @@ func TestRedTeamJoinBeforeDiscovery(t *testing.T) {
 // engaged again, meanwhile.
 func TestRedTeamSlowEngageDoesNotStallOthers(t *testing.T) {
 	start := time.Now()
-	api := kubefencertest.APIServerForTest(t)
+	api := sharedAPI(t)
 	const ring = "rt-stall"
 	createNamespace(t, api, ring)
 	const slow, other multicluster.ClusterName = "cluster-slow", "cluster-other"
