@@ -82,7 +82,11 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			return ended.err
 		case <-feed.gone:
 			return feed.err
-		case msg := <-feed.ch:
+		case <-feed.q.ready:
+			msg, ok := feed.q.take()
+			if !ok {
+				continue
+			}
 			if over, err := s.sessionEndedBy(ctx, id, msg); err != nil || over {
 				return err
 			}
