@@ -134,7 +134,7 @@ type hubRun struct {
 // revision order, until gone is closed with err.
 type hubFeed struct {
 	id   clientv3.LeaseID
-	ch   chan *fencerv1.WatchLeaseResponse
+	q    *feedQueue
 	gone chan struct{}
 	err  error // why gone was closed; set before
 
@@ -152,7 +152,7 @@ type hubFeed struct {
 func (h *leaseHub) subscribe(id clientv3.LeaseID, start, now int64) *hubFeed {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	f := &hubFeed{id: id, start: start, ch: make(chan *fencerv1.WatchLeaseResponse, h.feed), gone: make(chan struct{})}
+	f := &hubFeed{id: id, start: start, q: newFeedQueue(h.feed), gone: make(chan struct{})}
 	if h.closed {
 		h.end(f, ErrShuttingDown)
 		return f
@@ -190,13 +190,13 @@ func (h *leaseHub) join(r *hubRun, f *hubFeed, from int64) bool {
 			replay = append(replay, ev)
 		}
 	}
-	// Only f's own catch-up adds to f.ch, and it is the caller when f has
+	// Only f's own catch-up adds to f.q, and it is the caller when f has
 	// one; the stream only takes from it.
-	if len(replay) > cap(f.ch)-len(f.ch) {
+	if len(replay) > f.q.room() {
 		return false
 	}
 	for _, ev := range replay {
-		f.ch <- lostEvent(ev, f.id, h.store)
+		f.q.put(lostEvent(ev, f.id, h.store))
 	}
 	f.start, f.shared = from, r
 	if r.feeds[f.id] == nil {
@@ -366,9 +366,7 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 			if ev.Kv.ModRevision < f.start {
 				continue
 			}
-			select {
-			case f.ch <- msg:
-			default:
+			if !f.q.put(msg) {
 				h.leave(f) // nothing more is queued for f after what it missed
 				h.end(f, errFellBehind)
 			}
@@ -412,10 +410,7 @@ func report(f *hubFeed, seen int64) {
 	if seen < f.start {
 		return
 	}
-	select {
-	case f.ch <- &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen}:
-	default:
-	}
+	f.q.put(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen})
 }
 
 // failLocked stops r and ends every feed of r with err. With restart, a new shared
@@ -506,9 +501,7 @@ func (h *leaseHub) catchUp(f *hubFeed) {
 				if msg == nil || ev.Kv.ModRevision < start {
 					continue
 				}
-				select {
-				case f.ch <- msg:
-				case <-ctx.Done():
+				if !f.q.putWait(ctx, msg) {
 					return
 				}
 			}
@@ -552,3 +545,78 @@ func (h *leaseHub) handOver(f *hubFeed, next int64, atHead bool) bool {
 // errFellBehind ends a lease watch that could not keep up; its client
 // watches again from the last revision it saw.
 var errFellBehind = fmt.Errorf("server: lease watch fell behind: %w", errStoreUnavailable)
+
+// feedQueue holds a feed's messages until its stream takes them: at most
+// limit, in order. Its slice exists only while messages wait, so a stream
+// that has nothing to read costs no buffer. Any goroutine may put; one
+// stream takes.
+type feedQueue struct {
+	mu    sync.Mutex
+	msgs  []*fencerv1.WatchLeaseResponse
+	limit int
+	ready chan struct{} // signalled when a message waits: the stream then takes
+	taken chan struct{} // signalled when the stream took one, for putWait
+}
+
+func newFeedQueue(limit int) *feedQueue {
+	return &feedQueue{limit: limit, ready: make(chan struct{}, 1), taken: make(chan struct{}, 1)}
+}
+
+// signal leaves a signal on c, unless one waits there already.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// put queues msg and reports true, or reports false if the queue is full.
+func (q *feedQueue) put(msg *fencerv1.WatchLeaseResponse) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.msgs) >= q.limit {
+		return false
+	}
+	q.msgs = append(q.msgs, msg)
+	signal(q.ready)
+	return true
+}
+
+// putWait queues msg, waiting while the queue is full. It reports false,
+// queuing nothing, if ctx ends first.
+func (q *feedQueue) putWait(ctx context.Context, msg *fencerv1.WatchLeaseResponse) bool {
+	for !q.put(msg) {
+		select {
+		case <-q.taken:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// room is how many more messages the queue takes now.
+func (q *feedQueue) room() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.limit - len(q.msgs)
+}
+
+// take returns the oldest message, or false if none waits. Call it when
+// ready is signalled; it signals ready again while more wait.
+func (q *feedQueue) take() (*fencerv1.WatchLeaseResponse, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.msgs) == 0 {
+		return nil, false
+	}
+	msg := q.msgs[0]
+	q.msgs[0] = nil
+	if q.msgs = q.msgs[1:]; len(q.msgs) == 0 {
+		q.msgs = nil // an idle stream keeps no buffer
+	} else {
+		signal(q.ready)
+	}
+	signal(q.taken)
+	return msg, true
+}

@@ -130,8 +130,8 @@ func next(t *testing.T, feed *hubFeed) *fencerv1.WatchLeaseResponse {
 	t.Helper()
 	for {
 		select {
-		case msg := <-feed.ch:
-			if msg.GetType() != fencerv1.WatchLeaseResponse_TYPE_PROGRESS {
+		case <-feed.q.ready:
+			if msg, ok := feed.q.take(); ok && msg.GetType() != fencerv1.WatchLeaseResponse_TYPE_PROGRESS {
 				return msg
 			}
 		case <-feed.gone:
@@ -148,7 +148,11 @@ func quiet(t *testing.T, feed *hubFeed, below int64) {
 	deadline := time.After(1500 * time.Millisecond)
 	for {
 		select {
-		case msg := <-feed.ch:
+		case <-feed.q.ready:
+			msg, ok := feed.q.take()
+			if !ok {
+				continue
+			}
 			require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_PROGRESS, msg.GetType(), "unexpected %v", msg)
 			require.Less(t, msg.GetRevision(), below)
 		case <-deadline:
@@ -243,11 +247,14 @@ func TestLeaseHubEndsAFeedThatFallsBehindAndQueuesNothingAfter(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a feed that fell behind was not ended")
 	}
-	require.Equal(t, lost1, (<-feed.ch).GetRevision())
+	msg, ok := feed.q.take()
+	require.True(t, ok, "the loss before the missed one")
+	require.Equal(t, lost1, msg.GetRevision())
 	lost3 := r.lose("a3")
 	r.seen(lost3)
 	time.Sleep(2 * progressEvery) // and a progress report
-	require.Empty(t, feed.ch, "nothing is queued after the missed loss")
+	_, ok = feed.q.take()
+	require.False(t, ok, "nothing is queued after the missed loss")
 
 	// Its client watches again from lost1+1: a feed of 1 cannot take the
 	// two buffered losses, so it catches up on its own watch, which waits
@@ -485,4 +492,45 @@ func TestLeaseHubRestartsBackOffAndStartOverOnceAnswered(t *testing.T) {
 	r.hub.failLocked(answered, errWatchBroken, true)
 	within(200*time.Millisecond, r.hub.shared.delay)
 	r.hub.mu.Unlock()
+}
+
+// TestFeedQueue: a feed's queue keeps order, refuses a message past its
+// limit, keeps no buffer once drained, and putWait waits for the stream
+// to take one (or for its context).
+func TestFeedQueue(t *testing.T) {
+	q := newFeedQueue(2)
+	msg := func(rev int64) *fencerv1.WatchLeaseResponse {
+		return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_LOST, Revision: rev}
+	}
+	require.True(t, q.put(msg(1)))
+	require.True(t, q.put(msg(2)))
+	require.False(t, q.put(msg(3)), "past the limit")
+	require.Zero(t, q.room())
+
+	waited := make(chan bool, 1)
+	go func() { waited <- q.putWait(context.Background(), msg(3)) }()
+	select {
+	case <-waited:
+		t.Fatal("putWait did not wait for room")
+	case <-time.After(50 * time.Millisecond):
+	}
+	for want := int64(1); want <= 3; want++ {
+		<-q.ready
+		m, ok := q.take()
+		require.True(t, ok)
+		require.Equal(t, want, m.GetRevision())
+		if want == 1 {
+			require.True(t, <-waited, "room made by a take")
+		}
+	}
+	_, ok := q.take()
+	require.False(t, ok)
+	require.Nil(t, q.msgs, "a drained queue keeps no buffer")
+
+	q.put(msg(4))
+	q.put(msg(5))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.False(t, q.putWait(ctx, msg(6)), "an ended context")
+	require.Equal(t, 0, q.room())
 }

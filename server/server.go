@@ -117,6 +117,7 @@ type Server struct {
 	m      *metrics
 	owners ownerCache
 	hub    *leaseHub
+	ended  *sessionWatch
 	// releasing: this server's releases, not to be recorded as losses
 	releasing releases
 
@@ -165,6 +166,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.hub = newLeaseHub(cfg.Store, s.m)
 	s.hub.onLoss = s.recordLoss
+	s.ended = newSessionWatch(s.cli, s.sessionsPrefix())
 	opts := []grpc.ServerOption{
 		// grpc-middleware's metrics see the status that fencer's own
 		// interceptor makes of each error.
@@ -220,11 +222,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.hub.close()
+		s.ended.close()
 		return nil
 	case <-ctx.Done():
 		s.grpc.Stop()
 		<-done
 		s.hub.close()
+		s.ended.close()
 		return ctx.Err()
 	}
 }

@@ -528,3 +528,28 @@ func TestKeepAliveFailureMetric(t *testing.T) {
 	require.Equal(t, 1.0, scrape(t, srv, expired))
 	require.Equal(t, 0.0, scrape(t, srv, `fencer_server_keepalive_failures_total{reason="etcd"}`))
 }
+
+// TestKeepAliveStreamWaitingForARequestEndsOnShutdown opens a KeepAlive
+// stream that renews once and then sends nothing: its handler waits in
+// Recv, and Shutdown still ends the stream at once with SHUTTING_DOWN, so
+// that its client moves to another server.
+func TestKeepAliveStreamWaitingForARequestEndsOnShutdown(t *testing.T) {
+	ctx := fencertest.Context(t)
+	addr, srv := startServer(t, fencertest.SharedStore(t))
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	ar, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "idle-renewal"})
+	require.NoError(t, err)
+	ka, err := rpc.KeepAlive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ka.Send(&fencerv1.KeepAliveRequest{SessionId: ar.GetSessionId()}))
+	_, err = ka.Recv()
+	require.NoError(t, err)
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, srv.Shutdown(sctx), "the waiting KeepAlive stream held graceful shutdown")
+	_, err = ka.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN.Reason(), errorInfo(t, err).GetReason())
+	require.Less(t, time.Since(start), 2*time.Second)
+}

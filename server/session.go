@@ -27,8 +27,11 @@ import (
 // remote session, attached to the session's etcd lease, naming the
 // principal that opened it. Holder and epoch keys are etcdstore's.
 func (s *Server) sessionKey(id clientv3.LeaseID) string {
-	return s.store.Prefix() + "sessions/" + fmt.Sprintf("%016x", int64(id))
+	return s.sessionsPrefix() + fmt.Sprintf("%016x", int64(id))
 }
+
+// sessionsPrefix is the prefix of every sessionKey (and secretKey).
+func (s *Server) sessionsPrefix() string { return s.store.Prefix() + "sessions/" }
 
 // secretKey is the service's key beside sessionKey, on the same etcd
 // lease, holding the SHA-256 of the session's secret (hex), which proves a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 )
 
@@ -26,13 +27,22 @@ import (
 type TokenFile struct {
 	*followedFile
 	cur atomic.Pointer[tokenGeneration]
+
+	mu      sync.Mutex
+	streams map[*validStream]bool // the open streams, checked on every reload
 }
 
-// tokenGeneration is one load of the token file; replaced is closed when
-// the next load takes its place.
+// tokenGeneration is one load of the token file.
 type tokenGeneration struct {
-	tokens   *BearerTokens
-	replaced chan struct{}
+	tokens *BearerTokens
+}
+
+// validStream is a stream authenticated as principal: cancel ends its
+// context (valid) when its token no longer authenticates principal.
+type validStream struct {
+	valid     context.Context
+	principal string
+	cancel    context.CancelCauseFunc
 }
 
 var _ Authenticator = (*TokenFile)(nil)
@@ -47,9 +57,13 @@ func NewTokenFile(path string, log *slog.Logger) (*TokenFile, error) {
 		if err != nil {
 			return nil, err
 		}
-		if old := f.cur.Swap(&tokenGeneration{tokens: b, replaced: make(chan struct{})}); old != nil {
-			close(old.replaced)
+		g := &tokenGeneration{tokens: b}
+		f.cur.Store(g)
+		f.mu.Lock()
+		for v := range f.streams {
+			v.check(g)
 		}
+		f.mu.Unlock()
 		return []any{"tokens", len(b.principals)}, nil
 	})
 	if _, err := f.Reload(); err != nil {
@@ -66,22 +80,33 @@ func (f *TokenFile) Authenticate(ctx context.Context) (string, error) {
 
 // whileValid returns ctx until a reload leaves the call's token no longer
 // principal's: then it is cancelled with an ErrUnauthenticated cause. Call
-// stop when the call ends.
+// stop when the call ends. It starts no goroutine: each reload checks the
+// open streams (reloads are serialized, and each stores its tokens before
+// it checks). A stream registers before it checks the tokens in force, so
+// a reload either finds it registered or stored its tokens before that
+// check.
 func (f *TokenFile) whileValid(ctx context.Context, principal string) (valid context.Context, stop func()) {
 	valid, cancel := context.WithCancelCause(ctx)
-	go func() {
-		for {
-			g := f.cur.Load()
-			if p, err := g.tokens.Authenticate(valid); err != nil || p != principal {
-				cancel(fmt.Errorf("%w: the bearer token was removed from the token file", ErrUnauthenticated))
-				return
-			}
-			select {
-			case <-valid.Done():
-				return
-			case <-g.replaced:
-			}
-		}
-	}()
-	return valid, func() { cancel(context.Canceled) }
+	v := &validStream{valid: valid, principal: principal, cancel: cancel}
+	f.mu.Lock()
+	if f.streams == nil {
+		f.streams = map[*validStream]bool{}
+	}
+	f.streams[v] = true
+	f.mu.Unlock()
+	v.check(f.cur.Load())
+	return valid, func() {
+		f.mu.Lock()
+		delete(f.streams, v)
+		f.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// check ends v's context if g's tokens no longer authenticate its call as
+// its principal.
+func (v *validStream) check(g *tokenGeneration) {
+	if p, err := g.tokens.Authenticate(v.valid); err != nil || p != v.principal {
+		v.cancel(fmt.Errorf("%w: the bearer token was removed from the token file", ErrUnauthenticated))
+	}
 }

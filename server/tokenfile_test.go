@@ -240,3 +240,39 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 		require.ErrorIs(t, err, server.ErrUnauthenticated, header)
 	}
 }
+
+// TestTokenFileRemovedTokenEndsAnIdleKeepAlive removes a token from the
+// token file while its KeepAlive stream waits for the next renewal: the
+// stream ends with UNAUTHENTICATED at once, not when the client next
+// renews.
+func TestTokenFileRemovedTokenEndsAnIdleKeepAlive(t *testing.T) {
+	ctx := fencertest.Context(t)
+	path := filepath.Join(t.TempDir(), "tokens")
+	const carolTok = "carol-token-0123456789"
+	writeAtomically(t, path, carolTok+" carol\n")
+	tf, err := server.NewTokenFile(path, nil)
+	require.NoError(t, err)
+	follow(t, tf.Start)
+	addr, _ := serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: tf})
+	carol := fencerv1.NewFencerServiceClient(dial(t, carolTok, addr))
+	ar, err := carol.Acquire(ctx, &fencerv1.AcquireRequest{Name: "idle-carol"})
+	require.NoError(t, err)
+	ka, err := carol.KeepAlive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ka.Send(&fencerv1.KeepAliveRequest{SessionId: ar.GetSessionId()}))
+	_, err = ka.Recv()
+	require.NoError(t, err)
+
+	writeAtomically(t, path, "dave-token-0123456789 dave\n")
+	ended := make(chan error, 1)
+	go func() {
+		_, err := ka.Recv()
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("carol's idle KeepAlive stream outlived her token")
+	}
+}

@@ -25,7 +25,8 @@ const progressEvery = time.Second
 // WatchLease implements FencerService.WatchLease. The stream's losses come
 // from the server's lease hub (one etcd watch on the holder keys, with
 // their previous values, shared by every stream), and its session's end
-// from a watch on the session key. A holder key whose previous value was
+// from the server's session watch (one etcd watch on the session keys,
+// shared by every stream too). A holder key whose previous value was
 // attached to the session and that is deleted, or rewritten under another
 // etcd lease or create revision, is reported LOST. When the session key is
 // deleted the stream ends with SESSION_NOT_FOUND, without LOST events for
@@ -54,11 +55,20 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 		// reach it.
 		return inField("start_revision", fmt.Errorf("server: start revision %d is beyond the store's next revision %d: %w", start, rev+1, rpctypes.ErrFutureRev))
 	}
+	ended := s.ended.subscribe(id, rev)
+	defer s.ended.unsubscribe(ended)
+	if !s.ended.covers(ended, rev) {
+		// The session watch has moved past rev and no longer remembers
+		// which sessions ended since: a read now that the stream is
+		// subscribed tells.
+		again, err := s.checkSession(ctx, id, principalOf(ctx))
+		if err != nil {
+			return err
+		}
+		s.ended.covers(ended, again)
+	}
 	feed := s.hub.subscribe(id, start, rev)
 	defer s.hub.unsubscribe(feed)
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	session := s.cli.Watch(wctx, s.sessionKey(id), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start}); err != nil {
 		return err
 	}
@@ -68,17 +78,16 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			return ErrShuttingDown
 		case <-ctx.Done():
 			return ctx.Err()
-		case wr, ok := <-session:
-			if err := watchErr(wr, ok); err != nil {
-				return err
-			}
-			if len(wr.Events) > 0 {
-				return fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, wr.Header.Revision)
-			}
+		case <-ended.gone:
+			return ended.err
 		case <-feed.gone:
 			return feed.err
-		case msg := <-feed.ch:
-			if ended, err := s.sessionEndedBy(ctx, id, msg); err != nil || ended {
+		case <-feed.q.ready:
+			msg, ok := feed.q.take()
+			if !ok {
+				continue
+			}
+			if over, err := s.sessionEndedBy(ctx, id, msg); err != nil || over {
 				return err
 			}
 			if err := stream.Send(msg); err != nil {
@@ -112,7 +121,7 @@ func (s *Server) sessionEndedBy(ctx context.Context, id clientv3.LeaseID, msg *f
 	case err != nil:
 		return false, fmt.Errorf("server: read session %d: %w", id, err)
 	case resp.Count == 0:
-		return true, fmt.Errorf("%w: session ended at revision %d", ErrSessionNotFound, msg.GetRevision())
+		return true, sessionEnded(msg.GetRevision())
 	}
 	return false, nil
 }
