@@ -44,8 +44,8 @@ func (s *Store) guard(tok token.Token) []clientv3.Cmp {
 		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)}
 	}
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
-		clientv3.Compare(clientv3.Value(s.epochKey(tok.Lease)), "=", formatEpoch(tok.Epoch)),
+		createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+		valueIs(s.epochKey(tok.Lease), formatEpoch(tok.Epoch)),
 	}
 }
 

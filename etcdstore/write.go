@@ -238,14 +238,14 @@ func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op cl
 			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		case isMine && !takeOver:
 			cmps = []clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
-				clientv3.Compare(clientv3.Value(owner), "=", mine),
+				createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+				valueIs(owner, mine),
 			}
 			then = []clientv3.Op{op}
 		case takeOver:
 			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		case seen != "" && ownerLease(seen) == tok.Lease:
-			cmps = append(s.guard(tok), clientv3.Compare(clientv3.Value(owner), "=", seen))
+			cmps = append(s.guard(tok), valueIs(owner, seen))
 			then = []clientv3.Op{clientv3.OpPut(owner, mine), op}
 		default:
 			cmps, then, nested = s.guard(tok), s.ownedOps(tok, key, op), true
