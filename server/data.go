@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -46,20 +51,74 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 // principal the token was issued to, refused for a key of another lease
 // unless the request takes it over.
 func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
-	in, err := validatePut(req)
+	rev, err := s.put(ctx, req)
 	if err != nil {
 		return nil, err
 	}
+	return &fencerv1.PutResponse{Revision: rev}, nil
+}
+
+// put is the body of Put, and of each put of PutMany.
+func (s *Server) put(ctx context.Context, req *fencerv1.PutRequest) (int64, error) {
+	in, err := validatePut(req)
+	if err != nil {
+		return 0, err
+	}
 	tok := in.Token()
 	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(ctx, "put", tok, err)
+		return 0, s.rejected(ctx, "put", tok, err)
 	}
 	rev, err := s.store.PutChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return nil, s.rejected(ctx, "put", tok, err)
+		return 0, s.rejected(ctx, "put", tok, err)
 	}
-	return &fencerv1.PutResponse{Revision: rev}, nil
+	return rev, nil
 }
+
+// PutMany implements FencerService.PutMany: each put as Put runs it, all
+// of them at once, so that the store's batching commits them in shared
+// etcd Txns, each under its own guard. What the unary interceptor does for
+// a Put it does for each put: authorize it (authorize passes a
+// PutManyRequest through), hide other principals' leases from its error,
+// turn that error into a status, count and log it.
+func (s *Server) PutMany(ctx context.Context, req *fencerv1.PutManyRequest) (*fencerv1.PutManyResponse, error) {
+	if err := validatePutMany(req); err != nil {
+		return nil, err
+	}
+	principal := principalOf(ctx)
+	results := make([]*fencerv1.PutResult, len(req.GetPuts()))
+	var wg sync.WaitGroup
+	for i, r := range req.GetPuts() {
+		wg.Go(func() { results[i] = s.putOfMany(ctx, principal, r) })
+	}
+	wg.Wait()
+	return &fencerv1.PutManyResponse{Results: results}, nil
+}
+
+// putOfMany runs one put of a PutMany for principal and returns its result.
+func (s *Server) putOfMany(ctx context.Context, principal string, req *fencerv1.PutRequest) *fencerv1.PutResult {
+	start := time.Now()
+	err := s.authz.authorize(principal, req)
+	var rev int64
+	if err == nil {
+		rev, err = s.put(ctx, req)
+		err = s.hideOthers(ctx, principal, req, err)
+	}
+	err = toStatus(err)
+	s.m.manyPuts.WithLabelValues(status.Code(err).String()).Inc()
+	if err == nil {
+		return &fencerv1.PutResult{Result: &fencerv1.PutResult_Revision{Revision: rev}}
+	}
+	s.logCall(ctx, putOfManyMethod, principal, err, time.Since(start))
+	b, merr := proto.Marshal(status.Convert(err).Proto())
+	if merr != nil {
+		b, _ = proto.Marshal(status.New(codes.Internal, "server: encode the error of a put").Proto())
+	}
+	return &fencerv1.PutResult{Result: &fencerv1.PutResult_Error{Error: b}}
+}
+
+// putOfManyMethod names a put of PutMany in the server's logs.
+const putOfManyMethod = "/fencer.v1.FencerService/PutMany.Put"
 
 // Get implements FencerService.Get. Reads are not guarded.
 func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.GetResponse, error) {

@@ -24,6 +24,7 @@ type metrics struct {
 	lost         prometheus.Counter
 	leasesLost   prometheus.Counter
 	rejections   *prometheus.CounterVec
+	manyPuts     *prometheus.CounterVec
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
 }
@@ -54,6 +55,9 @@ func newMetrics() *metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, foreign_lease, permission).",
 		}, []string{"reason"}),
+		manyPuts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fencer_server_put_many_puts_total", Help: "Puts of PutMany calls, by the gRPC code each ended with (grpc_server_handled_total counts the calls).",
+		}, []string{"grpc_code"}),
 		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: the shared one, plus one per stream still catching up.",
 		}),
@@ -61,7 +65,7 @@ func newMetrics() *metrics {
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
 	}
-	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.leaseWatches, m.etcdUp,
+	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.manyPuts, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, reason := range []string{keepAliveExpired, keepAliveEtcd} {
 		m.keepFails.WithLabelValues(reason) // present at 0, for rates and ratios
