@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -58,58 +57,88 @@ func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.P
 	return &fencerv1.PutResponse{Revision: rev}, nil
 }
 
-// put is the body of Put, and of each put of PutMany.
+// put is the body of Put.
 func (s *Server) put(ctx context.Context, req *fencerv1.PutRequest) (int64, error) {
-	in, err := validatePut(req)
+	in, err := s.admitPut(ctx, req)
 	if err != nil {
 		return 0, err
 	}
-	tok := in.Token()
-	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return 0, s.rejected(ctx, "put", tok, err)
-	}
 	rev, err := s.store.PutChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return 0, s.rejected(ctx, "put", tok, err)
+		return 0, s.rejected(ctx, "put", in.Token(), err)
 	}
 	return rev, nil
 }
 
+// admitPut checks req and that its token was issued to the caller's
+// principal, and returns its checked arguments: what Put and each put of
+// PutMany do before they write.
+func (s *Server) admitPut(ctx context.Context, req *fencerv1.PutRequest) (etcdstore.Checked, error) {
+	in, err := validatePut(req)
+	if err != nil {
+		return etcdstore.Checked{}, err
+	}
+	if err := s.checkOwner(ctx, in.Token(), principalOf(ctx)); err != nil {
+		return etcdstore.Checked{}, s.rejected(ctx, "put", in.Token(), err)
+	}
+	return in, nil
+}
+
 // PutMany implements FencerService.PutMany: each put as Put runs it, all
-// of them at once, so that the store's batching commits them in shared
-// etcd Txns, each under its own guard. What the unary interceptor does for
-// a Put it does for each put: authorize it (authorize passes a
-// PutManyRequest through), hide other principals' leases from its error,
-// turn that error into a status, count and log it.
+// of them at once through etcdstore's PutManyChecked, so that they leave
+// in shared etcd Txns, each under its own guard. What the unary
+// interceptor does for a Put it does for each put: authorize it
+// (authorize passes a PutManyRequest through), hide other principals'
+// leases from its error, turn that error into a status, count and log it.
 func (s *Server) PutMany(ctx context.Context, req *fencerv1.PutManyRequest) (*fencerv1.PutManyResponse, error) {
 	if err := validatePutMany(req); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	principal := principalOf(ctx)
-	results := make([]*fencerv1.PutResult, len(req.GetPuts()))
-	var wg sync.WaitGroup
-	for i, r := range req.GetPuts() {
-		wg.Go(func() { results[i] = s.putOfMany(ctx, principal, r) })
+	puts := req.GetPuts()
+	errs := make([]error, len(puts))
+	toks := make([]token.Token, len(puts))
+	writes := make([]etcdstore.CheckedPut, 0, len(puts))
+	index := make([]int, 0, len(puts)) // writes[j] is puts[index[j]]
+	for i, r := range puts {
+		err := s.authz.authorize(principal, r)
+		var in etcdstore.Checked
+		if err == nil {
+			in, err = s.admitPut(ctx, r)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		toks[i] = in.Token()
+		writes, index = append(writes, etcdstore.CheckedPut{Checked: in, Options: takeOver(r.GetTakeOver())}), append(index, i)
 	}
-	wg.Wait()
-	return &fencerv1.PutManyResponse{Results: results}, nil
+	out := &fencerv1.PutManyResponse{Results: make([]*fencerv1.PutResult, len(puts))}
+	for j, res := range s.store.PutManyChecked(ctx, writes) {
+		i := index[j]
+		if res.Err != nil {
+			errs[i] = s.rejected(ctx, "put", toks[i], res.Err)
+			continue
+		}
+		out.Results[i] = &fencerv1.PutResult{Result: &fencerv1.PutResult_Revision{Revision: res.Revision}}
+		s.m.manyPutsOK.Inc()
+	}
+	for i, err := range errs {
+		if err != nil {
+			out.Results[i] = s.putOfManyFailed(ctx, principal, puts[i], err, time.Since(start))
+		}
+	}
+	return out, nil
 }
 
-// putOfMany runs one put of a PutMany for principal and returns its result.
-func (s *Server) putOfMany(ctx context.Context, principal string, req *fencerv1.PutRequest) *fencerv1.PutResult {
-	start := time.Now()
-	err := s.authz.authorize(principal, req)
-	var rev int64
-	if err == nil {
-		rev, err = s.put(ctx, req)
-		err = s.hideOthers(ctx, principal, req, err)
-	}
-	err = toStatus(err)
+// putOfManyFailed is the result of a put of PutMany that failed with err,
+// made as the unary interceptor makes a Put's error: with other
+// principals' leases hidden, as a status, counted and logged.
+func (s *Server) putOfManyFailed(ctx context.Context, principal string, req *fencerv1.PutRequest, err error, d time.Duration) *fencerv1.PutResult {
+	err = toStatus(s.hideOthers(ctx, principal, req, err))
 	s.m.manyPuts.WithLabelValues(status.Code(err).String()).Inc()
-	if err == nil {
-		return &fencerv1.PutResult{Result: &fencerv1.PutResult_Revision{Revision: rev}}
-	}
-	s.logCall(ctx, putOfManyMethod, principal, err, time.Since(start))
+	s.logCall(ctx, putOfManyMethod, principal, err, d)
 	b, merr := proto.Marshal(status.Convert(err).Proto())
 	if merr != nil {
 		b, _ = proto.Marshal(status.New(codes.Internal, "server: encode the error of a put").Proto())

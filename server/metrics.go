@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
 )
 
 // metrics are one Server's Prometheus metrics, in a registry of its own so
@@ -25,6 +26,7 @@ type metrics struct {
 	leasesLost   prometheus.Counter
 	rejections   *prometheus.CounterVec
 	manyPuts     *prometheus.CounterVec
+	manyPutsOK   prometheus.Counter // manyPuts' OK series
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
 }
@@ -67,6 +69,7 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.manyPuts, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.manyPutsOK = m.manyPuts.WithLabelValues(codes.OK.String())
 	for _, reason := range []string{keepAliveExpired, keepAliveEtcd} {
 		m.keepFails.WithLabelValues(reason) // present at 0, for rates and ratios
 	}
