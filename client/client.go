@@ -94,10 +94,10 @@ func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, 
 // written. A transport error leaves it unknown whether the write
 // committed.
 //
-// Concurrent Puts on one Client share calls: while two calls of Put are
-// in flight, further Puts wait and leave together, up to 64 in one
-// PutMany call, where each keeps its own guard and gets its own result
-// and error, exactly as alone. A Put that finds fewer calls in flight
+// Concurrent Puts on one Client share calls: while a call of Put is in
+// flight, further Puts wait and leave together when it ends, up to 64 in
+// one PutMany call, where each keeps its own guard and gets its own
+// result and error, exactly as alone. A Put that finds no call in flight
 // is sent at once. A Put whose context ends while it waits is never
 // sent; one whose context ends while its PutMany is in flight returns at
 // once and may or may not have committed, as with any call given up on.

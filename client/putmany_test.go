@@ -146,10 +146,10 @@ func revisionResult(rev int64) *fencerv1.PutResult {
 	return &fencerv1.PutResult{Result: &fencerv1.PutResult_Revision{Revision: rev}}
 }
 
-// TestPutsCoalesce: with two calls in flight, further Puts leave together
-// as one PutMany once a call ends; each gets its own result, a stale one
-// its own *token.StaleError while the others succeed; a lone Put is sent
-// at once as a Put.
+// TestPutsCoalesce: while a call is in flight, further Puts queue and
+// leave together as one PutMany once it ends; each gets its own result,
+// a stale one its own *token.StaleError while the others succeed; a lone
+// Put is sent at once as a Put.
 func TestPutsCoalesce(t *testing.T) {
 	srv := newPutServer()
 	c := &Client{rpc: srv, clock: realClock{}, puts: &putBatcher{rpc: srv}}
@@ -157,16 +157,19 @@ func TestPutsCoalesce(t *testing.T) {
 	tok := token.Token{Lease: "jobs", Epoch: 2, Revision: 9}
 	old := token.Token{Lease: "jobs", Epoch: 1, Revision: 5}
 
-	first, second := goPut(ctx, c, tok, "a"), goPut(ctx, c, tok, "b")
-	calls := []*putRPC{srv.next(t), srv.next(t)}
-	require.NotNil(t, calls[0].one, "the first puts are sent at once, as Puts")
-	require.NotNil(t, calls[1].one)
-	third, stale, fourth := goPut(ctx, c, tok, "c"), goPut(ctx, c, old, "d"), goPut(ctx, c, tok, "e")
+	first := goPut(ctx, c, tok, "a")
+	call := srv.next(t)
+	require.NotNil(t, call.one, "the first put is sent at once, as a Put")
+	third := goPut(ctx, c, tok, "c")
+	waitQueued(t, c, 1)
+	stale := goPut(ctx, c, old, "d")
+	waitQueued(t, c, 2)
+	fourth := goPut(ctx, c, tok, "e")
 	waitQueued(t, c, 3)
 	srv.none(t)
 
-	calls[0].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 10}}
-	require.Equal(t, putOutcome{rev: 10}, outcome(t, map[string]<-chan putOutcome{"a": first, "b": second}[calls[0].one.GetKey()]))
+	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 10}}
+	require.Equal(t, putOutcome{rev: 10}, outcome(t, first))
 	many := srv.next(t)
 	require.NotNil(t, many.many, "the queued puts leave as one PutMany")
 	keys := []string{}
@@ -186,12 +189,10 @@ func TestPutsCoalesce(t *testing.T) {
 	require.ErrorAs(t, o.err, &got)
 	require.Equal(t, staleErr, got, "the put's own error, typed as a Put's")
 
-	calls[1].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 12}}
-	outcome(t, map[string]<-chan putOutcome{"a": first, "b": second}[calls[1].one.GetKey()])
-
 	// Nothing in flight: a lone Put goes at once, as a Put.
+	waitIdle(t, c)
 	lone := goPut(ctx, c, tok, "f")
-	call := srv.next(t)
+	call = srv.next(t)
 	require.NotNil(t, call.one)
 	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 13}}
 	require.Equal(t, putOutcome{rev: 13}, outcome(t, lone))
@@ -208,8 +209,8 @@ func TestPutCancelledAlone(t *testing.T) {
 	ctx := context.Background()
 	tok := token.Token{Lease: "jobs", Epoch: 2, Revision: 9}
 
-	first, second := goPut(ctx, c, tok, "a"), goPut(ctx, c, tok, "b")
-	calls := []*putRPC{srv.next(t), srv.next(t)}
+	first := goPut(ctx, c, tok, "a")
+	call := srv.next(t)
 	qctx, qcancel := context.WithCancel(ctx)
 	gone := goPut(qctx, c, tok, "gone")
 	waitQueued(t, c, 1)
@@ -220,30 +221,26 @@ func TestPutCancelledAlone(t *testing.T) {
 	require.Equal(t, codes.Canceled, status.Code(o.err), "%v", o.err)
 	waitQueued(t, c, 1)
 
-	calls[0].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 10}}
+	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 10}}
+	outcome(t, first)
 	many := srv.next(t)
 	require.Len(t, many.many.GetPuts(), 1, "the cancelled put was never sent")
 	require.Equal(t, "kept", many.many.GetPuts()[0].GetKey())
 	many.answer <- putAnswer{many: &fencerv1.PutManyResponse{Results: []*fencerv1.PutResult{revisionResult(11)}}}
 	require.Equal(t, putOutcome{rev: 11}, outcome(t, kept))
 
-	// Cancelled in flight: two puts share a PutMany, one gives up. A
-	// put takes the place the PutMany left, so that they queue.
-	waitLess := func() {
-		require.Eventually(t, func() bool {
-			c.puts.mu.Lock()
-			defer c.puts.mu.Unlock()
-			return c.puts.inFlight == 1
-		}, 5*time.Second, time.Millisecond)
-	}
-	waitLess()
+	// Cancelled in flight: two puts share a PutMany, one gives up.
+	waitIdle(t, c)
 	third := goPut(ctx, c, tok, "third")
-	call := srv.next(t)
+	call = srv.next(t)
 	require.NotNil(t, call.one)
 	fctx, fcancel := context.WithCancel(ctx)
-	quitter, stayer := goPut(fctx, c, tok, "quitter"), goPut(ctx, c, tok, "stayer")
+	quitter := goPut(fctx, c, tok, "quitter")
+	waitQueued(t, c, 1)
+	stayer := goPut(ctx, c, tok, "stayer")
 	waitQueued(t, c, 2)
-	calls[1].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 12}}
+	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 12}}
+	outcome(t, third)
 	many = srv.next(t)
 	require.Len(t, many.many.GetPuts(), 2)
 	fcancel()
@@ -252,10 +249,6 @@ func TestPutCancelledAlone(t *testing.T) {
 	require.NoError(t, many.ctx.Err(), "the PutMany goes on for the put that stays")
 	many.answer <- putAnswer{many: &fencerv1.PutManyResponse{Results: []*fencerv1.PutResult{revisionResult(13), revisionResult(13)}}}
 	require.Equal(t, putOutcome{rev: 13}, outcome(t, stayer))
-	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 14}}
-	outcome(t, third)
-	outcome(t, first)
-	outcome(t, second)
 	waitIdle(t, c)
 }
 
@@ -268,30 +261,27 @@ func TestPutManyCallError(t *testing.T) {
 	ctx := context.Background()
 	tok := token.Token{Lease: "jobs", Epoch: 2, Revision: 9}
 
-	// Two in flight, two queued, for each round.
-	round := func(answer putAnswer) (calls []*putRPC, queued []<-chan putOutcome, many *putRPC) {
+	// One in flight, two queued, for each round.
+	round := func(answer putAnswer) []<-chan putOutcome {
 		waitIdle(t, c)
-		a, b := goPut(ctx, c, tok, "a"), goPut(ctx, c, tok, "b")
-		calls = []*putRPC{srv.next(t), srv.next(t)}
-		queued = []<-chan putOutcome{goPut(ctx, c, tok, "c"), goPut(ctx, c, tok, "d")}
+		a := goPut(ctx, c, tok, "a")
+		call := srv.next(t)
+		queued := []<-chan putOutcome{goPut(ctx, c, tok, "c"), goPut(ctx, c, tok, "d")}
 		waitQueued(t, c, 2)
-		calls[0].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 1}}
-		calls[1].answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 1}}
+		call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 1}}
 		outcome(t, a)
-		outcome(t, b)
-		many = srv.next(t)
+		many := srv.next(t)
 		require.NotNil(t, many.many)
 		many.answer <- answer
-		return calls, queued, many
+		return queued
 	}
 
-	_, queued, _ := round(putAnswer{err: status.Error(codes.Unavailable, "etcd unreachable")})
-	for _, q := range queued {
+	for _, q := range round(putAnswer{err: status.Error(codes.Unavailable, "etcd unreachable")}) {
 		o := outcome(t, q)
 		require.Equal(t, codes.Unavailable, status.Code(o.err), "%v", o.err)
 	}
 
-	_, queued, _ = round(putAnswer{err: status.Error(codes.Unimplemented, "unknown method PutMany")})
+	queued := round(putAnswer{err: status.Error(codes.Unimplemented, "unknown method PutMany")})
 	for range queued {
 		call := srv.next(t)
 		require.NotNil(t, call.one, "each put again, alone")
@@ -315,23 +305,20 @@ func TestPutManyCallError(t *testing.T) {
 }
 
 // TestPutWithMetadataGoesAlone: a Put whose context carries outgoing
-// metadata is sent as a Put of its own even while two calls are in flight.
+// metadata is sent as a Put of its own even while a call is in flight.
 func TestPutWithMetadataGoesAlone(t *testing.T) {
 	srv := newPutServer()
 	c := &Client{rpc: srv, clock: realClock{}, puts: &putBatcher{rpc: srv}}
 	ctx := context.Background()
 	tok := token.Token{Lease: "jobs", Epoch: 2, Revision: 9}
-	first, second := goPut(ctx, c, tok, "a"), goPut(ctx, c, tok, "b")
-	calls := []*putRPC{srv.next(t), srv.next(t)}
+	first := goPut(ctx, c, tok, "a")
+	inFlight := srv.next(t)
 	own := goPut(metadata.AppendToOutgoingContext(ctx, "x-trace", "1"), c, tok, "traced")
 	call := srv.next(t)
 	require.NotNil(t, call.one)
 	require.Equal(t, "traced", call.one.GetKey())
 	call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 3}}
 	require.Equal(t, putOutcome{rev: 3}, outcome(t, own))
-	for _, call := range calls {
-		call.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 4}}
-	}
+	inFlight.answer <- putAnswer{one: &fencerv1.PutResponse{Revision: 4}}
 	outcome(t, first)
-	outcome(t, second)
 }

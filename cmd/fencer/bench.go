@@ -23,7 +23,7 @@ import (
 // benchFlags are the flags of fencer bench.
 type benchFlags struct {
 	clients   int
-	conns     int // connections the clients share; 0: one per client
+	conns     int // connections the clients share, round robin
 	duration  time.Duration
 	ops       []string
 	size      int
@@ -118,8 +118,10 @@ latency percentiles and CPU time per call:
   acquire         an acquire of the client's own lease, then its release
   direct-acquire  the same cycle through the library on the server's etcd:
                   the baseline for acquire
-The clients share --connections connections to the server (by default one
-per client), as direct-put's and direct-acquire's share one etcd client.
+The clients share --connections connections to the server, round robin:
+by default one, as direct-put's and direct-acquire's share one etcd
+client, so that their concurrent puts leave together as PutMany calls;
+--connections equal to --clients gives each client its own.
 With a workload and its baseline both run, it prints their throughput
 ratio, over all their runs: name them alternately
 (--ops put,direct-put,put,direct-put) so that a busy machine weighs on both
@@ -139,8 +141,8 @@ and etcd.`,
 		Example: `  fencer bench --clients 64 --duration 10s`,
 		Args:    nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.clients < 1 || f.duration <= 0 || f.conns < 0 {
-				return usagef("--clients must be at least 1, --duration positive and --connections not negative")
+			if f.clients < 1 || f.duration <= 0 || f.conns < 1 {
+				return usagef("--clients and --connections must be at least 1 and --duration positive")
 			}
 			var direct *etcdstore.Store
 			for _, op := range f.ops {
@@ -198,7 +200,7 @@ and etcd.`,
 	a.conn.register(cmd.Flags())
 	out.register(cmd)
 	cmd.Flags().IntVar(&f.clients, "clients", 16, "concurrent clients, each with its own connection and session")
-	cmd.Flags().IntVar(&f.conns, "connections", 0, "connections to the server that the clients share, round robin (0: one per client)")
+	cmd.Flags().IntVar(&f.conns, "connections", 1, "connections to the server that the clients share, round robin (at most --clients are used)")
 	cmd.Flags().DurationVar(&f.duration, "duration", 10*time.Second, "how long each workload runs")
 	cmd.Flags().StringSliceVar(&f.ops, "ops", []string{"put", "acquire"}, "workloads to run, in order: put, direct-put, acquire, direct-acquire")
 	cmd.Flags().IntVar(&f.serverPID, "server-pid", 0, "the server's process ID, to report its CPU time per call (Linux)")
@@ -304,10 +306,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 			cc.Close()
 		}
 	}()
-	nconns := f.clients
-	if f.conns > 0 {
-		nconns = min(f.conns, f.clients)
-	}
+	nconns := min(f.conns, f.clients)
 	clients := make([]*client.Client, nconns)
 	for i := range clients {
 		cc, err := a.conn.dial()
