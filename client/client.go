@@ -21,6 +21,7 @@ import (
 type Client struct {
 	rpc   fencerv1.FencerServiceClient
 	clock Clock
+	puts  *putBatcher
 }
 
 // Option configures a Client.
@@ -32,7 +33,8 @@ func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 
 // New returns a Client that calls through cc. It does not close cc.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
-	c := &Client{rpc: fencerv1.NewFencerServiceClient(cc), clock: realClock{}}
+	rpc := fencerv1.NewFencerServiceClient(cc)
+	c := &Client{rpc: rpc, clock: realClock{}, puts: &putBatcher{rpc: rpc}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -91,13 +93,20 @@ func (c *Client) Advance(ctx context.Context, resource string, tok token.Token, 
 // *token.ForeignLeaseError (unless TakeOver is given), and nothing is
 // written. A transport error leaves it unknown whether the write
 // committed.
+//
+// Concurrent Puts on one Client share calls: while a call of Put is in
+// flight, further Puts wait and leave together when it ends, up to 64 in
+// one PutMany call, where each keeps its own guard and gets its own
+// result and error, exactly as alone. A Put that finds no call in flight
+// is sent at once. A Put whose context ends while it waits is never
+// sent; one whose context ends while its PutMany is in flight returns at
+// once and may or may not have committed, as with any call given up on.
+// A Put whose context carries outgoing gRPC metadata is always sent on
+// its own, and so is every Put once the server has answered a PutMany
+// with UNIMPLEMENTED (a server older than PutMany).
 func (c *Client) Put(ctx context.Context, tok token.Token, key string, value []byte, opts ...WriteOption) (int64, error) {
 	o := token.ApplyWriteOptions(opts)
-	resp, err := c.rpc.Put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value, TakeOver: o.TakeOver})
-	if err != nil {
-		return 0, fromStatus(err)
-	}
-	return resp.GetRevision(), nil
+	return c.puts.put(ctx, &fencerv1.PutRequest{Token: tok.String(), Key: key, Value: value, TakeOver: o.TakeOver})
 }
 
 // Get reads key; found is false when it does not exist. Reads are not

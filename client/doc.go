@@ -7,6 +7,11 @@
 // write returns a *token.StaleError that matches token.ErrStale, with Newer
 // filled in when the server knew the superseding token.
 //
+// Concurrent Puts on one Client share calls: while one is in flight, the
+// others queue and leave together as one PutMany, each with its own guard
+// and its own result (see Client.Put). Goroutines that write should share
+// a Client, as they would share an etcd client with the library.
+//
 // # What is guaranteed
 //
 // A guarded write commits only if its token is current when etcd applies

@@ -172,6 +172,13 @@ func (b *batcher) do(ctx context.Context, cmps []clientv3.Cmp, then, els []clien
 	c.done = make(chan struct{})
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
+	return b.wait(c)
+}
+
+// wait returns the outcome of c, a queued write: when its Txn has
+// answered, or at once when its context ends first, taking it out of the
+// queue if it is still there.
+func (b *batcher) wait(c *call) (*clientv3.TxnResponse, error) {
 	select {
 	case <-c.done:
 		return c.resp, c.err
@@ -188,6 +195,51 @@ func (b *batcher) do(ctx context.Context, cmps []clientv3.Cmp, then, els []clien
 			return nil, c.ctx.Err() // in flight: it may yet commit
 		}
 	}
+}
+
+// txnArgs are the parts of one write's Txn: If(cmps).Then(then).
+type txnArgs struct {
+	cmps []clientv3.Cmp
+	then []clientv3.Op
+}
+
+// doAll runs the writes txns, all with ctx, as do runs each, but enters
+// them into the queue together: when no Txn is in flight they leave
+// together as the next one (up to max), instead of the first alone and
+// the others after it. A write that cannot share a Txn goes alone, as
+// with do.
+func (b *batcher) doAll(ctx context.Context, txns []txnArgs) ([]*clientv3.TxnResponse, []error) {
+	resps, errs := make([]*clientv3.TxnResponse, len(txns)), make([]error, len(txns))
+	calls := make([]*call, len(txns))
+	var alone sync.WaitGroup
+	b.mu.Lock()
+	queued := false
+	for i, t := range txns {
+		c := &call{ctx: ctx, cmps: t.cmps, then: t.then}
+		if !c.keys() {
+			alone.Go(func() { resps[i], errs[i] = c.alone(ctx, b.cli) })
+			continue
+		}
+		c.done = make(chan struct{})
+		calls[i] = c
+		b.queue = append(b.queue, c)
+		queued = true
+	}
+	lead := queued && !b.busy
+	if lead {
+		b.busy = true
+	}
+	b.mu.Unlock()
+	if lead {
+		b.next()
+	}
+	for i, c := range calls {
+		if c != nil {
+			resps[i], errs[i] = b.wait(c)
+		}
+	}
+	alone.Wait()
+	return resps, errs
 }
 
 // next sends the queued writes, batch after batch, in a goroutine of its

@@ -47,7 +47,8 @@
 //   - Concurrent writes (guarded Put and Delete, acquisitions, Release,
 //     Advance) share etcd Txns: a write that finds another in flight leaves
 //     with the others queued behind it, each as a nested Txn under its own
-//     guard. See WithBatching.
+//     guard. See WithBatching. PutManyChecked hands the store several puts
+//     at once, which then leave together (the service's PutMany).
 //
 // # What is guaranteed
 //

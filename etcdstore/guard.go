@@ -44,8 +44,8 @@ func (s *Store) guard(tok token.Token) []clientv3.Cmp {
 		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)}
 	}
 	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
-		clientv3.Compare(clientv3.Value(s.epochKey(tok.Lease)), "=", formatEpoch(tok.Epoch)),
+		createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+		valueIs(s.epochKey(tok.Lease), formatEpoch(tok.Epoch)),
 	}
 }
 
@@ -204,17 +204,21 @@ func (s *Store) ReleaseOn(ctx context.Context, tok token.Token, id clientv3.Leas
 }
 
 // ReleaseChecked is Release, when id is 0, or ReleaseOn of a token that
-// CheckToken has checked; it does not check the token again.
-func (s *Store) ReleaseChecked(ctx context.Context, c Checked, id clientv3.LeaseID) (bool, error) {
+// CheckToken has checked; it does not check the token again. cond, like
+// AcquireOn's, are more compares that the release's Txn requires: when
+// one fails, it deletes nothing and reports false, as for a token that is
+// not current (the service compares the holder session's principal and
+// secret so, in the same Txn as the release).
+func (s *Store) ReleaseChecked(ctx context.Context, c Checked, id clientv3.LeaseID, cond ...clientv3.Cmp) (bool, error) {
 	if err := c.checkedFor(checkedToken); err != nil {
 		return false, err
 	}
-	return s.release(ctx, c.tok, id)
+	return s.release(ctx, c.tok, id, cond...)
 }
 
 // release is Release, or the clean ReleaseOn when id != 0, of a valid
-// token.
-func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID) (bool, error) {
+// token, under the further compares cond.
+func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID, cond ...clientv3.Cmp) (bool, error) {
 	cmps, ops := s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}
 	if id != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))
@@ -223,6 +227,7 @@ func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseI
 	if mutant.On(mutant.ReleaseAnyHolder) {
 		cmps = nil
 	}
+	cmps = append(cmps, cond...)
 	resp, err := s.commit(ctx, cmps, ops, nil)
 	if err != nil {
 		return false, fmt.Errorf("etcdstore: release %s: %w", tok, err)

@@ -222,69 +222,106 @@ func (s *Store) TxnChecked(ctx context.Context, c Checked, cmps []clientv3.Cmp, 
 // a wrong guess of the owner. A wrong guess costs those round trips, never
 // correctness: the write is retried in the shape the read calls for.
 func (s *Store) writeKey(ctx context.Context, tok token.Token, key string, op clientv3.Op, takeOver bool) (*pb.ResponseOp, int64, error) {
-	owner := s.ownerKey(key)
-	seen, isMine := s.owners.getFor(key, tok)
-	mine := seen // the common case: the record this store wrote for tok
-	if !isMine {
-		mine = ownerRecord(tok)
-		isMine = seen == mine
-	}
+	w := s.newKeyWrite(tok, key, op, takeOver)
 	for {
-		var cmps []clientv3.Cmp
-		var then []clientv3.Op
-		nested := false
-		switch {
-		case mutant.On(mutant.OwnerCompareDropped):
-			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case isMine && !takeOver:
-			cmps = []clientv3.Cmp{
-				clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision),
-				clientv3.Compare(clientv3.Value(owner), "=", mine),
-			}
-			then = []clientv3.Op{op}
-		case takeOver:
-			cmps, then = s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		case seen != "" && ownerLease(seen) == tok.Lease:
-			cmps = append(s.guard(tok), clientv3.Compare(clientv3.Value(owner), "=", seen))
-			then = []clientv3.Op{clientv3.OpPut(owner, mine), op}
-		default:
-			cmps, then, nested = s.guard(tok), s.ownedOps(tok, key, op), true
-		}
+		cmps, then := w.txn()
 		resp, err := s.commit(ctx, cmps, then, nil)
 		if err != nil {
 			return nil, 0, err
 		}
-		if !resp.Succeeded {
-			// Find out why, off the write's own path: an Else branch
-			// that read the keys would cost every write.
-			why, err := s.cli.Txn(ctx).Then(append(s.staleOps(tok), clientv3.OpGet(owner))...).Commit()
-			if err != nil {
-				return nil, 0, err
-			}
-			if !current(tok, why, 0) {
-				return nil, 0, staleError(tok, why, 0)
-			}
-			// The guessed owner record was wrong (a token that is not
-			// current never becomes current again).
-			seen = ownerOf(why.Responses[2])
-			isMine = seen == mine
-			s.owners.put(key, seen)
-			if seen != "" && ownerLease(seen) != tok.Lease && !takeOver {
-				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
-			}
-			continue
+		if r, rev, done, err := w.settle(ctx, resp); done {
+			return r, rev, err
 		}
-		rs := resp.Responses
-		if nested {
-			var ok bool
-			if rs, seen, ok = ownedResult(rs); !ok {
-				s.owners.put(key, seen)
-				return nil, 0, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(seen)}
-			}
-		}
-		s.owners.putMine(key, tok, mine)
-		return rs[len(rs)-1], resp.Header.Revision, nil
 	}
+}
+
+// keyWrite is one writeKey between its Txns: what the store last saw of
+// key's owner record, and the shape of the Txn that follows from it.
+type keyWrite struct {
+	s        *Store
+	tok      token.Token
+	key      string
+	op       clientv3.Op
+	takeOver bool
+
+	owner  string // the owner record's etcd key
+	seen   string // the owner record the store last saw for key
+	mine   string // the record a write by tok leaves
+	isMine bool   // seen is mine
+	nested bool   // the last txn has the shape of ownedOps
+}
+
+// newKeyWrite starts writeKey's write of op to key with tok.
+func (s *Store) newKeyWrite(tok token.Token, key string, op clientv3.Op, takeOver bool) *keyWrite {
+	w := &keyWrite{s: s, tok: tok, key: key, op: op, takeOver: takeOver, owner: s.ownerKey(key)}
+	w.seen, w.isMine = s.owners.getFor(key, tok)
+	w.mine = w.seen // the common case: the record this store wrote for tok
+	if !w.isMine {
+		w.mine = ownerRecord(tok)
+		w.isMine = w.seen == w.mine
+	}
+	return w
+}
+
+// txn returns the compares and Then branch of w's next Txn, in the shape
+// that the owner record w last saw calls for (see writeKey).
+func (w *keyWrite) txn() ([]clientv3.Cmp, []clientv3.Op) {
+	s, tok, owner := w.s, w.tok, w.owner
+	w.nested = false
+	switch {
+	case mutant.On(mutant.OwnerCompareDropped):
+		return s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
+	case w.isMine && !w.takeOver:
+		return []clientv3.Cmp{
+			createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+			valueIs(owner, w.mine),
+		}, []clientv3.Op{w.op}
+	case w.takeOver:
+		return s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
+	case w.seen != "" && ownerLease(w.seen) == tok.Lease:
+		return append(s.guard(tok), valueIs(owner, w.seen)), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
+	default:
+		w.nested = true
+		return s.guard(tok), s.ownedOps(tok, w.key, w.op)
+	}
+}
+
+// settle takes the response of w's last Txn. done reports that the write
+// is over, with op's response and the write's revision, or with its
+// error; otherwise the owner record was not the one guessed, and w's next
+// txn is the one to send. A failed Txn costs a read of the holder, epoch
+// and owner keys, off the write's own path, to tell a stale token from a
+// wrong guess: an Else branch that read them would cost every write.
+func (w *keyWrite) settle(ctx context.Context, resp *clientv3.TxnResponse) (r *pb.ResponseOp, rev int64, done bool, err error) {
+	s, tok := w.s, w.tok
+	if !resp.Succeeded {
+		why, err := s.cli.Txn(ctx).Then(append(s.staleOps(tok), clientv3.OpGet(w.owner))...).Commit()
+		if err != nil {
+			return nil, 0, true, err
+		}
+		if !current(tok, why, 0) {
+			return nil, 0, true, staleError(tok, why, 0)
+		}
+		// The guessed owner record was wrong (a token that is not
+		// current never becomes current again).
+		w.seen = ownerOf(why.Responses[2])
+		w.isMine = w.seen == w.mine
+		s.owners.put(w.key, w.seen)
+		if w.seen != "" && ownerLease(w.seen) != tok.Lease && !w.takeOver {
+			return nil, 0, true, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(w.seen)}
+		}
+		return nil, 0, false, nil
+	}
+	rs := resp.Responses
+	if w.nested {
+		var ok bool
+		if rs, w.seen, ok = ownedResult(rs); !ok {
+			s.owners.put(w.key, w.seen)
+			return nil, 0, true, &token.ForeignLeaseError{Want: tok.Lease, Got: ownerLease(w.seen)}
+		}
+	}
+	s.owners.putMine(w.key, tok, w.mine)
+	return rs[len(rs)-1], resp.Header.Revision, true, nil
 }
 
 // ownedOps returns the Then branch of a guarded write of the data key key

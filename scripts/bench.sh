@@ -82,8 +82,8 @@ gotest ./kubeadapter/shard/e2e -run '^$' -bench 'BenchmarkShardRebalance$' -benc
 echo "== go test -run '^\$' -bench BenchmarkCoordinatorLeaseWrites -benchtime 1x -timeout 90m ./mcr -mcr-clusters=1000,10000"
 gotest ./mcr -run '^$' -bench 'BenchmarkCoordinatorLeaseWrites$' -benchtime 1x -count 1 -timeout 90m -mcr-clusters=1000,10000 | grep -E '^(Benchmark|ok|FAIL|---|panic)|engaged after' || true
 # End to end through the shipped binary: fencer bench (guarded puts, then
-# acquire/release cycles, 64 clients with a connection and session each)
-# against a fencer serve in its own process, on an embedded etcd.
+# acquire/release cycles, 64 clients with a session each, sharing one
+# connection) against a fencer serve in its own process, on an embedded etcd.
 echo "== fencer bench --clients 64 --duration 10s (against fencer serve, separate processes)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -94,11 +94,13 @@ serve_pid=$!
 for _ in $(seq 100); do "$tmp/fencer" health --server "$addr" >/dev/null 2>&1 && break; sleep 0.1; done
 "$tmp/fencer" bench --server "$addr" --clients 1 --duration 5s || true
 "$tmp/fencer" bench --server "$addr" --clients 64 --duration 10s || true
-# The same guarded puts straight to the server's etcd, interleaved with the
-# puts through the server, and their ratio.
-for clients in 1 64; do
-  "$tmp/fencer" bench --server "$addr" --clients "$clients" --duration 5s \
-    --ops put,direct-put,put,direct-put,put,direct-put --etcd-endpoints "unix://$tmp/data/etcd.sock" || true
+# The same guarded puts and acquire/release cycles straight to the server's
+# etcd through the library, interleaved with those through the server, their
+# ratios, and the CPU time per call of the bench and of the server.
+for clients in 1 16 64; do
+  "$tmp/fencer" bench --server "$addr" --server-pid "$serve_pid" --clients "$clients" --duration 3s \
+    --ops put,direct-put,put,direct-put,put,direct-put,acquire,direct-acquire,acquire,direct-acquire,acquire,direct-acquire \
+    --etcd-endpoints "unix://$tmp/data/etcd.sock" || true
 done
 kill "$serve_pid"
 wait "$serve_pid" || true

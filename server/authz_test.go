@@ -24,6 +24,13 @@ const carol = "carol-token-0123456789"
 // nothing.
 func startAuthorized(t *testing.T) string {
 	t.Helper()
+	addr, _ := serve(t, authorizedConfig(t))
+	return addr
+}
+
+// authorizedConfig is the Config that startAuthorized serves.
+func authorizedConfig(t *testing.T) server.Config {
+	t.Helper()
 	tokens := map[string]string{carol: "carol"}
 	for k, v := range testTokens {
 		tokens[k] = v
@@ -46,8 +53,7 @@ principals:
 `), 0o600))
 	authz, err := server.LoadAuthorization(path)
 	require.NoError(t, err)
-	addr, _ := serve(t, server.Config{Store: fencertest.SharedStore(t), Authenticator: auth, Authorization: authz})
-	return addr
+	return server.Config{Store: fencertest.SharedStore(t), Authenticator: auth, Authorization: authz}
 }
 
 // authorizedClients serves as startAuthorized does and returns clients of

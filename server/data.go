@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -46,20 +50,104 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 // principal the token was issued to, refused for a key of another lease
 // unless the request takes it over.
 func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
-	in, err := validatePut(req)
+	rev, err := s.put(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	tok := in.Token()
-	if err := s.checkOwner(ctx, tok, principalOf(ctx)); err != nil {
-		return nil, s.rejected(ctx, "put", tok, err)
+	return &fencerv1.PutResponse{Revision: rev}, nil
+}
+
+// put is the body of Put.
+func (s *Server) put(ctx context.Context, req *fencerv1.PutRequest) (int64, error) {
+	in, err := s.admitPut(ctx, req)
+	if err != nil {
+		return 0, err
 	}
 	rev, err := s.store.PutChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return nil, s.rejected(ctx, "put", tok, err)
+		return 0, s.rejected(ctx, "put", in.Token(), err)
 	}
-	return &fencerv1.PutResponse{Revision: rev}, nil
+	return rev, nil
 }
+
+// admitPut checks req and that its token was issued to the caller's
+// principal, and returns its checked arguments: what Put and each put of
+// PutMany do before they write.
+func (s *Server) admitPut(ctx context.Context, req *fencerv1.PutRequest) (etcdstore.Checked, error) {
+	in, err := validatePut(req)
+	if err != nil {
+		return etcdstore.Checked{}, err
+	}
+	if err := s.checkOwner(ctx, in.Token(), principalOf(ctx)); err != nil {
+		return etcdstore.Checked{}, s.rejected(ctx, "put", in.Token(), err)
+	}
+	return in, nil
+}
+
+// PutMany implements FencerService.PutMany: each put as Put runs it, all
+// of them at once through etcdstore's PutManyChecked, so that they leave
+// in shared etcd Txns, each under its own guard. What the unary
+// interceptor does for a Put it does for each put: authorize it
+// (authorize passes a PutManyRequest through), hide other principals'
+// leases from its error, turn that error into a status, count and log it.
+func (s *Server) PutMany(ctx context.Context, req *fencerv1.PutManyRequest) (*fencerv1.PutManyResponse, error) {
+	if err := validatePutMany(req); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	principal := principalOf(ctx)
+	puts := req.GetPuts()
+	errs := make([]error, len(puts))
+	toks := make([]token.Token, len(puts))
+	writes := make([]etcdstore.CheckedPut, 0, len(puts))
+	index := make([]int, 0, len(puts)) // writes[j] is puts[index[j]]
+	for i, r := range puts {
+		err := s.authz.authorize(principal, r)
+		var in etcdstore.Checked
+		if err == nil {
+			in, err = s.admitPut(ctx, r)
+		}
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		toks[i] = in.Token()
+		writes, index = append(writes, etcdstore.CheckedPut{Checked: in, Options: takeOver(r.GetTakeOver())}), append(index, i)
+	}
+	out := &fencerv1.PutManyResponse{Results: make([]*fencerv1.PutResult, len(puts))}
+	for j, res := range s.store.PutManyChecked(ctx, writes) {
+		i := index[j]
+		if res.Err != nil {
+			errs[i] = s.rejected(ctx, "put", toks[i], res.Err)
+			continue
+		}
+		out.Results[i] = &fencerv1.PutResult{Result: &fencerv1.PutResult_Revision{Revision: res.Revision}}
+		s.m.manyPutsOK.Inc()
+	}
+	for i, err := range errs {
+		if err != nil {
+			out.Results[i] = s.putOfManyFailed(ctx, principal, puts[i], err, time.Since(start))
+		}
+	}
+	return out, nil
+}
+
+// putOfManyFailed is the result of a put of PutMany that failed with err,
+// made as the unary interceptor makes a Put's error: with other
+// principals' leases hidden, as a status, counted and logged.
+func (s *Server) putOfManyFailed(ctx context.Context, principal string, req *fencerv1.PutRequest, err error, d time.Duration) *fencerv1.PutResult {
+	err = toStatus(s.hideOthers(ctx, principal, req, err))
+	s.m.manyPuts.WithLabelValues(status.Code(err).String()).Inc()
+	s.logCall(ctx, putOfManyMethod, principal, err, d)
+	b, merr := proto.Marshal(status.Convert(err).Proto())
+	if merr != nil {
+		b, _ = proto.Marshal(status.New(codes.Internal, "server: encode the error of a put").Proto())
+	}
+	return &fencerv1.PutResult{Result: &fencerv1.PutResult_Error{Error: b}}
+}
+
+// putOfManyMethod names a put of PutMany in the server's logs.
+const putOfManyMethod = "/fencer.v1.FencerService/PutMany.Put"
 
 // Get implements FencerService.Get. Reads are not guarded.
 func (s *Server) Get(ctx context.Context, req *fencerv1.GetRequest) (*fencerv1.GetResponse, error) {

@@ -35,6 +35,7 @@ func FuzzValidateRequests(f *testing.F) {
 	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: 7}})
 	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: "v1:1:2:a"}, HolderSessionId: 7, HolderSessionSecret: make([]byte, 32)})
 	seed(&fencerv1.WatchLeaseRequest{SessionId: 1, StartRevision: -1})
+	seed(&fencerv1.PutManyRequest{Puts: []*fencerv1.PutRequest{{Token: "v1:1:5:jobs", Key: "a", Value: []byte("v")}, {Token: "v1:1:5:jobs", Key: "b"}}})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		storeToken := func(tok token.Token) {
 			if err := tok.Validate(); err != nil {
@@ -57,6 +58,12 @@ func FuzzValidateRequests(f *testing.F) {
 				if len(put.GetValue()) > etcdstore.MaxValueLen {
 					t.Fatal("accepted oversized value")
 				}
+			}
+		}
+		var many fencerv1.PutManyRequest
+		if proto.Unmarshal(b, &many) == nil && validatePutMany(&many) == nil {
+			if n := len(many.GetPuts()); n < 1 || n > MaxPutMany {
+				t.Fatalf("accepted PutMany of %d puts", n)
 			}
 		}
 		var acq fencerv1.AcquireRequest

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
 )
 
 // metrics are one Server's Prometheus metrics, in a registry of its own so
@@ -24,6 +25,8 @@ type metrics struct {
 	lost         prometheus.Counter
 	leasesLost   prometheus.Counter
 	rejections   *prometheus.CounterVec
+	manyPuts     *prometheus.CounterVec
+	manyPutsOK   prometheus.Counter // manyPuts' OK series
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
 }
@@ -54,6 +57,9 @@ func newMetrics() *metrics {
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fencer_server_rejected_writes_total", Help: "Guarded operations rejected, by reason (stale, foreign_lease, permission).",
 		}, []string{"reason"}),
+		manyPuts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fencer_server_put_many_puts_total", Help: "Puts of PutMany calls, by the gRPC code each ended with (grpc_server_handled_total counts the calls).",
+		}, []string{"grpc_code"}),
 		leaseWatches: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fencer_server_lease_watches", Help: "etcd watches on the holder keys feeding WatchLease streams: the shared one, plus one per stream still catching up.",
 		}),
@@ -61,8 +67,9 @@ func newMetrics() *metrics {
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
 	}
-	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.leaseWatches, m.etcdUp,
+	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.manyPuts, m.leaseWatches, m.etcdUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.manyPutsOK = m.manyPuts.WithLabelValues(codes.OK.String())
 	for _, reason := range []string{keepAliveExpired, keepAliveEtcd} {
 		m.keepFails.WithLabelValues(reason) // present at 0, for rates and ratios
 	}

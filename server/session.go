@@ -337,18 +337,30 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		return nil, err
 	}
 	id := clientv3.LeaseID(req.GetHolderSessionId())
+	var cond []clientv3.Cmp
 	if id != 0 {
-		// The holder's clean release (ReleaseOn): it skips the lock-delay.
+		// The holder's clean release (ReleaseOn), which skips the
+		// lock-delay, needs the session to be the caller's and the
+		// secret to be its: compared in the release's own Txn, and read
+		// (checkHolderSession) only when that Txn fails, to tell why. The
+		// compare is of the secret's SHA-256, as stored, so its timing
+		// tells nothing of the secret.
+		cond = []clientv3.Cmp{
+			clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", p),
+			clientv3.Compare(clientv3.Value(s.secretKey(id)), "=", hashSecret(req.GetHolderSessionSecret())),
+		}
+	}
+	released, err := s.release(ctx, in, id, cond)
+	if err == nil && !released && id != 0 {
 		if err := s.checkHolderSession(ctx, id, p, req.GetHolderSessionSecret()); errors.Is(err, ErrSessionNotFound) {
 			return &fencerv1.ReleaseResponse{}, nil // its holder keys went with it
 		} else if err != nil {
 			return nil, err
 		}
-	}
-	undo := s.releasing.mark(tok.String())
-	released, err := s.store.ReleaseChecked(ctx, in, id)
-	if !released {
-		undo() // a release that may have committed is then recorded as a loss too
+		// The session is the caller's: the release failed on its token or
+		// holder key, or the session changed hands and back. Release as
+		// checked.
+		released, err = s.release(ctx, in, id, nil)
 	}
 	if err != nil {
 		return nil, err
@@ -357,6 +369,19 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		s.audit.LogAttrs(ctx, slog.LevelInfo, "release", slog.String("principal", p), slog.String("lease", tok.Lease), slog.String("token", tok.String()))
 	}
 	return &fencerv1.ReleaseResponse{Released: released}, nil
+}
+
+// release runs the store's release of in (ReleaseOn of session id when
+// it is not 0) under the further compares cond, and marks it as this
+// server's while it runs, so that the holder-key watch does not record it
+// as a loss.
+func (s *Server) release(ctx context.Context, in etcdstore.Checked, id clientv3.LeaseID, cond []clientv3.Cmp) (bool, error) {
+	undo := s.releasing.mark(in.Token().String())
+	released, err := s.store.ReleaseChecked(ctx, in, id, cond...)
+	if !released {
+		undo() // a release that may have committed is then recorded as a loss too
+	}
+	return released, err
 }
 
 // auditSessionRelease writes the audit records of session id's release by

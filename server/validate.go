@@ -31,6 +31,8 @@ const (
 	// embedetcd.MaxTxnOps (258); on etcd's default of 128, etcd itself
 	// refuses smaller Txns with too_many_ops.
 	MaxTxnOps = 64
+	// MaxPutMany is the most puts a PutMany call may carry.
+	MaxPutMany = 128
 	// MaxListPageSize is the largest page ListLeases and ListKeys return.
 	MaxListPageSize = 5000
 	// DefaultListPageSize is the page size of a ListLeases or ListKeys
@@ -198,6 +200,15 @@ func validatePut(r *fencerv1.PutRequest) (etcdstore.Checked, error) {
 	}
 	c, err := etcdstore.CheckPut(tok, r.GetKey(), r.GetValue())
 	return c, storeInput(err)
+}
+
+// validatePutMany checks the number of puts of a PutManyRequest; each put
+// is checked on its own, as Put checks it.
+func validatePutMany(r *fencerv1.PutManyRequest) error {
+	if n := len(r.GetPuts()); n == 0 || n > MaxPutMany {
+		return invalidArg("puts", strconv.Itoa(n)+" puts", fmt.Sprintf("must be 1 to %d puts", MaxPutMany))
+	}
+	return nil
 }
 
 // validateListLeases checks a ListLeasesRequest and returns its page size,

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,9 +23,11 @@ import (
 // benchFlags are the flags of fencer bench.
 type benchFlags struct {
 	clients   int
+	conns     int // connections the clients share, round robin
 	duration  time.Duration
 	ops       []string
 	size      int
+	serverPID int       // the server's process, whose CPU time is read; 0: none
 	endpoints string    // the server's etcd, for direct-put
 	prefix    string    // the server's key prefix, for direct-put
 	batch     int       // the server's --batch, for direct-put
@@ -40,6 +44,12 @@ type benchResult struct {
 	P50       float64 `json:"p50_ms"`
 	P90       float64 `json:"p90_ms"`
 	P99       float64 `json:"p99_ms"`
+	// CPUPerOp is this process's CPU time per successful call, in
+	// microseconds; ServerCPUPerOp the server process's (--server-pid),
+	// which for direct-put and direct-acquire is the work of its etcd.
+	// Zero when unknown.
+	CPUPerOp       float64 `json:"cpu_us_per_op,omitempty"`
+	ServerCPUPerOp float64 `json:"server_cpu_us_per_op,omitempty"`
 }
 
 // benchWorkloads are the operations fencer bench can measure: one call of
@@ -65,13 +75,26 @@ var benchWorkloads = map[string]func(ctx context.Context, w *benchWorker) error{
 		}
 		return l.Release(ctx)
 	},
+	// direct-acquire: the same cycle of the same lease, through a session
+	// of the library on the server's etcd: the baseline for acquire.
+	"direct-acquire": func(ctx context.Context, w *benchWorker) error {
+		l, err := w.dsess.Acquire(ctx, w.lease+"-cycle")
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	},
 }
+
+// benchBaselines names the baseline of each workload that has one.
+var benchBaselines = map[string]string{"put": "direct-put", "acquire": "direct-acquire"}
 
 // benchWorker is one bench client: its own connection, session, lease
 // (held, named lease) and data key.
 type benchWorker struct {
 	c      *client.Client
-	direct *etcdstore.Store // the server's store, opened by this process; nil without --etcd-endpoints
+	direct *etcdstore.Store   // the server's store, opened by this process; nil without --etcd-endpoints
+	dsess  *etcdstore.Session // a session on direct, for direct-acquire
 	sess   *client.Session
 	held   *client.Lease
 	lease  string
@@ -85,17 +108,26 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "measure a running server: guarded puts and acquire/release cycles",
-		Long: `Drives a running fencer server with --clients concurrent clients, each on
-its own connection and session, for --duration per workload, and prints
-throughput and latency percentiles:
-  put         a guarded put of the client's own key, with its lease's token
-  direct-put  the same guarded put, sent by this process straight to the
-              server's etcd (--etcd-endpoints, --prefix and --batch as the
-              server has them): the baseline for put, run beside it
-  acquire     an acquire of the client's own lease, then its release
-With put and direct-put both run, it prints their throughput ratio, over
-all their runs: name them alternately (--ops put,direct-put,put,direct-put)
-so that a busy machine weighs on both alike.
+		Long: `Drives a running fencer server with --clients concurrent clients, each
+with its own session, for --duration per workload, and prints throughput,
+latency percentiles and CPU time per call:
+  put             a guarded put of the client's own key, with its lease's token
+  direct-put      the same guarded put, sent by this process straight to the
+                  server's etcd (--etcd-endpoints, --prefix and --batch as the
+                  server has them): the baseline for put, run beside it
+  acquire         an acquire of the client's own lease, then its release
+  direct-acquire  the same cycle through the library on the server's etcd:
+                  the baseline for acquire
+The clients share --connections connections to the server, round robin:
+by default one, as direct-put's and direct-acquire's share one etcd
+client, so that their concurrent puts leave together as PutMany calls;
+--connections equal to --clients gives each client its own.
+With a workload and its baseline both run, it prints their throughput
+ratio, over all their runs: name them alternately
+(--ops put,direct-put,put,direct-put) so that a busy machine weighs on both
+alike. CPU_US is this process's CPU time per successful call, in
+microseconds; SERVER_CPU_US the server's, read from /proc/PID/stat with
+--server-pid (Linux), which for the direct workloads is its etcd's.
 A run holds lease bench-<slot>, the lowest slot that no other bench
 holds, so that benches run side by side; its client i uses leases
 bench-<slot>-<i> and bench-<slot>-<i>-cycle and the key bench/<slot>/<i>.
@@ -109,15 +141,15 @@ and etcd.`,
 		Example: `  fencer bench --clients 64 --duration 10s`,
 		Args:    nArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if f.clients < 1 || f.duration <= 0 {
-				return usagef("--clients must be at least 1 and --duration positive")
+			if f.clients < 1 || f.duration <= 0 || f.conns < 1 {
+				return usagef("--clients and --connections must be at least 1 and --duration positive")
 			}
 			var direct *etcdstore.Store
 			for _, op := range f.ops {
 				if benchWorkloads[op] == nil {
-					return usagef("--ops %q: want put, direct-put or acquire", op)
+					return usagef("--ops %q: want put, direct-put, acquire or direct-acquire", op)
 				}
-				if op == "direct-put" && direct == nil {
+				if strings.HasPrefix(op, "direct-") && direct == nil {
 					st, closeStore, err := f.directStore()
 					if err != nil {
 						return err
@@ -144,38 +176,49 @@ and etcd.`,
 					secs[op] += float64(r.Ops) / r.PerSecond
 				}
 			}
-			if ops["put"] > 0 && ops["direct-put"] > 0 {
-				ratio := float64(ops["put"]) / secs["put"] / (float64(ops["direct-put"]) / secs["direct-put"])
-				fmt.Fprintf(a.stderr, "fencer bench: put through the server ran at %.2f times the throughput of direct-put\n", ratio)
+			for _, op := range []string{"put", "acquire"} {
+				base := benchBaselines[op]
+				if ops[op] > 0 && ops[base] > 0 {
+					ratio := float64(ops[op]) / secs[op] / (float64(ops[base]) / secs[base])
+					fmt.Fprintf(a.stderr, "fencer bench: %s through the server ran at %.2f times the throughput of %s\n", op, ratio, base)
+				}
 			}
 			rows := make([][]string, len(results))
 			ms := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
-			for i, r := range results {
-				rows[i] = []string{r.Op, strconv.Itoa(r.Clients), strconv.Itoa(r.Ops), strconv.Itoa(r.Errors), strconv.FormatFloat(r.PerSecond, 'f', 0, 64), ms(r.P50), ms(r.P90), ms(r.P99)}
+			us := func(v float64) string {
+				if v == 0 {
+					return "-"
+				}
+				return strconv.FormatFloat(v, 'f', 0, 64)
 			}
-			return out.print(a.stdout, view{data: results, headers: []string{"OP", "CLIENTS", "OPS", "ERRORS", "OPS/S", "P50_MS", "P90_MS", "P99_MS"}, rows: rows})
+			for i, r := range results {
+				rows[i] = []string{r.Op, strconv.Itoa(r.Clients), strconv.Itoa(r.Ops), strconv.Itoa(r.Errors), strconv.FormatFloat(r.PerSecond, 'f', 0, 64), ms(r.P50), ms(r.P90), ms(r.P99), us(r.CPUPerOp), us(r.ServerCPUPerOp)}
+			}
+			return out.print(a.stdout, view{data: results, headers: []string{"OP", "CLIENTS", "OPS", "ERRORS", "OPS/S", "P50_MS", "P90_MS", "P99_MS", "CPU_US", "SERVER_CPU_US"}, rows: rows})
 		},
 	}
 	a.conn.register(cmd.Flags())
 	out.register(cmd)
 	cmd.Flags().IntVar(&f.clients, "clients", 16, "concurrent clients, each with its own connection and session")
+	cmd.Flags().IntVar(&f.conns, "connections", 1, "connections to the server that the clients share, round robin (at most --clients are used)")
 	cmd.Flags().DurationVar(&f.duration, "duration", 10*time.Second, "how long each workload runs")
-	cmd.Flags().StringSliceVar(&f.ops, "ops", []string{"put", "acquire"}, "workloads to run, in order: put, direct-put, acquire")
+	cmd.Flags().StringSliceVar(&f.ops, "ops", []string{"put", "acquire"}, "workloads to run, in order: put, direct-put, acquire, direct-acquire")
+	cmd.Flags().IntVar(&f.serverPID, "server-pid", 0, "the server's process ID, to report its CPU time per call (Linux)")
 	cmd.Flags().IntVar(&f.size, "value-size", 64, "bytes per value written")
-	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "the server's etcd endpoints, for direct-put (fencer serve logs its embedded member's)")
-	cmd.Flags().StringVar(&f.prefix, "prefix", etcdstore.DefaultPrefix, "the server's etcd key prefix, for direct-put")
-	cmd.Flags().IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "the server's --batch, for direct-put")
+	cmd.Flags().StringVar(&f.endpoints, "etcd-endpoints", "", "the server's etcd endpoints, for direct-put and direct-acquire (fencer serve logs its embedded member's)")
+	cmd.Flags().StringVar(&f.prefix, "prefix", etcdstore.DefaultPrefix, "the server's etcd key prefix, for direct-put and direct-acquire")
+	cmd.Flags().IntVar(&f.batch, "batch", etcdstore.DefaultBatch, "the server's --batch, for direct-put and direct-acquire")
 	envFlag(cmd.Flags(), "etcd-endpoints", "FENCER_ETCD_ENDPOINTS")
 	f.etcd.register(cmd.Flags())
 	return cmd
 }
 
 // directStore opens the server's store straight on its etcd, for
-// direct-put, and returns a function that closes it.
+// direct-put and direct-acquire, and returns a function that closes it.
 func (f benchFlags) directStore() (*etcdstore.Store, func(), error) {
 	endpoints := splitList(f.endpoints)
 	if len(endpoints) == 0 {
-		return nil, nil, usagef("--ops direct-put needs --etcd-endpoints: the server's etcd (fencer serve logs its embedded member's endpoint)")
+		return nil, nil, usagef("--ops direct-put and direct-acquire need --etcd-endpoints: the server's etcd (fencer serve logs its embedded member's endpoint)")
 	}
 	cfg, _, err := f.etcd.clientConfig(endpoints, false) // a bench run is short: no certificate reload
 	if err != nil {
@@ -253,6 +296,9 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 			if benchWrites[op] {
 				_, _ = w.c.Delete(cctx, w.held.Token(), w.key)
 			}
+			if w.dsess != nil {
+				_ = w.dsess.Close(cctx)
+			}
 			_ = w.sess.Close(cctx)
 			cancel()
 		}
@@ -260,18 +306,28 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 			cc.Close()
 		}
 	}()
-	for i := range workers {
+	nconns := min(f.conns, f.clients)
+	clients := make([]*client.Client, nconns)
+	for i := range clients {
 		cc, err := a.conn.dial()
 		if err != nil {
 			return benchResult{}, err
 		}
 		conns = append(conns, cc)
-		w := &benchWorker{c: client.New(cc), direct: direct, lease: fmt.Sprintf("bench-%d-%d", slot, i), key: fmt.Sprintf("bench/%d/%d", slot, i), value: make([]byte, f.size)}
-		if w.sess, err = w.c.NewSession(); err != nil {
+		clients[i] = client.New(cc)
+	}
+	for i := range workers {
+		c := clients[i%nconns]
+		w := &benchWorker{c: c, direct: direct, lease: fmt.Sprintf("bench-%d-%d", slot, i), key: fmt.Sprintf("bench/%d/%d", slot, i), value: make([]byte, f.size)}
+		var err error
+		if w.sess, err = c.NewSession(); err != nil {
 			return benchResult{}, err
 		}
 		sctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
 		w.held, err = w.sess.Acquire(sctx, w.lease)
+		if err == nil && op == "direct-acquire" {
+			w.dsess, err = direct.NewSession(sctx, etcdstore.WithHolder(w.lease))
+		}
 		cancel()
 		if err != nil {
 			_ = w.sess.Close(context.Background())
@@ -286,6 +342,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 	var mu sync.Mutex
 	rctx, cancel := context.WithTimeout(ctx, f.duration)
 	defer cancel()
+	cpu0, server0 := processCPU(os.Getpid()), processCPU(f.serverPID)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i, w := range workers {
@@ -310,6 +367,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu1, server1 := processCPU(os.Getpid()), processCPU(f.serverPID)
 	if ctx.Err() != nil {
 		return benchResult{}, ctx.Err()
 	}
@@ -322,6 +380,13 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 	if len(all) == 0 {
 		return r, firstErr // no call succeeded: say why
 	}
+	perOp := func(t0, t1 time.Duration) float64 {
+		if t0 < 0 || t1 < 0 {
+			return 0
+		}
+		return float64(t1-t0) / float64(time.Microsecond) / float64(len(all))
+	}
+	r.CPUPerOp, r.ServerCPUPerOp = perOp(cpu0, cpu1), perOp(server0, server1)
 	pct := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))]) / float64(time.Millisecond) }
 	r.P50, r.P90, r.P99 = pct(0.50), pct(0.90), pct(0.99)
 	if r.Errors > 0 {

@@ -158,22 +158,11 @@ func (s *scaleServer) rssMB() float64 {
 	return 0
 }
 
-// clockTick is the unit of utime and stime in /proc/<pid>/stat (USER_HZ,
-// 100 on Linux).
-const clockTick = 10 * time.Millisecond
-
 // cpu is the CPU time, user and system, the server has used.
 func (s *scaleServer) cpu() time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
-	require.NoError(s.b, err)
-	// The fields after the command name, which is in parentheses: state
-	// is the first, utime the 12th and stime the 13th.
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
-	require.Greater(s.b, len(f), 12)
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	require.NoError(s.b, errors.Join(err1, err2))
-	return time.Duration(ut+st) * clockTick
+	t := processCPU(s.cmd.Process.Pid)
+	require.GreaterOrEqual(s.b, t, time.Duration(0), "no CPU time of the server in /proc")
+	return t
 }
 
 // metric is the value of an unlabelled metric on the server's /metrics.

@@ -160,22 +160,33 @@ func TestBench(t *testing.T) {
 		require.LessOrEqual(t, r.P90, r.P99)
 	}
 
-	// The baseline: the same guarded puts, straight to the server's etcd.
-	code, _, stderr = s.fencer(nil, "bench", "--ops", "direct-put")
+	// The baselines: the same guarded puts and acquire/release cycles,
+	// straight to the server's etcd, with the CPU time per call of the
+	// bench and of the server.
+	for _, op := range []string{"direct-put", "direct-acquire"} {
+		code, _, stderr = s.fencer(nil, "bench", "--ops", op)
+		require.Equal(t, exitUsage, code, stderr)
+		require.Contains(t, stderr, "need --etcd-endpoints")
+	}
+	code, _, stderr = s.fencer(nil, "bench", "--connections", "0")
 	require.Equal(t, exitUsage, code, stderr)
-	require.Contains(t, stderr, "needs --etcd-endpoints")
 	code, stdout, stderr = s.fencer(nil, "bench", "--clients", "2", "--duration", "500ms", "-o", "json",
-		"--ops", "put,direct-put", "--etcd-endpoints", "unix://"+filepath.Join(s.dataDir, "etcd.sock"))
+		"--ops", "put,direct-put,acquire,direct-acquire", "--etcd-endpoints", "unix://"+filepath.Join(s.dataDir, "etcd.sock"),
+		"--server-pid", strconv.Itoa(s.cmd.Process.Pid))
 	require.Equal(t, 0, code, stderr)
 	results = nil
 	require.NoError(t, json.Unmarshal([]byte(stdout), &results))
-	require.Len(t, results, 2)
-	for i, op := range []string{"put", "direct-put"} {
+	require.Len(t, results, 4)
+	for i, op := range []string{"put", "direct-put", "acquire", "direct-acquire"} {
 		require.Equal(t, op, results[i].Op)
 		require.Positive(t, results[i].Ops)
 		require.Zero(t, results[i].Errors)
+		require.Positive(t, results[i].CPUPerOp, op)
+		require.Positive(t, results[i].ServerCPUPerOp, op)
 	}
+	require.Contains(t, stderr, "put through the server ran at")
 	require.Contains(t, stderr, "times the throughput of direct-put")
+	require.Contains(t, stderr, "times the throughput of direct-acquire")
 
 	code, stdout, stderr = s.fencer(nil, "status", "-o", "json")
 	require.Equal(t, 0, code, stderr)

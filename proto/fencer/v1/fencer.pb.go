@@ -234,7 +234,7 @@ func (x Compare_Target) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Compare_Target.Descriptor instead.
 func (Compare_Target) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21, 0}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24, 0}
 }
 
 // Result is the comparison to make.
@@ -295,7 +295,7 @@ func (x Compare_Result) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Compare_Result.Descriptor instead.
 func (Compare_Result) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21, 1}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24, 1}
 }
 
 // Type is the kind of event.
@@ -354,7 +354,7 @@ func (x WatchLeaseResponse_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchLeaseResponse_Type.Descriptor instead.
 func (WatchLeaseResponse_Type) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28, 0}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{31, 0}
 }
 
 // AcquireRequest asks for a named lease.
@@ -1123,6 +1123,188 @@ func (x *PutResponse) GetRevision() int64 {
 	return 0
 }
 
+// PutManyRequest is several guarded puts, each with the rules of Put.
+type PutManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// puts are the puts to run: 1 to 128 of them.
+	Puts          []*PutRequest `protobuf:"bytes,1,rep,name=puts,proto3" json:"puts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutManyRequest) Reset() {
+	*x = PutManyRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutManyRequest) ProtoMessage() {}
+
+func (x *PutManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutManyRequest.ProtoReflect.Descriptor instead.
+func (*PutManyRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PutManyRequest) GetPuts() []*PutRequest {
+	if x != nil {
+		return x.Puts
+	}
+	return nil
+}
+
+// PutManyResponse has one result per put, in the order of the request.
+type PutManyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results are the puts' results, results[i] for puts[i].
+	Results       []*PutResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutManyResponse) Reset() {
+	*x = PutManyResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutManyResponse) ProtoMessage() {}
+
+func (x *PutManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutManyResponse.ProtoReflect.Descriptor instead.
+func (*PutManyResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PutManyResponse) GetResults() []*PutResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PutResult is the result of one put of a PutMany.
+type PutResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// result is the put's revision or its error.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*PutResult_Revision
+	//	*PutResult_Error
+	Result        isPutResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutResult) Reset() {
+	*x = PutResult{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutResult) ProtoMessage() {}
+
+func (x *PutResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutResult.ProtoReflect.Descriptor instead.
+func (*PutResult) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PutResult) GetResult() isPutResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *PutResult) GetRevision() int64 {
+	if x != nil {
+		if x, ok := x.Result.(*PutResult_Revision); ok {
+			return x.Revision
+		}
+	}
+	return 0
+}
+
+func (x *PutResult) GetError() []byte {
+	if x != nil {
+		if x, ok := x.Result.(*PutResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isPutResult_Result interface {
+	isPutResult_Result()
+}
+
+type PutResult_Revision struct {
+	// revision is the etcd revision of the committed write.
+	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3,oneof"`
+}
+
+type PutResult_Error struct {
+	// error is the status the put failed with, a google.rpc.Status
+	// serialized in its binary form: the code, message and details (the
+	// ErrorInfo, and BadRequest for an invalid put) that Put would have
+	// returned for it.
+	Error []byte `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*PutResult_Revision) isPutResult_Result() {}
+
+func (*PutResult_Error) isPutResult_Result() {}
+
 // GetRequest reads one data key.
 type GetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1134,7 +1316,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[12]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1328,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[12]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1341,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{12}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1187,7 +1369,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[13]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1381,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[13]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1394,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{13}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1260,7 +1442,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1454,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[14]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1467,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{14}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListKeysRequest) GetPrefix() string {
@@ -1324,7 +1506,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1518,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[15]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1531,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{15}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeyValue {
@@ -1383,7 +1565,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1577,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[16]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1590,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{16}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KeyValue) GetKey() string {
@@ -1455,7 +1637,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1649,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[17]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1662,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{17}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteRequest) GetToken() string {
@@ -1515,7 +1697,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1709,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[18]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1722,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{18}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteResponse) GetDeleted() bool {
@@ -1572,7 +1754,7 @@ type TxnRequest struct {
 
 func (x *TxnRequest) Reset() {
 	*x = TxnRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1766,7 @@ func (x *TxnRequest) String() string {
 func (*TxnRequest) ProtoMessage() {}
 
 func (x *TxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[19]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1779,7 @@ func (x *TxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnRequest.ProtoReflect.Descriptor instead.
 func (*TxnRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{19}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TxnRequest) GetToken() string {
@@ -1649,7 +1831,7 @@ type TxnResponse struct {
 
 func (x *TxnResponse) Reset() {
 	*x = TxnResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1843,7 @@ func (x *TxnResponse) String() string {
 func (*TxnResponse) ProtoMessage() {}
 
 func (x *TxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[20]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1856,7 @@ func (x *TxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnResponse.ProtoReflect.Descriptor instead.
 func (*TxnResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{20}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TxnResponse) GetSucceeded() bool {
@@ -1710,7 +1892,7 @@ type Compare struct {
 
 func (x *Compare) Reset() {
 	*x = Compare{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +1904,7 @@ func (x *Compare) String() string {
 func (*Compare) ProtoMessage() {}
 
 func (x *Compare) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[21]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +1917,7 @@ func (x *Compare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Compare.ProtoReflect.Descriptor instead.
 func (*Compare) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{21}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Compare) GetKey() string {
@@ -1790,7 +1972,7 @@ type Op struct {
 
 func (x *Op) Reset() {
 	*x = Op{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1984,7 @@ func (x *Op) String() string {
 func (*Op) ProtoMessage() {}
 
 func (x *Op) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[22]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1997,7 @@ func (x *Op) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Op.ProtoReflect.Descriptor instead.
 func (*Op) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{22}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Op) GetOp() isOp_Op {
@@ -1890,7 +2072,7 @@ type PutOp struct {
 
 func (x *PutOp) Reset() {
 	*x = PutOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2084,7 @@ func (x *PutOp) String() string {
 func (*PutOp) ProtoMessage() {}
 
 func (x *PutOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[23]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2097,7 @@ func (x *PutOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOp.ProtoReflect.Descriptor instead.
 func (*PutOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{23}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutOp) GetKey() string {
@@ -1943,7 +2125,7 @@ type DeleteOp struct {
 
 func (x *DeleteOp) Reset() {
 	*x = DeleteOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2137,7 @@ func (x *DeleteOp) String() string {
 func (*DeleteOp) ProtoMessage() {}
 
 func (x *DeleteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[24]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2150,7 @@ func (x *DeleteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOp.ProtoReflect.Descriptor instead.
 func (*DeleteOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{24}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteOp) GetKey() string {
@@ -1989,7 +2171,7 @@ type GetOp struct {
 
 func (x *GetOp) Reset() {
 	*x = GetOp{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2183,7 @@ func (x *GetOp) String() string {
 func (*GetOp) ProtoMessage() {}
 
 func (x *GetOp) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[25]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2196,7 @@ func (x *GetOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOp.ProtoReflect.Descriptor instead.
 func (*GetOp) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{25}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetOp) GetKey() string {
@@ -2041,7 +2223,7 @@ type OpResult struct {
 
 func (x *OpResult) Reset() {
 	*x = OpResult{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2235,7 @@ func (x *OpResult) String() string {
 func (*OpResult) ProtoMessage() {}
 
 func (x *OpResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[26]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2248,7 @@ func (x *OpResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpResult.ProtoReflect.Descriptor instead.
 func (*OpResult) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{26}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *OpResult) GetResult() isOpResult_Result {
@@ -2144,7 +2326,7 @@ type WatchLeaseRequest struct {
 
 func (x *WatchLeaseRequest) Reset() {
 	*x = WatchLeaseRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2338,7 @@ func (x *WatchLeaseRequest) String() string {
 func (*WatchLeaseRequest) ProtoMessage() {}
 
 func (x *WatchLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[27]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2351,7 @@ func (x *WatchLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WatchLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{27}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchLeaseRequest) GetSessionId() int64 {
@@ -2204,7 +2386,7 @@ type WatchLeaseResponse struct {
 
 func (x *WatchLeaseResponse) Reset() {
 	*x = WatchLeaseResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2398,7 @@ func (x *WatchLeaseResponse) String() string {
 func (*WatchLeaseResponse) ProtoMessage() {}
 
 func (x *WatchLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[28]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2411,7 @@ func (x *WatchLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchLeaseResponse.ProtoReflect.Descriptor instead.
 func (*WatchLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{28}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchLeaseResponse) GetType() WatchLeaseResponse_Type {
@@ -2277,7 +2459,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2471,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[29]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2484,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{29}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListLeasesRequest) GetPageSize() int32 {
@@ -2341,7 +2523,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2535,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[30]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2548,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{30}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -2413,7 +2595,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2607,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[31]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2620,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{31}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LeaseStatus) GetName() string {
@@ -2543,7 +2725,15 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12\x1b\n" +
 	"\ttake_over\x18\x04 \x01(\bR\btakeOver\")\n" +
 	"\vPutResponse\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x03R\brevision\"\x1e\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\";\n" +
+	"\x0ePutManyRequest\x12)\n" +
+	"\x04puts\x18\x01 \x03(\v2\x15.fencer.v1.PutRequestR\x04puts\"A\n" +
+	"\x0fPutManyResponse\x12.\n" +
+	"\aresults\x18\x01 \x03(\v2\x14.fencer.v1.PutResultR\aresults\"K\n" +
+	"\tPutResult\x12\x1c\n" +
+	"\brevision\x18\x01 \x01(\x03H\x00R\brevision\x12\x16\n" +
+	"\x05error\x18\x02 \x01(\fH\x00R\x05errorB\b\n" +
+	"\x06result\"\x1e\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"\x85\x01\n" +
@@ -2663,14 +2853,15 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x1cERROR_REASON_WATCH_COMPACTED\x10\v\x12\"\n" +
 	"\x1eERROR_REASON_STORE_UNAVAILABLE\x10\f\x12\x1e\n" +
 	"\x1aERROR_REASON_SHUTTING_DOWN\x10\r\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x0e2\x9b\x06\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\x0e2\xdd\x06\n" +
 	"\rFencerService\x12@\n" +
 	"\aAcquire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n" +
 	"\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x010\x01\x12@\n" +
 	"\aRelease\x12\x19.fencer.v1.ReleaseRequest\x1a\x1a.fencer.v1.ReleaseResponse\x12:\n" +
 	"\x05Check\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n" +
 	"\aAdvance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x124\n" +
-	"\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x124\n" +
+	"\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x12@\n" +
+	"\aPutMany\x12\x19.fencer.v1.PutManyRequest\x1a\x1a.fencer.v1.PutManyResponse\x124\n" +
 	"\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12C\n" +
 	"\bListKeys\x12\x1a.fencer.v1.ListKeysRequest\x1a\x1b.fencer.v1.ListKeysResponse\x12=\n" +
 	"\x06Delete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x124\n" +
@@ -2693,7 +2884,7 @@ func file_fencer_v1_fencer_proto_rawDescGZIP() []byte {
 }
 
 var file_fencer_v1_fencer_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_fencer_v1_fencer_proto_goTypes = []any{
 	(ErrorReason)(0),             // 0: fencer.v1.ErrorReason
 	(Compare_Target)(0),          // 1: fencer.v1.Compare.Target
@@ -2711,72 +2902,79 @@ var file_fencer_v1_fencer_proto_goTypes = []any{
 	(*AdvanceResponse)(nil),      // 13: fencer.v1.AdvanceResponse
 	(*PutRequest)(nil),           // 14: fencer.v1.PutRequest
 	(*PutResponse)(nil),          // 15: fencer.v1.PutResponse
-	(*GetRequest)(nil),           // 16: fencer.v1.GetRequest
-	(*GetResponse)(nil),          // 17: fencer.v1.GetResponse
-	(*ListKeysRequest)(nil),      // 18: fencer.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),     // 19: fencer.v1.ListKeysResponse
-	(*KeyValue)(nil),             // 20: fencer.v1.KeyValue
-	(*DeleteRequest)(nil),        // 21: fencer.v1.DeleteRequest
-	(*DeleteResponse)(nil),       // 22: fencer.v1.DeleteResponse
-	(*TxnRequest)(nil),           // 23: fencer.v1.TxnRequest
-	(*TxnResponse)(nil),          // 24: fencer.v1.TxnResponse
-	(*Compare)(nil),              // 25: fencer.v1.Compare
-	(*Op)(nil),                   // 26: fencer.v1.Op
-	(*PutOp)(nil),                // 27: fencer.v1.PutOp
-	(*DeleteOp)(nil),             // 28: fencer.v1.DeleteOp
-	(*GetOp)(nil),                // 29: fencer.v1.GetOp
-	(*OpResult)(nil),             // 30: fencer.v1.OpResult
-	(*WatchLeaseRequest)(nil),    // 31: fencer.v1.WatchLeaseRequest
-	(*WatchLeaseResponse)(nil),   // 32: fencer.v1.WatchLeaseResponse
-	(*ListLeasesRequest)(nil),    // 33: fencer.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),   // 34: fencer.v1.ListLeasesResponse
-	(*LeaseStatus)(nil),          // 35: fencer.v1.LeaseStatus
+	(*PutManyRequest)(nil),       // 16: fencer.v1.PutManyRequest
+	(*PutManyResponse)(nil),      // 17: fencer.v1.PutManyResponse
+	(*PutResult)(nil),            // 18: fencer.v1.PutResult
+	(*GetRequest)(nil),           // 19: fencer.v1.GetRequest
+	(*GetResponse)(nil),          // 20: fencer.v1.GetResponse
+	(*ListKeysRequest)(nil),      // 21: fencer.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),     // 22: fencer.v1.ListKeysResponse
+	(*KeyValue)(nil),             // 23: fencer.v1.KeyValue
+	(*DeleteRequest)(nil),        // 24: fencer.v1.DeleteRequest
+	(*DeleteResponse)(nil),       // 25: fencer.v1.DeleteResponse
+	(*TxnRequest)(nil),           // 26: fencer.v1.TxnRequest
+	(*TxnResponse)(nil),          // 27: fencer.v1.TxnResponse
+	(*Compare)(nil),              // 28: fencer.v1.Compare
+	(*Op)(nil),                   // 29: fencer.v1.Op
+	(*PutOp)(nil),                // 30: fencer.v1.PutOp
+	(*DeleteOp)(nil),             // 31: fencer.v1.DeleteOp
+	(*GetOp)(nil),                // 32: fencer.v1.GetOp
+	(*OpResult)(nil),             // 33: fencer.v1.OpResult
+	(*WatchLeaseRequest)(nil),    // 34: fencer.v1.WatchLeaseRequest
+	(*WatchLeaseResponse)(nil),   // 35: fencer.v1.WatchLeaseResponse
+	(*ListLeasesRequest)(nil),    // 36: fencer.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),   // 37: fencer.v1.ListLeasesResponse
+	(*LeaseStatus)(nil),          // 38: fencer.v1.LeaseStatus
 }
 var file_fencer_v1_fencer_proto_depIdxs = []int32{
-	20, // 0: fencer.v1.ListKeysResponse.keys:type_name -> fencer.v1.KeyValue
-	25, // 1: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
-	26, // 2: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
-	26, // 3: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
-	30, // 4: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
-	1,  // 5: fencer.v1.Compare.target:type_name -> fencer.v1.Compare.Target
-	2,  // 6: fencer.v1.Compare.result:type_name -> fencer.v1.Compare.Result
-	27, // 7: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
-	28, // 8: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
-	29, // 9: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
-	15, // 10: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
-	22, // 11: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
-	17, // 12: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
-	3,  // 13: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
-	35, // 14: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
-	4,  // 15: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
-	6,  // 16: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
-	8,  // 17: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
-	10, // 18: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
-	12, // 19: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
-	14, // 20: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
-	16, // 21: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
-	18, // 22: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
-	21, // 23: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
-	23, // 24: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
-	31, // 25: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
-	33, // 26: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
-	5,  // 27: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
-	7,  // 28: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
-	9,  // 29: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
-	11, // 30: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
-	13, // 31: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
-	15, // 32: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
-	17, // 33: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
-	19, // 34: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
-	22, // 35: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
-	24, // 36: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
-	32, // 37: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
-	34, // 38: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
-	27, // [27:39] is the sub-list for method output_type
-	15, // [15:27] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	14, // 0: fencer.v1.PutManyRequest.puts:type_name -> fencer.v1.PutRequest
+	18, // 1: fencer.v1.PutManyResponse.results:type_name -> fencer.v1.PutResult
+	23, // 2: fencer.v1.ListKeysResponse.keys:type_name -> fencer.v1.KeyValue
+	28, // 3: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
+	29, // 4: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
+	29, // 5: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
+	33, // 6: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
+	1,  // 7: fencer.v1.Compare.target:type_name -> fencer.v1.Compare.Target
+	2,  // 8: fencer.v1.Compare.result:type_name -> fencer.v1.Compare.Result
+	30, // 9: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
+	31, // 10: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
+	32, // 11: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
+	15, // 12: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
+	25, // 13: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
+	20, // 14: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
+	3,  // 15: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
+	38, // 16: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
+	4,  // 17: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
+	6,  // 18: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
+	8,  // 19: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
+	10, // 20: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
+	12, // 21: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
+	14, // 22: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
+	16, // 23: fencer.v1.FencerService.PutMany:input_type -> fencer.v1.PutManyRequest
+	19, // 24: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
+	21, // 25: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
+	24, // 26: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
+	26, // 27: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
+	34, // 28: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
+	36, // 29: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
+	5,  // 30: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
+	7,  // 31: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
+	9,  // 32: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
+	11, // 33: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
+	13, // 34: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
+	15, // 35: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
+	17, // 36: fencer.v1.FencerService.PutMany:output_type -> fencer.v1.PutManyResponse
+	20, // 37: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
+	22, // 38: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
+	25, // 39: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
+	27, // 40: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
+	35, // 41: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
+	37, // 42: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
+	30, // [30:43] is the sub-list for method output_type
+	17, // [17:30] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_fencer_v1_fencer_proto_init() }
@@ -2788,12 +2986,16 @@ func file_fencer_v1_fencer_proto_init() {
 		(*ReleaseRequest_Token)(nil),
 		(*ReleaseRequest_SessionId)(nil),
 	}
-	file_fencer_v1_fencer_proto_msgTypes[22].OneofWrappers = []any{
+	file_fencer_v1_fencer_proto_msgTypes[14].OneofWrappers = []any{
+		(*PutResult_Revision)(nil),
+		(*PutResult_Error)(nil),
+	}
+	file_fencer_v1_fencer_proto_msgTypes[25].OneofWrappers = []any{
 		(*Op_Put)(nil),
 		(*Op_Delete)(nil),
 		(*Op_Get)(nil),
 	}
-	file_fencer_v1_fencer_proto_msgTypes[26].OneofWrappers = []any{
+	file_fencer_v1_fencer_proto_msgTypes[29].OneofWrappers = []any{
 		(*OpResult_Put)(nil),
 		(*OpResult_Delete)(nil),
 		(*OpResult_Get)(nil),
@@ -2804,7 +3006,7 @@ func file_fencer_v1_fencer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fencer_v1_fencer_proto_rawDesc), len(file_fencer_v1_fencer_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,7 @@ const (
 	FencerService_Check_FullMethodName      = "/fencer.v1.FencerService/Check"
 	FencerService_Advance_FullMethodName    = "/fencer.v1.FencerService/Advance"
 	FencerService_Put_FullMethodName        = "/fencer.v1.FencerService/Put"
+	FencerService_PutMany_FullMethodName    = "/fencer.v1.FencerService/PutMany"
 	FencerService_Get_FullMethodName        = "/fencer.v1.FencerService/Get"
 	FencerService_ListKeys_FullMethodName   = "/fencer.v1.FencerService/ListKeys"
 	FencerService_Delete_FullMethodName     = "/fencer.v1.FencerService/Delete"
@@ -93,6 +94,18 @@ type FencerServiceClient interface {
 	// not current and with FOREIGN_LEASE when another lease owns the key,
 	// unless take_over is set.
 	Put(ctx context.Context, in *PutRequest, opts ...grpc.CallOption) (*PutResponse, error)
+	// PutMany runs several guarded puts in one call, each as Put runs it on
+	// its own: under its own token's guard and its own key's ownership rule,
+	// with the same authorization, and with a result of its own, which is
+	// either the revision of its write or the error Put would have failed
+	// with. A put that fails fails alone; the others still commit. The puts
+	// of one call are concurrent: they may commit at one revision or at
+	// several, in no given order. The call itself fails (and no put runs)
+	// only when it cannot be served at all: its credentials are refused, it
+	// has more than 128 puts, or the server is shutting down. The Go client
+	// sends concurrent puts on one connection as PutMany calls; Put stays
+	// for every other client.
+	PutMany(ctx context.Context, in *PutManyRequest, opts ...grpc.CallOption) (*PutManyResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
 	// ListKeys reads the data keys that start with a prefix, with their
@@ -194,6 +207,16 @@ func (c *fencerServiceClient) Put(ctx context.Context, in *PutRequest, opts ...g
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PutResponse)
 	err := c.cc.Invoke(ctx, FencerService_Put_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fencerServiceClient) PutMany(ctx context.Context, in *PutManyRequest, opts ...grpc.CallOption) (*PutManyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutManyResponse)
+	err := c.cc.Invoke(ctx, FencerService_PutMany_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -314,6 +337,18 @@ type FencerServiceServer interface {
 	// not current and with FOREIGN_LEASE when another lease owns the key,
 	// unless take_over is set.
 	Put(context.Context, *PutRequest) (*PutResponse, error)
+	// PutMany runs several guarded puts in one call, each as Put runs it on
+	// its own: under its own token's guard and its own key's ownership rule,
+	// with the same authorization, and with a result of its own, which is
+	// either the revision of its write or the error Put would have failed
+	// with. A put that fails fails alone; the others still commit. The puts
+	// of one call are concurrent: they may commit at one revision or at
+	// several, in no given order. The call itself fails (and no put runs)
+	// only when it cannot be served at all: its credentials are refused, it
+	// has more than 128 puts, or the server is shutting down. The Go client
+	// sends concurrent puts on one connection as PutMany calls; Put stays
+	// for every other client.
+	PutMany(context.Context, *PutManyRequest) (*PutManyResponse, error)
 	// Get reads a data key. Reads are not guarded.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
 	// ListKeys reads the data keys that start with a prefix, with their
@@ -375,6 +410,9 @@ func (UnimplementedFencerServiceServer) Advance(context.Context, *AdvanceRequest
 }
 func (UnimplementedFencerServiceServer) Put(context.Context, *PutRequest) (*PutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Put not implemented")
+}
+func (UnimplementedFencerServiceServer) PutMany(context.Context, *PutManyRequest) (*PutManyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutMany not implemented")
 }
 func (UnimplementedFencerServiceServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
@@ -512,6 +550,24 @@ func _FencerService_Put_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FencerService_PutMany_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutManyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).PutMany(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_PutMany_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).PutMany(ctx, req.(*PutManyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _FencerService_Get_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetRequest)
 	if err := dec(in); err != nil {
@@ -639,6 +695,10 @@ var FencerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Put",
 			Handler:    _FencerService_Put_Handler,
+		},
+		{
+			MethodName: "PutMany",
+			Handler:    _FencerService_PutMany_Handler,
 		},
 		{
 			MethodName: "Get",

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncer/v1/fencer.proto\x12\tfencer.v1\"q\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x1a\n\x12lock_delay_seconds\x18\x05 \x01(\x03\"q\n\x0f\x41\x63quireResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x16\n\x0esession_secret\x18\x05 \x01(\x0c\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"<\n\x11KeepAliveResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"{\n\x0eReleaseRequest\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\x03H\x00\x12\x19\n\x11holder_session_id\x18\x03 \x01(\x03\x12\x1d\n\x15holder_session_secret\x18\x04 \x01(\x0c\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1d\n\x0c\x43heckRequest\x12\r\n\x05token\x18\x01 \x01(\t\"\x0f\n\rCheckResponse\"D\n\x0e\x41\x64vanceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"\x11\n\x0f\x41\x64vanceResponse\"J\n\nPutRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\ttake_over\x18\x04 \x01(\x08\"\x1f\n\x0bPutResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"Z\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\"H\n\x0fListKeysRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"N\n\x10ListKeysResponse\x12!\n\x04keys\x18\x01 \x03(\x0b\x32\x13.fencer.v1.KeyValue\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\">\n\rDeleteRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x94\x01\n\nTxnRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12$\n\x08\x63ompares\x18\x02 \x03(\x0b\x32\x12.fencer.v1.Compare\x12\x1e\n\x07success\x18\x03 \x03(\x0b\x32\r.fencer.v1.Op\x12\x1e\n\x07\x66\x61ilure\x18\x04 \x03(\x0b\x32\r.fencer.v1.Op\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"F\n\x0bTxnResponse\x12\x11\n\tsucceeded\x18\x01 \x01(\x08\x12$\n\x07results\x18\x02 \x03(\x0b\x32\x13.fencer.v1.OpResult\"\xf7\x02\n\x07\x43ompare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x06target\x18\x02 \x01(\x0e\x32\x19.fencer.v1.Compare.Target\x12)\n\x06result\x18\x03 \x01(\x0e\x32\x19.fencer.v1.Compare.Result\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06number\x18\x05 \x01(\x03\"{\n\x06Target\x12\x16\n\x12TARGET_UNSPECIFIED\x10\x00\x12\x10\n\x0cTARGET_VALUE\x10\x01\x12\x12\n\x0eTARGET_VERSION\x10\x02\x12\x1a\n\x16TARGET_CREATE_REVISION\x10\x03\x12\x17\n\x13TARGET_MOD_REVISION\x10\x04\"m\n\x06Result\x12\x16\n\x12RESULT_UNSPECIFIED\x10\x00\x12\x10\n\x0cRESULT_EQUAL\x10\x01\x12\x14\n\x10RESULT_NOT_EQUAL\x10\x02\x12\x12\n\x0eRESULT_GREATER\x10\x03\x12\x0f\n\x0bRESULT_LESS\x10\x04\"s\n\x02Op\x12\x1f\n\x03put\x18\x01 \x01(\x0b\x32\x10.fencer.v1.PutOpH\x00\x12%\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x13.fencer.v1.DeleteOpH\x00\x12\x1f\n\x03get\x18\x03 \x01(\x0b\x32\x10.fencer.v1.GetOpH\x00\x42\x04\n\x02op\"#\n\x05PutOp\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08\x44\x65leteOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x14\n\x05GetOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x8f\x01\n\x08OpResult\x12%\n\x03put\x18\x01 \x01(\x0b\x32\x16.fencer.v1.PutResponseH\x00\x12+\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x19.fencer.v1.DeleteResponseH\x00\x12%\n\x03get\x18\x03 \x01(\x0b\x32\x16.fencer.v1.GetResponseH\x00\x42\x08\n\x06result\"?\n\x11WatchLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xc8\x01\n\x12WatchLeaseResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".fencer.v1.WatchLeaseResponse.Type\x12\r\n\x05token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"O\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTYPE_SYNCED\x10\x01\x12\r\n\tTYPE_LOST\x10\x02\x12\x11\n\rTYPE_PROGRESS\x10\x03\"O\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\"U\n\x12ListLeasesResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencer.v1.LeaseStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x8a\x01\n\x0bLeaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\t\x12\x15\n\rlock_delay_ms\x18\x06 \x01(\x03\x12\x1a\n\x12lock_delay_started\x18\x07 \x01(\x08*\xf7\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_REASON_STALE_TOKEN\x10\x01\x12\x1f\n\x1b\x45RROR_REASON_LEASE_NOT_HELD\x10\x02\x12 \n\x1c\x45RROR_REASON_HELD_BY_ANOTHER\x10\x03\x12\x1b\n\x17\x45RROR_REASON_LOCK_DELAY\x10\x04\x12\x1e\n\x1a\x45RROR_REASON_FOREIGN_LEASE\x10\x05\x12\x1e\n\x1a\x45RROR_REASON_INVALID_TOKEN\x10\x06\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x07\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x08\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\t\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\n\x12 \n\x1c\x45RROR_REASON_WATCH_COMPACTED\x10\x0b\x12\"\n\x1e\x45RROR_REASON_STORE_UNAVAILABLE\x10\x0c\x12\x1e\n\x1a\x45RROR_REASON_SHUTTING_DOWN\x10\r\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0e\x32\x9b\x06\n\rFencerService\x12@\n\x07\x41\x63quire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.fencer.v1.ReleaseRequest\x1a\x1a.fencer.v1.ReleaseResponse\x12:\n\x05\x43heck\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n\x07\x41\x64vance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x12\x34\n\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x12\x34\n\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12\x43\n\x08ListKeys\x12\x1a.fencer.v1.ListKeysRequest\x1a\x1b.fencer.v1.ListKeysResponse\x12=\n\x06\x44\x65lete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x12\x34\n\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n\nWatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n\nListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x66\x65ncer/v1/fencer.proto\x12\tfencer.v1\"q\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x1a\n\x12lock_delay_seconds\x18\x05 \x01(\x03\"q\n\x0f\x41\x63quireResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\x12\r\n\x05token\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x16\n\x0esession_secret\x18\x05 \x01(\x0c\"&\n\x10KeepAliveRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\"<\n\x11KeepAliveResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x03\"{\n\x0eReleaseRequest\x12\x0f\n\x05token\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\x03H\x00\x12\x19\n\x11holder_session_id\x18\x03 \x01(\x03\x12\x1d\n\x15holder_session_secret\x18\x04 \x01(\x0c\x42\x08\n\x06target\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1d\n\x0c\x43heckRequest\x12\r\n\x05token\x18\x01 \x01(\t\"\x0f\n\rCheckResponse\"D\n\x0e\x41\x64vanceRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"\x11\n\x0f\x41\x64vanceResponse\"J\n\nPutRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\x12\x11\n\ttake_over\x18\x04 \x01(\x08\"\x1f\n\x0bPutResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"5\n\x0ePutManyRequest\x12#\n\x04puts\x18\x01 \x03(\x0b\x32\x15.fencer.v1.PutRequest\"8\n\x0fPutManyResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.fencer.v1.PutResult\":\n\tPutResult\x12\x12\n\x08revision\x18\x01 \x01(\x03H\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\x0cH\x00\x42\x08\n\x06result\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"Z\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\"H\n\x0fListKeysRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"N\n\x10ListKeysResponse\x12!\n\x04keys\x18\x01 \x03(\x0b\x32\x13.fencer.v1.KeyValue\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"U\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\">\n\rDeleteRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttake_over\x18\x03 \x01(\x08\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x94\x01\n\nTxnRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12$\n\x08\x63ompares\x18\x02 \x03(\x0b\x32\x12.fencer.v1.Compare\x12\x1e\n\x07success\x18\x03 \x03(\x0b\x32\r.fencer.v1.Op\x12\x1e\n\x07\x66\x61ilure\x18\x04 \x03(\x0b\x32\r.fencer.v1.Op\x12\x11\n\ttake_over\x18\x05 \x01(\x08\"F\n\x0bTxnResponse\x12\x11\n\tsucceeded\x18\x01 \x01(\x08\x12$\n\x07results\x18\x02 \x03(\x0b\x32\x13.fencer.v1.OpResult\"\xf7\x02\n\x07\x43ompare\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x06target\x18\x02 \x01(\x0e\x32\x19.fencer.v1.Compare.Target\x12)\n\x06result\x18\x03 \x01(\x0e\x32\x19.fencer.v1.Compare.Result\x12\r\n\x05value\x18\x04 \x01(\x0c\x12\x0e\n\x06number\x18\x05 \x01(\x03\"{\n\x06Target\x12\x16\n\x12TARGET_UNSPECIFIED\x10\x00\x12\x10\n\x0cTARGET_VALUE\x10\x01\x12\x12\n\x0eTARGET_VERSION\x10\x02\x12\x1a\n\x16TARGET_CREATE_REVISION\x10\x03\x12\x17\n\x13TARGET_MOD_REVISION\x10\x04\"m\n\x06Result\x12\x16\n\x12RESULT_UNSPECIFIED\x10\x00\x12\x10\n\x0cRESULT_EQUAL\x10\x01\x12\x14\n\x10RESULT_NOT_EQUAL\x10\x02\x12\x12\n\x0eRESULT_GREATER\x10\x03\x12\x0f\n\x0bRESULT_LESS\x10\x04\"s\n\x02Op\x12\x1f\n\x03put\x18\x01 \x01(\x0b\x32\x10.fencer.v1.PutOpH\x00\x12%\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x13.fencer.v1.DeleteOpH\x00\x12\x1f\n\x03get\x18\x03 \x01(\x0b\x32\x10.fencer.v1.GetOpH\x00\x42\x04\n\x02op\"#\n\x05PutOp\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x17\n\x08\x44\x65leteOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x14\n\x05GetOp\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x8f\x01\n\x08OpResult\x12%\n\x03put\x18\x01 \x01(\x0b\x32\x16.fencer.v1.PutResponseH\x00\x12+\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x19.fencer.v1.DeleteResponseH\x00\x12%\n\x03get\x18\x03 \x01(\x0b\x32\x16.fencer.v1.GetResponseH\x00\x42\x08\n\x06result\"?\n\x11WatchLeaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x03\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xc8\x01\n\x12WatchLeaseResponse\x12\x30\n\x04type\x18\x01 \x01(\x0e\x32\".fencer.v1.WatchLeaseResponse.Type\x12\r\n\x05token\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"O\n\x04Type\x12\x14\n\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTYPE_SYNCED\x10\x01\x12\r\n\tTYPE_LOST\x10\x02\x12\x11\n\rTYPE_PROGRESS\x10\x03\"O\n\x11ListLeasesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x13\n\x0bname_prefix\x18\x03 \x01(\t\"U\n\x12ListLeasesResponse\x12&\n\x06leases\x18\x01 \x03(\x0b\x32\x16.fencer.v1.LeaseStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x8a\x01\n\x0bLeaseStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\r\n\x05token\x18\x05 \x01(\t\x12\x15\n\rlock_delay_ms\x18\x06 \x01(\x03\x12\x1a\n\x12lock_delay_started\x18\x07 \x01(\x08*\xf7\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x45RROR_REASON_STALE_TOKEN\x10\x01\x12\x1f\n\x1b\x45RROR_REASON_LEASE_NOT_HELD\x10\x02\x12 \n\x1c\x45RROR_REASON_HELD_BY_ANOTHER\x10\x03\x12\x1b\n\x17\x45RROR_REASON_LOCK_DELAY\x10\x04\x12\x1e\n\x1a\x45RROR_REASON_FOREIGN_LEASE\x10\x05\x12\x1e\n\x1a\x45RROR_REASON_INVALID_TOKEN\x10\x06\x12!\n\x1d\x45RROR_REASON_INVALID_ARGUMENT\x10\x07\x12\"\n\x1e\x45RROR_REASON_SESSION_NOT_FOUND\x10\x08\x12\"\n\x1e\x45RROR_REASON_PERMISSION_DENIED\x10\t\x12 \n\x1c\x45RROR_REASON_UNAUTHENTICATED\x10\n\x12 \n\x1c\x45RROR_REASON_WATCH_COMPACTED\x10\x0b\x12\"\n\x1e\x45RROR_REASON_STORE_UNAVAILABLE\x10\x0c\x12\x1e\n\x1a\x45RROR_REASON_SHUTTING_DOWN\x10\r\x12\x19\n\x15\x45RROR_REASON_INTERNAL\x10\x0e\x32\xdd\x06\n\rFencerService\x12@\n\x07\x41\x63quire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.fencer.v1.ReleaseRequest\x1a\x1a.fencer.v1.ReleaseResponse\x12:\n\x05\x43heck\x12\x17.fencer.v1.CheckRequest\x1a\x18.fencer.v1.CheckResponse\x12@\n\x07\x41\x64vance\x12\x19.fencer.v1.AdvanceRequest\x1a\x1a.fencer.v1.AdvanceResponse\x12\x34\n\x03Put\x12\x15.fencer.v1.PutRequest\x1a\x16.fencer.v1.PutResponse\x12@\n\x07PutMany\x12\x19.fencer.v1.PutManyRequest\x1a\x1a.fencer.v1.PutManyResponse\x12\x34\n\x03Get\x12\x15.fencer.v1.GetRequest\x1a\x16.fencer.v1.GetResponse\x12\x43\n\x08ListKeys\x12\x1a.fencer.v1.ListKeysRequest\x1a\x1b.fencer.v1.ListKeysResponse\x12=\n\x06\x44\x65lete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x12\x34\n\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n\nWatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n\nListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fencer.v1.fencer_pb2', globals())
@@ -21,8 +21,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1'
-  _ERRORREASON._serialized_start=2762
-  _ERRORREASON._serialized_end=3265
+  _ERRORREASON._serialized_start=2935
+  _ERRORREASON._serialized_end=3438
   _ACQUIREREQUEST._serialized_start=37
   _ACQUIREREQUEST._serialized_end=150
   _ACQUIRERESPONSE._serialized_start=152
@@ -47,52 +47,58 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _PUTREQUEST._serialized_end=742
   _PUTRESPONSE._serialized_start=744
   _PUTRESPONSE._serialized_end=775
-  _GETREQUEST._serialized_start=777
-  _GETREQUEST._serialized_end=802
-  _GETRESPONSE._serialized_start=804
-  _GETRESPONSE._serialized_end=894
-  _LISTKEYSREQUEST._serialized_start=896
-  _LISTKEYSREQUEST._serialized_end=968
-  _LISTKEYSRESPONSE._serialized_start=970
-  _LISTKEYSRESPONSE._serialized_end=1048
-  _KEYVALUE._serialized_start=1050
-  _KEYVALUE._serialized_end=1135
-  _DELETEREQUEST._serialized_start=1137
-  _DELETEREQUEST._serialized_end=1199
-  _DELETERESPONSE._serialized_start=1201
-  _DELETERESPONSE._serialized_end=1234
-  _TXNREQUEST._serialized_start=1237
-  _TXNREQUEST._serialized_end=1385
-  _TXNRESPONSE._serialized_start=1387
-  _TXNRESPONSE._serialized_end=1457
-  _COMPARE._serialized_start=1460
-  _COMPARE._serialized_end=1835
-  _COMPARE_TARGET._serialized_start=1601
-  _COMPARE_TARGET._serialized_end=1724
-  _COMPARE_RESULT._serialized_start=1726
-  _COMPARE_RESULT._serialized_end=1835
-  _OP._serialized_start=1837
-  _OP._serialized_end=1952
-  _PUTOP._serialized_start=1954
-  _PUTOP._serialized_end=1989
-  _DELETEOP._serialized_start=1991
-  _DELETEOP._serialized_end=2014
-  _GETOP._serialized_start=2016
-  _GETOP._serialized_end=2036
-  _OPRESULT._serialized_start=2039
-  _OPRESULT._serialized_end=2182
-  _WATCHLEASEREQUEST._serialized_start=2184
-  _WATCHLEASEREQUEST._serialized_end=2247
-  _WATCHLEASERESPONSE._serialized_start=2250
-  _WATCHLEASERESPONSE._serialized_end=2450
-  _WATCHLEASERESPONSE_TYPE._serialized_start=2371
-  _WATCHLEASERESPONSE_TYPE._serialized_end=2450
-  _LISTLEASESREQUEST._serialized_start=2452
-  _LISTLEASESREQUEST._serialized_end=2531
-  _LISTLEASESRESPONSE._serialized_start=2533
-  _LISTLEASESRESPONSE._serialized_end=2618
-  _LEASESTATUS._serialized_start=2621
-  _LEASESTATUS._serialized_end=2759
-  _FENCERSERVICE._serialized_start=3268
-  _FENCERSERVICE._serialized_end=4063
+  _PUTMANYREQUEST._serialized_start=777
+  _PUTMANYREQUEST._serialized_end=830
+  _PUTMANYRESPONSE._serialized_start=832
+  _PUTMANYRESPONSE._serialized_end=888
+  _PUTRESULT._serialized_start=890
+  _PUTRESULT._serialized_end=948
+  _GETREQUEST._serialized_start=950
+  _GETREQUEST._serialized_end=975
+  _GETRESPONSE._serialized_start=977
+  _GETRESPONSE._serialized_end=1067
+  _LISTKEYSREQUEST._serialized_start=1069
+  _LISTKEYSREQUEST._serialized_end=1141
+  _LISTKEYSRESPONSE._serialized_start=1143
+  _LISTKEYSRESPONSE._serialized_end=1221
+  _KEYVALUE._serialized_start=1223
+  _KEYVALUE._serialized_end=1308
+  _DELETEREQUEST._serialized_start=1310
+  _DELETEREQUEST._serialized_end=1372
+  _DELETERESPONSE._serialized_start=1374
+  _DELETERESPONSE._serialized_end=1407
+  _TXNREQUEST._serialized_start=1410
+  _TXNREQUEST._serialized_end=1558
+  _TXNRESPONSE._serialized_start=1560
+  _TXNRESPONSE._serialized_end=1630
+  _COMPARE._serialized_start=1633
+  _COMPARE._serialized_end=2008
+  _COMPARE_TARGET._serialized_start=1774
+  _COMPARE_TARGET._serialized_end=1897
+  _COMPARE_RESULT._serialized_start=1899
+  _COMPARE_RESULT._serialized_end=2008
+  _OP._serialized_start=2010
+  _OP._serialized_end=2125
+  _PUTOP._serialized_start=2127
+  _PUTOP._serialized_end=2162
+  _DELETEOP._serialized_start=2164
+  _DELETEOP._serialized_end=2187
+  _GETOP._serialized_start=2189
+  _GETOP._serialized_end=2209
+  _OPRESULT._serialized_start=2212
+  _OPRESULT._serialized_end=2355
+  _WATCHLEASEREQUEST._serialized_start=2357
+  _WATCHLEASEREQUEST._serialized_end=2420
+  _WATCHLEASERESPONSE._serialized_start=2423
+  _WATCHLEASERESPONSE._serialized_end=2623
+  _WATCHLEASERESPONSE_TYPE._serialized_start=2544
+  _WATCHLEASERESPONSE_TYPE._serialized_end=2623
+  _LISTLEASESREQUEST._serialized_start=2625
+  _LISTLEASESREQUEST._serialized_end=2704
+  _LISTLEASESRESPONSE._serialized_start=2706
+  _LISTLEASESRESPONSE._serialized_end=2791
+  _LEASESTATUS._serialized_start=2794
+  _LEASESTATUS._serialized_end=2932
+  _FENCERSERVICE._serialized_start=3441
+  _FENCERSERVICE._serialized_end=4302
 # @@protoc_insertion_point(module_scope)

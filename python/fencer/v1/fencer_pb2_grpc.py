@@ -46,6 +46,11 @@ class FencerServiceStub(object):
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.PutRequest.SerializeToString,
                 response_deserializer=fencer_dot_v1_dot_fencer__pb2.PutResponse.FromString,
                 )
+        self.PutMany = channel.unary_unary(
+                '/fencer.v1.FencerService/PutMany',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.PutManyRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.PutManyResponse.FromString,
+                )
         self.Get = channel.unary_unary(
                 '/fencer.v1.FencerService/Get',
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.GetRequest.SerializeToString,
@@ -151,6 +156,23 @@ class FencerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutMany(self, request, context):
+        """PutMany runs several guarded puts in one call, each as Put runs it on
+        its own: under its own token's guard and its own key's ownership rule,
+        with the same authorization, and with a result of its own, which is
+        either the revision of its write or the error Put would have failed
+        with. A put that fails fails alone; the others still commit. The puts
+        of one call are concurrent: they may commit at one revision or at
+        several, in no given order. The call itself fails (and no put runs)
+        only when it cannot be served at all: its credentials are refused, it
+        has more than 128 puts, or the server is shutting down. The Go client
+        sends concurrent puts on one connection as PutMany calls; Put stays
+        for every other client.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Get(self, request, context):
         """Get reads a data key. Reads are not guarded.
         """
@@ -247,6 +269,11 @@ def add_FencerServiceServicer_to_server(servicer, server):
                     servicer.Put,
                     request_deserializer=fencer_dot_v1_dot_fencer__pb2.PutRequest.FromString,
                     response_serializer=fencer_dot_v1_dot_fencer__pb2.PutResponse.SerializeToString,
+            ),
+            'PutMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutMany,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.PutManyRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.PutManyResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -389,6 +416,23 @@ class FencerService(object):
         return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/Put',
             fencer_dot_v1_dot_fencer__pb2.PutRequest.SerializeToString,
             fencer_dot_v1_dot_fencer__pb2.PutResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PutMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/PutMany',
+            fencer_dot_v1_dot_fencer__pb2.PutManyRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.PutManyResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
