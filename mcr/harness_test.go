@@ -64,7 +64,10 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	stopSharedAPI()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		// mcr's sharded coordinator (the baseline) releases its fences
+		// on goroutines nobody waits for, which may still be retrying
+		// against a stopped API server.
+		if err := goleak.Find(goleak.IgnoreAnyFunction("sigs.k8s.io/multicluster-runtime/pkg/manager/coordinator/sharded.(*leaseGuard).Release")); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
 			code = 1
 		}
