@@ -72,6 +72,9 @@ type engager interface {
 func (c *coordRun) engageAll(ctx context.Context, e engager, names []string) {
 	c.wg.Go(func() {
 		for _, n := range names {
+			if ctx.Err() != nil {
+				return // stopped before every cluster was engaged
+			}
 			if err := e.Engage(ctx, multicluster.ClusterName(n), stubCluster{}); err != nil {
 				if ctx.Err() == nil {
 					c.mu.Lock()
