@@ -50,24 +50,15 @@ func (s *Server) Advance(ctx context.Context, req *fencerv1.AdvanceRequest) (*fe
 // principal the token was issued to, refused for a key of another lease
 // unless the request takes it over.
 func (s *Server) Put(ctx context.Context, req *fencerv1.PutRequest) (*fencerv1.PutResponse, error) {
-	rev, err := s.put(ctx, req)
+	in, err := s.admitPut(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return &fencerv1.PutResponse{Revision: rev}, nil
-}
-
-// put is the body of Put.
-func (s *Server) put(ctx context.Context, req *fencerv1.PutRequest) (int64, error) {
-	in, err := s.admitPut(ctx, req)
-	if err != nil {
-		return 0, err
-	}
 	rev, err := s.store.PutChecked(ctx, in, takeOver(req.GetTakeOver())...)
 	if err != nil {
-		return 0, s.rejected(ctx, "put", in.Token(), err)
+		return nil, s.rejected(ctx, "put", in.Token(), err)
 	}
-	return rev, nil
+	return &fencerv1.PutResponse{Revision: rev}, nil
 }
 
 // admitPut checks req and that its token was issued to the caller's
