@@ -343,16 +343,7 @@ func TestBadInput(t *testing.T) {
 			return !o.engaged.isLive(multicluster.ClusterName(p))
 		}), "the leaving owner is still engaged")
 		close(resume)
-		var late write
-		require.True(t, waitFor(10*time.Second, func() bool {
-			for _, w := range e.log.all() {
-				if w.replica == o.name && w.project == p && w.value == "handoff" {
-					late = w
-					return true
-				}
-			}
-			return false
-		}))
+		late := e.log.await(t, 10*time.Second, o.name, p, "handoff", "the in-flight reconcile did not attempt its write")
 		require.ErrorIs(t, late.err, token.ErrNotHeld, "the in-flight reconcile's write: %v", late.err)
 		// The other replica gets p by the handoff and writes it with a
 		// greater token.

@@ -240,6 +240,23 @@ func (l *writeLog) all() []write {
 	return append([]write(nil), l.writes...)
 }
 
+// await waits up to d for replica's attempt to write value to project's
+// record, and returns it; it fails t with msg if none comes.
+func (l *writeLog) await(t *testing.T, d time.Duration, replica, project, value, msg string) write {
+	t.Helper()
+	var found write
+	require.True(t, waitFor(d, func() bool {
+		for _, w := range l.all() {
+			if w.replica == replica && w.project == project && w.value == value {
+				found = w
+				return true
+			}
+		}
+		return false
+	}), msg)
+	return found
+}
+
 // pauser pauses one reconcile of one project, once: the reconcile that
 // reads the downstream value and then stops before writing, as a process
 // that is paused mid-reconcile.

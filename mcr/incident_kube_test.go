@@ -225,16 +225,7 @@ func incidentFenced(t *testing.T, api *kubefencertest.APIServer) {
 	// It resumes: its late write, through the fenced client of its Held,
 	// fails with the typed stale error.
 	close(resume)
-	var late write
-	require.True(t, waitFor(20*time.Second, func() bool {
-		for _, w := range e.log.all() {
-			if w.replica == o.name && w.project == p && w.value == "2" {
-				late = w
-				return true
-			}
-		}
-		return false
-	}), "the paused owner did not attempt its late write")
+	late := e.log.await(t, 20*time.Second, o.name, p, "2", "the paused owner did not attempt its late write")
 	require.ErrorIs(t, late.err, token.ErrStale, "late write: %v", late.err)
 	// Its raw write with the old stamp is denied by the API server.
 	raw := e.record(t, p)

@@ -1032,16 +1032,7 @@ func TestRedTeamStopMidReconcile(t *testing.T) {
 	}
 
 	close(resume)
-	var late write
-	require.True(t, waitFor(20*time.Second, func() bool {
-		for _, w := range e.log.all() {
-			if w.replica == o.name && w.project == p && w.value == "2" {
-				late = w
-				return true
-			}
-		}
-		return false
-	}), "the stopped replica's reconcile did not attempt its write")
+	late := e.log.await(t, 20*time.Second, o.name, p, "2", "the stopped replica's reconcile did not attempt its write")
 	require.True(t, errors.Is(late.err, token.ErrNotHeld) || errors.Is(late.err, token.ErrStale), "the stopped replica's late write: %v", late.err)
 	requireNotStale("the stopped replica's late write")
 
