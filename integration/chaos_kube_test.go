@@ -19,6 +19,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fencer-dev/fencer/internal/testkit/history"
@@ -153,11 +154,16 @@ func TestChaosKubeClientGoBaselineIsNotFenced(t *testing.T) {
 	// The Lease passes to B while A is active (an operator's handover, or
 	// A's renewals stalled): B becomes leader at its next retry, and A
 	// carries on until its RenewDeadline.
-	lease, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, "fence", metav1.GetOptions{})
-	require.NoError(t, err)
-	handOver(lease, "replica-b")
-	_, err = k.cs.CoordinationV1().Leases(k.ns).Update(ctx, lease, metav1.UpdateOptions{})
-	require.NoError(t, err)
+	// A renews every RetryPeriod, so the handover retries on a conflict.
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		lease, err := k.cs.CoordinationV1().Leases(k.ns).Get(ctx, "fence", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		handOver(lease, "replica-b")
+		_, err = k.cs.CoordinationV1().Leases(k.ns).Update(ctx, lease, metav1.UpdateOptions{})
+		return err
+	}))
 	require.Eventually(t, func() bool { _, ok := leaders.Load("replica-b"); return ok }, 20*time.Second, 10*time.Millisecond)
 	select {
 	case <-stoppedA:

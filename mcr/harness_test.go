@@ -678,6 +678,24 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	}
 }
 
+// quiet waits up to d for the replicas' skip counts to stay unchanged for
+// settle, and reports whether they did.
+func quiet(rs []*replica, settle, d time.Duration) bool {
+	total := func() (n int64) {
+		for _, r := range rs {
+			n += r.gated.Skipped()
+		}
+		return n
+	}
+	last, since := total(), time.Now()
+	return waitFor(d, func() bool {
+		if n := total(); n != last {
+			last, since = n, time.Now()
+		}
+		return time.Since(since) >= settle
+	})
+}
+
 // engagedBy returns the replicas whose runnables are engaged for project now.
 func engagedBy(rs []*replica, project string) []*replica {
 	var out []*replica
