@@ -108,6 +108,13 @@ const (
 	// ERROR_REASON_INTERNAL (INTERNAL): anything else, such as fencer's own
 	// etcd credentials failing. Do not retry blindly; the operator must look.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 14
+	// ERROR_REASON_RING_NOT_FOUND (NOT_FOUND): the ring has not been created.
+	// Create it with CreateRing. Metadata: "ring".
+	ErrorReason_ERROR_REASON_RING_NOT_FOUND ErrorReason = 15
+	// ERROR_REASON_RING_CONFLICT (ALREADY_EXISTS): the ring exists with other
+	// shards, or the member name is taken in the ring by another session.
+	// Metadata: "ring", and "member" for a taken member name.
+	ErrorReason_ERROR_REASON_RING_CONFLICT ErrorReason = 16
 )
 
 // Enum value maps for ErrorReason.
@@ -128,6 +135,8 @@ var (
 		12: "ERROR_REASON_STORE_UNAVAILABLE",
 		13: "ERROR_REASON_SHUTTING_DOWN",
 		14: "ERROR_REASON_INTERNAL",
+		15: "ERROR_REASON_RING_NOT_FOUND",
+		16: "ERROR_REASON_RING_CONFLICT",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":       0,
@@ -145,6 +154,8 @@ var (
 		"ERROR_REASON_STORE_UNAVAILABLE": 12,
 		"ERROR_REASON_SHUTTING_DOWN":     13,
 		"ERROR_REASON_INTERNAL":          14,
+		"ERROR_REASON_RING_NOT_FOUND":    15,
+		"ERROR_REASON_RING_CONFLICT":     16,
 	}
 )
 
@@ -355,6 +366,66 @@ func (x WatchLeaseResponse_Type) Number() protoreflect.EnumNumber {
 // Deprecated: Use WatchLeaseResponse_Type.Descriptor instead.
 func (WatchLeaseResponse_Type) EnumDescriptor() ([]byte, []int) {
 	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{31, 0}
+}
+
+// Kind is the kind of change.
+type ShardChange_Kind int32
+
+const (
+	// KIND_UNSPECIFIED is never sent.
+	ShardChange_KIND_UNSPECIFIED ShardChange_Kind = 0
+	// KIND_GAINED: the member owns the shard, with token.
+	ShardChange_KIND_GAINED ShardChange_Kind = 1
+	// KIND_LOSING: the shard is assigned to another member. Stop acting
+	// for it, then ReleaseShards it; it is released anyway after
+	// drain_ms. token is still current until then.
+	ShardChange_KIND_LOSING ShardChange_Kind = 2
+	// KIND_LOST: the member no longer owns the shard; token is no longer
+	// current.
+	ShardChange_KIND_LOST ShardChange_Kind = 3
+)
+
+// Enum value maps for ShardChange_Kind.
+var (
+	ShardChange_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_GAINED",
+		2: "KIND_LOSING",
+		3: "KIND_LOST",
+	}
+	ShardChange_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_GAINED":      1,
+		"KIND_LOSING":      2,
+		"KIND_LOST":        3,
+	}
+)
+
+func (x ShardChange_Kind) Enum() *ShardChange_Kind {
+	p := new(ShardChange_Kind)
+	*p = x
+	return p
+}
+
+func (x ShardChange_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ShardChange_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_fencer_v1_fencer_proto_enumTypes[4].Descriptor()
+}
+
+func (ShardChange_Kind) Type() protoreflect.EnumType {
+	return &file_fencer_v1_fencer_proto_enumTypes[4]
+}
+
+func (x ShardChange_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ShardChange_Kind.Descriptor instead.
+func (ShardChange_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{39, 0}
 }
 
 // AcquireRequest asks for a named lease.
@@ -2672,6 +2743,898 @@ func (x *LeaseStatus) GetLockDelayStarted() bool {
 	return false
 }
 
+// CreateRingRequest defines a ring. Exactly one of shard_count and shards
+// is set.
+type CreateRingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the ring name: 1 to 63 bytes of lower-case letters, digits,
+	// "-" and ".", starting and ending with a letter or digit.
+	Ring string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// shard_count, 1 to 100000, names the shards "0" to "<shard_count-1>".
+	ShardCount int32 `protobuf:"varint,2,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	// shards names the shards, 1 to 100000 distinct names; each is 1 to
+	// 128 bytes of UTF-8 without spaces or control characters.
+	Shards        []string `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateRingRequest) Reset() {
+	*x = CreateRingRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateRingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateRingRequest) ProtoMessage() {}
+
+func (x *CreateRingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateRingRequest.ProtoReflect.Descriptor instead.
+func (*CreateRingRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CreateRingRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+func (x *CreateRingRequest) GetShardCount() int32 {
+	if x != nil {
+		return x.ShardCount
+	}
+	return 0
+}
+
+func (x *CreateRingRequest) GetShards() []string {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// CreateRingResponse reports a created (or already identical) ring.
+type CreateRingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// created is false when the ring already existed with these shards.
+	Created       bool `protobuf:"varint,1,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateRingResponse) Reset() {
+	*x = CreateRingResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateRingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateRingResponse) ProtoMessage() {}
+
+func (x *CreateRingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateRingResponse.ProtoReflect.Descriptor instead.
+func (*CreateRingResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CreateRingResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// JoinRingRequest joins a session to a ring.
+type JoinRingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the ring to join; it must have been created.
+	Ring string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// session_id is the session to join through, as returned by Acquire or
+	// an earlier JoinRing. 0 opens a new session.
+	SessionId int64 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// ttl_seconds is the TTL of a new session, 1 to 3600 seconds; 0 means
+	// 10. It must be 0 when session_id is set.
+	TtlSeconds int64 `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// member is the member's name in the ring, 1 to 128 bytes as a shard
+	// name; empty means the session's holder identity. A name is held by
+	// one session at a time. Rendezvous hashing assigns by name, so a
+	// worker that joins again under its old name gets its old shards back.
+	Member string `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
+	// drain_seconds is how long a LOSING shard waits for ReleaseShards
+	// before it is released anyway, 0 to 600; 0 means 5.
+	DrainSeconds  int64 `protobuf:"varint,5,opt,name=drain_seconds,json=drainSeconds,proto3" json:"drain_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRingRequest) Reset() {
+	*x = JoinRingRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRingRequest) ProtoMessage() {}
+
+func (x *JoinRingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRingRequest.ProtoReflect.Descriptor instead.
+func (*JoinRingRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *JoinRingRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+func (x *JoinRingRequest) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *JoinRingRequest) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *JoinRingRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *JoinRingRequest) GetDrainSeconds() int64 {
+	if x != nil {
+		return x.DrainSeconds
+	}
+	return 0
+}
+
+// JoinRingResponse is one message of a member's stream.
+type JoinRingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot is true on the first message: changes then list every shard
+	// the member owns now, as GAINED, and the client replaces its view.
+	Snapshot bool `protobuf:"varint,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// changes are the shards that changed, in order.
+	Changes []*ShardChange `protobuf:"bytes,2,rep,name=changes,proto3" json:"changes,omitempty"`
+	// revision is the etcd revision the member's view has reached.
+	Revision int64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// member is the member's name; set on the first message.
+	Member string `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
+	// session_id is the member's session; set on the first message.
+	SessionId int64 `protobuf:"varint,5,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// ttl_seconds is the TTL etcd granted when this call opened the
+	// session; set on the first message of a call that opened one.
+	TtlSeconds int64 `protobuf:"varint,6,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
+	// session_secret is the secret of the session this call opened, as in
+	// AcquireResponse; set on the first message of a call that opened one.
+	SessionSecret []byte `protobuf:"bytes,7,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRingResponse) Reset() {
+	*x = JoinRingResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRingResponse) ProtoMessage() {}
+
+func (x *JoinRingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRingResponse.ProtoReflect.Descriptor instead.
+func (*JoinRingResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *JoinRingResponse) GetSnapshot() bool {
+	if x != nil {
+		return x.Snapshot
+	}
+	return false
+}
+
+func (x *JoinRingResponse) GetChanges() []*ShardChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *JoinRingResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *JoinRingResponse) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *JoinRingResponse) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *JoinRingResponse) GetTtlSeconds() int64 {
+	if x != nil {
+		return x.TtlSeconds
+	}
+	return 0
+}
+
+func (x *JoinRingResponse) GetSessionSecret() []byte {
+	if x != nil {
+		return x.SessionSecret
+	}
+	return nil
+}
+
+// ShardChange is one change of one shard's ownership.
+type ShardChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is the kind of change.
+	Kind ShardChange_Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=fencer.v1.ShardChange_Kind" json:"kind,omitempty"`
+	// shard is the shard's name.
+	Shard string `protobuf:"bytes,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	// token is the shard's token in its text form: the new one for
+	// KIND_GAINED, the ending one for KIND_LOSING and KIND_LOST.
+	Token string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	// drain_ms is, for KIND_LOSING, how long until the shard is released
+	// without ReleaseShards.
+	DrainMs       int64 `protobuf:"varint,4,opt,name=drain_ms,json=drainMs,proto3" json:"drain_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardChange) Reset() {
+	*x = ShardChange{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardChange) ProtoMessage() {}
+
+func (x *ShardChange) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardChange.ProtoReflect.Descriptor instead.
+func (*ShardChange) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ShardChange) GetKind() ShardChange_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return ShardChange_KIND_UNSPECIFIED
+}
+
+func (x *ShardChange) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+func (x *ShardChange) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *ShardChange) GetDrainMs() int64 {
+	if x != nil {
+		return x.DrainMs
+	}
+	return 0
+}
+
+// ReleaseShardsRequest hands off drained shards.
+type ReleaseShardsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the member's ring.
+	Ring string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// session_id is the member's session.
+	SessionId int64 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// shards are the drained shards, 1 to 1000.
+	Shards        []string `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseShardsRequest) Reset() {
+	*x = ReleaseShardsRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseShardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseShardsRequest) ProtoMessage() {}
+
+func (x *ReleaseShardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseShardsRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseShardsRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ReleaseShardsRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+func (x *ReleaseShardsRequest) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *ReleaseShardsRequest) GetShards() []string {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// ReleaseShardsResponse reports a hand-off.
+type ReleaseShardsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released counts the shards released by this call.
+	Released      int32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseShardsResponse) Reset() {
+	*x = ReleaseShardsResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseShardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseShardsResponse) ProtoMessage() {}
+
+func (x *ReleaseShardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseShardsResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseShardsResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ReleaseShardsResponse) GetReleased() int32 {
+	if x != nil {
+		return x.Released
+	}
+	return 0
+}
+
+// LeaveRingRequest starts a member's departure.
+type LeaveRingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the member's ring.
+	Ring string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// session_id is the member's session.
+	SessionId     int64 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRingRequest) Reset() {
+	*x = LeaveRingRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRingRequest) ProtoMessage() {}
+
+func (x *LeaveRingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRingRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRingRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *LeaveRingRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+func (x *LeaveRingRequest) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+// LeaveRingResponse acknowledges a departure.
+type LeaveRingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRingResponse) Reset() {
+	*x = LeaveRingResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRingResponse) ProtoMessage() {}
+
+func (x *LeaveRingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRingResponse.ProtoReflect.Descriptor instead.
+func (*LeaveRingResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{43}
+}
+
+// OwnsRequest asks whether a member owns a shard.
+type OwnsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the member's ring.
+	Ring string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// session_id is the member's session.
+	SessionId int64 `protobuf:"varint,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// shard is the shard to ask about; it must be one of the ring's.
+	Shard         string `protobuf:"bytes,3,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OwnsRequest) Reset() {
+	*x = OwnsRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OwnsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OwnsRequest) ProtoMessage() {}
+
+func (x *OwnsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OwnsRequest.ProtoReflect.Descriptor instead.
+func (*OwnsRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *OwnsRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+func (x *OwnsRequest) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *OwnsRequest) GetShard() string {
+	if x != nil {
+		return x.Shard
+	}
+	return ""
+}
+
+// OwnsResponse answers an OwnsRequest.
+type OwnsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owned is true if the member owns the shard.
+	Owned bool `protobuf:"varint,1,opt,name=owned,proto3" json:"owned,omitempty"`
+	// token is the shard's token in its text form when owned.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OwnsResponse) Reset() {
+	*x = OwnsResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OwnsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OwnsResponse) ProtoMessage() {}
+
+func (x *OwnsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OwnsResponse.ProtoReflect.Descriptor instead.
+func (*OwnsResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *OwnsResponse) GetOwned() bool {
+	if x != nil {
+		return x.Owned
+	}
+	return false
+}
+
+func (x *OwnsResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+// RingStatusRequest asks for a ring's state.
+type RingStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ring is the ring to describe.
+	Ring          string `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RingStatusRequest) Reset() {
+	*x = RingStatusRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingStatusRequest) ProtoMessage() {}
+
+func (x *RingStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingStatusRequest.ProtoReflect.Descriptor instead.
+func (*RingStatusRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RingStatusRequest) GetRing() string {
+	if x != nil {
+		return x.Ring
+	}
+	return ""
+}
+
+// RingStatusResponse is a ring's state at one revision.
+type RingStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// shard_count is the number of the ring's shards.
+	ShardCount int32 `protobuf:"varint,1,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	// members are the ring's members, ordered by name.
+	Members []*RingMember `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// unowned counts the shards no member owns.
+	Unowned int32 `protobuf:"varint,3,opt,name=unowned,proto3" json:"unowned,omitempty"`
+	// revision is the etcd revision of the reads.
+	Revision      int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RingStatusResponse) Reset() {
+	*x = RingStatusResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingStatusResponse) ProtoMessage() {}
+
+func (x *RingStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingStatusResponse.ProtoReflect.Descriptor instead.
+func (*RingStatusResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RingStatusResponse) GetShardCount() int32 {
+	if x != nil {
+		return x.ShardCount
+	}
+	return 0
+}
+
+func (x *RingStatusResponse) GetMembers() []*RingMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *RingStatusResponse) GetUnowned() int32 {
+	if x != nil {
+		return x.Unowned
+	}
+	return 0
+}
+
+func (x *RingStatusResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// RingMember is one member of a ring.
+type RingMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// member is the member's name.
+	Member string `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
+	// holder is the holder identity of its session.
+	Holder string `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	// leaving is true once the member has called LeaveRing.
+	Leaving bool `protobuf:"varint,3,opt,name=leaving,proto3" json:"leaving,omitempty"`
+	// owned counts the shards it owns.
+	Owned         int32 `protobuf:"varint,4,opt,name=owned,proto3" json:"owned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RingMember) Reset() {
+	*x = RingMember{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RingMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RingMember) ProtoMessage() {}
+
+func (x *RingMember) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RingMember.ProtoReflect.Descriptor instead.
+func (*RingMember) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RingMember) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *RingMember) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *RingMember) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
+func (x *RingMember) GetOwned() int32 {
+	if x != nil {
+		return x.Owned
+	}
+	return 0
+}
+
 var File_fencer_v1_fencer_proto protoreflect.FileDescriptor
 
 const file_fencer_v1_fencer_proto_rawDesc = "" +
@@ -2836,7 +3799,76 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05token\x18\x05 \x01(\tR\x05token\x12\"\n" +
 	"\rlock_delay_ms\x18\x06 \x01(\x03R\vlockDelayMs\x12,\n" +
-	"\x12lock_delay_started\x18\a \x01(\bR\x10lockDelayStarted*\xf7\x03\n" +
+	"\x12lock_delay_started\x18\a \x01(\bR\x10lockDelayStarted\"`\n" +
+	"\x11CreateRingRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\x12\x1f\n" +
+	"\vshard_count\x18\x02 \x01(\x05R\n" +
+	"shardCount\x12\x16\n" +
+	"\x06shards\x18\x03 \x03(\tR\x06shards\".\n" +
+	"\x12CreateRingResponse\x12\x18\n" +
+	"\acreated\x18\x01 \x01(\bR\acreated\"\xa2\x01\n" +
+	"\x0fJoinRingRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x03R\tsessionId\x12\x1f\n" +
+	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
+	"ttlSeconds\x12\x16\n" +
+	"\x06member\x18\x04 \x01(\tR\x06member\x12#\n" +
+	"\rdrain_seconds\x18\x05 \x01(\x03R\fdrainSeconds\"\xfb\x01\n" +
+	"\x10JoinRingResponse\x12\x1a\n" +
+	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x120\n" +
+	"\achanges\x18\x02 \x03(\v2\x16.fencer.v1.ShardChangeR\achanges\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x16\n" +
+	"\x06member\x18\x04 \x01(\tR\x06member\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x05 \x01(\x03R\tsessionId\x12\x1f\n" +
+	"\vttl_seconds\x18\x06 \x01(\x03R\n" +
+	"ttlSeconds\x12%\n" +
+	"\x0esession_secret\x18\a \x01(\fR\rsessionSecret\"\xd4\x01\n" +
+	"\vShardChange\x12/\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1b.fencer.v1.ShardChange.KindR\x04kind\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\tR\x05shard\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\x12\x19\n" +
+	"\bdrain_ms\x18\x04 \x01(\x03R\adrainMs\"M\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vKIND_GAINED\x10\x01\x12\x0f\n" +
+	"\vKIND_LOSING\x10\x02\x12\r\n" +
+	"\tKIND_LOST\x10\x03\"a\n" +
+	"\x14ReleaseShardsRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x03R\tsessionId\x12\x16\n" +
+	"\x06shards\x18\x03 \x03(\tR\x06shards\"3\n" +
+	"\x15ReleaseShardsResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\x05R\breleased\"E\n" +
+	"\x10LeaveRingRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x03R\tsessionId\"\x13\n" +
+	"\x11LeaveRingResponse\"V\n" +
+	"\vOwnsRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\x03R\tsessionId\x12\x14\n" +
+	"\x05shard\x18\x03 \x01(\tR\x05shard\":\n" +
+	"\fOwnsResponse\x12\x14\n" +
+	"\x05owned\x18\x01 \x01(\bR\x05owned\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"'\n" +
+	"\x11RingStatusRequest\x12\x12\n" +
+	"\x04ring\x18\x01 \x01(\tR\x04ring\"\x9c\x01\n" +
+	"\x12RingStatusResponse\x12\x1f\n" +
+	"\vshard_count\x18\x01 \x01(\x05R\n" +
+	"shardCount\x12/\n" +
+	"\amembers\x18\x02 \x03(\v2\x15.fencer.v1.RingMemberR\amembers\x12\x18\n" +
+	"\aunowned\x18\x03 \x01(\x05R\aunowned\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\"l\n" +
+	"\n" +
+	"RingMember\x12\x16\n" +
+	"\x06member\x18\x01 \x01(\tR\x06member\x12\x16\n" +
+	"\x06holder\x18\x02 \x01(\tR\x06holder\x12\x18\n" +
+	"\aleaving\x18\x03 \x01(\bR\aleaving\x12\x14\n" +
+	"\x05owned\x18\x04 \x01(\x05R\x05owned*\xb8\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18ERROR_REASON_STALE_TOKEN\x10\x01\x12\x1f\n" +
@@ -2853,7 +3885,10 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x1cERROR_REASON_WATCH_COMPACTED\x10\v\x12\"\n" +
 	"\x1eERROR_REASON_STORE_UNAVAILABLE\x10\f\x12\x1e\n" +
 	"\x1aERROR_REASON_SHUTTING_DOWN\x10\r\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x0e2\xdd\x06\n" +
+	"\x15ERROR_REASON_INTERNAL\x10\x0e\x12\x1f\n" +
+	"\x1bERROR_REASON_RING_NOT_FOUND\x10\x0f\x12\x1e\n" +
+	"\x1aERROR_REASON_RING_CONFLICT\x10\x102\x8f\n" +
+	"\n" +
 	"\rFencerService\x12@\n" +
 	"\aAcquire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n" +
 	"\tKeepAlive\x12\x1b.fencer.v1.KeepAliveRequest\x1a\x1c.fencer.v1.KeepAliveResponse(\x010\x01\x12@\n" +
@@ -2869,7 +3904,15 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\n" +
 	"WatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n" +
 	"\n" +
-	"ListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3"
+	"ListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponse\x12I\n" +
+	"\n" +
+	"CreateRing\x12\x1c.fencer.v1.CreateRingRequest\x1a\x1d.fencer.v1.CreateRingResponse\x12E\n" +
+	"\bJoinRing\x12\x1a.fencer.v1.JoinRingRequest\x1a\x1b.fencer.v1.JoinRingResponse0\x01\x12R\n" +
+	"\rReleaseShards\x12\x1f.fencer.v1.ReleaseShardsRequest\x1a .fencer.v1.ReleaseShardsResponse\x12F\n" +
+	"\tLeaveRing\x12\x1b.fencer.v1.LeaveRingRequest\x1a\x1c.fencer.v1.LeaveRingResponse\x127\n" +
+	"\x04Owns\x12\x16.fencer.v1.OwnsRequest\x1a\x17.fencer.v1.OwnsResponse\x12I\n" +
+	"\n" +
+	"RingStatus\x12\x1c.fencer.v1.RingStatusRequest\x1a\x1d.fencer.v1.RingStatusResponseB7Z5github.com/fencer-dev/fencer/proto/fencer/v1;fencerv1b\x06proto3"
 
 var (
 	file_fencer_v1_fencer_proto_rawDescOnce sync.Once
@@ -2883,98 +3926,128 @@ func file_fencer_v1_fencer_proto_rawDescGZIP() []byte {
 	return file_fencer_v1_fencer_proto_rawDescData
 }
 
-var file_fencer_v1_fencer_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_fencer_v1_fencer_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_fencer_v1_fencer_proto_goTypes = []any{
-	(ErrorReason)(0),             // 0: fencer.v1.ErrorReason
-	(Compare_Target)(0),          // 1: fencer.v1.Compare.Target
-	(Compare_Result)(0),          // 2: fencer.v1.Compare.Result
-	(WatchLeaseResponse_Type)(0), // 3: fencer.v1.WatchLeaseResponse.Type
-	(*AcquireRequest)(nil),       // 4: fencer.v1.AcquireRequest
-	(*AcquireResponse)(nil),      // 5: fencer.v1.AcquireResponse
-	(*KeepAliveRequest)(nil),     // 6: fencer.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),    // 7: fencer.v1.KeepAliveResponse
-	(*ReleaseRequest)(nil),       // 8: fencer.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 9: fencer.v1.ReleaseResponse
-	(*CheckRequest)(nil),         // 10: fencer.v1.CheckRequest
-	(*CheckResponse)(nil),        // 11: fencer.v1.CheckResponse
-	(*AdvanceRequest)(nil),       // 12: fencer.v1.AdvanceRequest
-	(*AdvanceResponse)(nil),      // 13: fencer.v1.AdvanceResponse
-	(*PutRequest)(nil),           // 14: fencer.v1.PutRequest
-	(*PutResponse)(nil),          // 15: fencer.v1.PutResponse
-	(*PutManyRequest)(nil),       // 16: fencer.v1.PutManyRequest
-	(*PutManyResponse)(nil),      // 17: fencer.v1.PutManyResponse
-	(*PutResult)(nil),            // 18: fencer.v1.PutResult
-	(*GetRequest)(nil),           // 19: fencer.v1.GetRequest
-	(*GetResponse)(nil),          // 20: fencer.v1.GetResponse
-	(*ListKeysRequest)(nil),      // 21: fencer.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),     // 22: fencer.v1.ListKeysResponse
-	(*KeyValue)(nil),             // 23: fencer.v1.KeyValue
-	(*DeleteRequest)(nil),        // 24: fencer.v1.DeleteRequest
-	(*DeleteResponse)(nil),       // 25: fencer.v1.DeleteResponse
-	(*TxnRequest)(nil),           // 26: fencer.v1.TxnRequest
-	(*TxnResponse)(nil),          // 27: fencer.v1.TxnResponse
-	(*Compare)(nil),              // 28: fencer.v1.Compare
-	(*Op)(nil),                   // 29: fencer.v1.Op
-	(*PutOp)(nil),                // 30: fencer.v1.PutOp
-	(*DeleteOp)(nil),             // 31: fencer.v1.DeleteOp
-	(*GetOp)(nil),                // 32: fencer.v1.GetOp
-	(*OpResult)(nil),             // 33: fencer.v1.OpResult
-	(*WatchLeaseRequest)(nil),    // 34: fencer.v1.WatchLeaseRequest
-	(*WatchLeaseResponse)(nil),   // 35: fencer.v1.WatchLeaseResponse
-	(*ListLeasesRequest)(nil),    // 36: fencer.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),   // 37: fencer.v1.ListLeasesResponse
-	(*LeaseStatus)(nil),          // 38: fencer.v1.LeaseStatus
+	(ErrorReason)(0),              // 0: fencer.v1.ErrorReason
+	(Compare_Target)(0),           // 1: fencer.v1.Compare.Target
+	(Compare_Result)(0),           // 2: fencer.v1.Compare.Result
+	(WatchLeaseResponse_Type)(0),  // 3: fencer.v1.WatchLeaseResponse.Type
+	(ShardChange_Kind)(0),         // 4: fencer.v1.ShardChange.Kind
+	(*AcquireRequest)(nil),        // 5: fencer.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 6: fencer.v1.AcquireResponse
+	(*KeepAliveRequest)(nil),      // 7: fencer.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 8: fencer.v1.KeepAliveResponse
+	(*ReleaseRequest)(nil),        // 9: fencer.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 10: fencer.v1.ReleaseResponse
+	(*CheckRequest)(nil),          // 11: fencer.v1.CheckRequest
+	(*CheckResponse)(nil),         // 12: fencer.v1.CheckResponse
+	(*AdvanceRequest)(nil),        // 13: fencer.v1.AdvanceRequest
+	(*AdvanceResponse)(nil),       // 14: fencer.v1.AdvanceResponse
+	(*PutRequest)(nil),            // 15: fencer.v1.PutRequest
+	(*PutResponse)(nil),           // 16: fencer.v1.PutResponse
+	(*PutManyRequest)(nil),        // 17: fencer.v1.PutManyRequest
+	(*PutManyResponse)(nil),       // 18: fencer.v1.PutManyResponse
+	(*PutResult)(nil),             // 19: fencer.v1.PutResult
+	(*GetRequest)(nil),            // 20: fencer.v1.GetRequest
+	(*GetResponse)(nil),           // 21: fencer.v1.GetResponse
+	(*ListKeysRequest)(nil),       // 22: fencer.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 23: fencer.v1.ListKeysResponse
+	(*KeyValue)(nil),              // 24: fencer.v1.KeyValue
+	(*DeleteRequest)(nil),         // 25: fencer.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 26: fencer.v1.DeleteResponse
+	(*TxnRequest)(nil),            // 27: fencer.v1.TxnRequest
+	(*TxnResponse)(nil),           // 28: fencer.v1.TxnResponse
+	(*Compare)(nil),               // 29: fencer.v1.Compare
+	(*Op)(nil),                    // 30: fencer.v1.Op
+	(*PutOp)(nil),                 // 31: fencer.v1.PutOp
+	(*DeleteOp)(nil),              // 32: fencer.v1.DeleteOp
+	(*GetOp)(nil),                 // 33: fencer.v1.GetOp
+	(*OpResult)(nil),              // 34: fencer.v1.OpResult
+	(*WatchLeaseRequest)(nil),     // 35: fencer.v1.WatchLeaseRequest
+	(*WatchLeaseResponse)(nil),    // 36: fencer.v1.WatchLeaseResponse
+	(*ListLeasesRequest)(nil),     // 37: fencer.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 38: fencer.v1.ListLeasesResponse
+	(*LeaseStatus)(nil),           // 39: fencer.v1.LeaseStatus
+	(*CreateRingRequest)(nil),     // 40: fencer.v1.CreateRingRequest
+	(*CreateRingResponse)(nil),    // 41: fencer.v1.CreateRingResponse
+	(*JoinRingRequest)(nil),       // 42: fencer.v1.JoinRingRequest
+	(*JoinRingResponse)(nil),      // 43: fencer.v1.JoinRingResponse
+	(*ShardChange)(nil),           // 44: fencer.v1.ShardChange
+	(*ReleaseShardsRequest)(nil),  // 45: fencer.v1.ReleaseShardsRequest
+	(*ReleaseShardsResponse)(nil), // 46: fencer.v1.ReleaseShardsResponse
+	(*LeaveRingRequest)(nil),      // 47: fencer.v1.LeaveRingRequest
+	(*LeaveRingResponse)(nil),     // 48: fencer.v1.LeaveRingResponse
+	(*OwnsRequest)(nil),           // 49: fencer.v1.OwnsRequest
+	(*OwnsResponse)(nil),          // 50: fencer.v1.OwnsResponse
+	(*RingStatusRequest)(nil),     // 51: fencer.v1.RingStatusRequest
+	(*RingStatusResponse)(nil),    // 52: fencer.v1.RingStatusResponse
+	(*RingMember)(nil),            // 53: fencer.v1.RingMember
 }
 var file_fencer_v1_fencer_proto_depIdxs = []int32{
-	14, // 0: fencer.v1.PutManyRequest.puts:type_name -> fencer.v1.PutRequest
-	18, // 1: fencer.v1.PutManyResponse.results:type_name -> fencer.v1.PutResult
-	23, // 2: fencer.v1.ListKeysResponse.keys:type_name -> fencer.v1.KeyValue
-	28, // 3: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
-	29, // 4: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
-	29, // 5: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
-	33, // 6: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
+	15, // 0: fencer.v1.PutManyRequest.puts:type_name -> fencer.v1.PutRequest
+	19, // 1: fencer.v1.PutManyResponse.results:type_name -> fencer.v1.PutResult
+	24, // 2: fencer.v1.ListKeysResponse.keys:type_name -> fencer.v1.KeyValue
+	29, // 3: fencer.v1.TxnRequest.compares:type_name -> fencer.v1.Compare
+	30, // 4: fencer.v1.TxnRequest.success:type_name -> fencer.v1.Op
+	30, // 5: fencer.v1.TxnRequest.failure:type_name -> fencer.v1.Op
+	34, // 6: fencer.v1.TxnResponse.results:type_name -> fencer.v1.OpResult
 	1,  // 7: fencer.v1.Compare.target:type_name -> fencer.v1.Compare.Target
 	2,  // 8: fencer.v1.Compare.result:type_name -> fencer.v1.Compare.Result
-	30, // 9: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
-	31, // 10: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
-	32, // 11: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
-	15, // 12: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
-	25, // 13: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
-	20, // 14: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
+	31, // 9: fencer.v1.Op.put:type_name -> fencer.v1.PutOp
+	32, // 10: fencer.v1.Op.delete:type_name -> fencer.v1.DeleteOp
+	33, // 11: fencer.v1.Op.get:type_name -> fencer.v1.GetOp
+	16, // 12: fencer.v1.OpResult.put:type_name -> fencer.v1.PutResponse
+	26, // 13: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
+	21, // 14: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
 	3,  // 15: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
-	38, // 16: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
-	4,  // 17: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
-	6,  // 18: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
-	8,  // 19: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
-	10, // 20: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
-	12, // 21: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
-	14, // 22: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
-	16, // 23: fencer.v1.FencerService.PutMany:input_type -> fencer.v1.PutManyRequest
-	19, // 24: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
-	21, // 25: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
-	24, // 26: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
-	26, // 27: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
-	34, // 28: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
-	36, // 29: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
-	5,  // 30: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
-	7,  // 31: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
-	9,  // 32: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
-	11, // 33: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
-	13, // 34: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
-	15, // 35: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
-	17, // 36: fencer.v1.FencerService.PutMany:output_type -> fencer.v1.PutManyResponse
-	20, // 37: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
-	22, // 38: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
-	25, // 39: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
-	27, // 40: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
-	35, // 41: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
-	37, // 42: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
-	30, // [30:43] is the sub-list for method output_type
-	17, // [17:30] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	39, // 16: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
+	44, // 17: fencer.v1.JoinRingResponse.changes:type_name -> fencer.v1.ShardChange
+	4,  // 18: fencer.v1.ShardChange.kind:type_name -> fencer.v1.ShardChange.Kind
+	53, // 19: fencer.v1.RingStatusResponse.members:type_name -> fencer.v1.RingMember
+	5,  // 20: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
+	7,  // 21: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
+	9,  // 22: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
+	11, // 23: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
+	13, // 24: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
+	15, // 25: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
+	17, // 26: fencer.v1.FencerService.PutMany:input_type -> fencer.v1.PutManyRequest
+	20, // 27: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
+	22, // 28: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
+	25, // 29: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
+	27, // 30: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
+	35, // 31: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
+	37, // 32: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
+	40, // 33: fencer.v1.FencerService.CreateRing:input_type -> fencer.v1.CreateRingRequest
+	42, // 34: fencer.v1.FencerService.JoinRing:input_type -> fencer.v1.JoinRingRequest
+	45, // 35: fencer.v1.FencerService.ReleaseShards:input_type -> fencer.v1.ReleaseShardsRequest
+	47, // 36: fencer.v1.FencerService.LeaveRing:input_type -> fencer.v1.LeaveRingRequest
+	49, // 37: fencer.v1.FencerService.Owns:input_type -> fencer.v1.OwnsRequest
+	51, // 38: fencer.v1.FencerService.RingStatus:input_type -> fencer.v1.RingStatusRequest
+	6,  // 39: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
+	8,  // 40: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
+	10, // 41: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
+	12, // 42: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
+	14, // 43: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
+	16, // 44: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
+	18, // 45: fencer.v1.FencerService.PutMany:output_type -> fencer.v1.PutManyResponse
+	21, // 46: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
+	23, // 47: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
+	26, // 48: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
+	28, // 49: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
+	36, // 50: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
+	38, // 51: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
+	41, // 52: fencer.v1.FencerService.CreateRing:output_type -> fencer.v1.CreateRingResponse
+	43, // 53: fencer.v1.FencerService.JoinRing:output_type -> fencer.v1.JoinRingResponse
+	46, // 54: fencer.v1.FencerService.ReleaseShards:output_type -> fencer.v1.ReleaseShardsResponse
+	48, // 55: fencer.v1.FencerService.LeaveRing:output_type -> fencer.v1.LeaveRingResponse
+	50, // 56: fencer.v1.FencerService.Owns:output_type -> fencer.v1.OwnsResponse
+	52, // 57: fencer.v1.FencerService.RingStatus:output_type -> fencer.v1.RingStatusResponse
+	39, // [39:58] is the sub-list for method output_type
+	20, // [20:39] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fencer_v1_fencer_proto_init() }
@@ -3005,8 +4078,8 @@ func file_fencer_v1_fencer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fencer_v1_fencer_proto_rawDesc), len(file_fencer_v1_fencer_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   35,
+			NumEnums:      5,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,19 +34,25 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	FencerService_Acquire_FullMethodName    = "/fencer.v1.FencerService/Acquire"
-	FencerService_KeepAlive_FullMethodName  = "/fencer.v1.FencerService/KeepAlive"
-	FencerService_Release_FullMethodName    = "/fencer.v1.FencerService/Release"
-	FencerService_Check_FullMethodName      = "/fencer.v1.FencerService/Check"
-	FencerService_Advance_FullMethodName    = "/fencer.v1.FencerService/Advance"
-	FencerService_Put_FullMethodName        = "/fencer.v1.FencerService/Put"
-	FencerService_PutMany_FullMethodName    = "/fencer.v1.FencerService/PutMany"
-	FencerService_Get_FullMethodName        = "/fencer.v1.FencerService/Get"
-	FencerService_ListKeys_FullMethodName   = "/fencer.v1.FencerService/ListKeys"
-	FencerService_Delete_FullMethodName     = "/fencer.v1.FencerService/Delete"
-	FencerService_Txn_FullMethodName        = "/fencer.v1.FencerService/Txn"
-	FencerService_WatchLease_FullMethodName = "/fencer.v1.FencerService/WatchLease"
-	FencerService_ListLeases_FullMethodName = "/fencer.v1.FencerService/ListLeases"
+	FencerService_Acquire_FullMethodName       = "/fencer.v1.FencerService/Acquire"
+	FencerService_KeepAlive_FullMethodName     = "/fencer.v1.FencerService/KeepAlive"
+	FencerService_Release_FullMethodName       = "/fencer.v1.FencerService/Release"
+	FencerService_Check_FullMethodName         = "/fencer.v1.FencerService/Check"
+	FencerService_Advance_FullMethodName       = "/fencer.v1.FencerService/Advance"
+	FencerService_Put_FullMethodName           = "/fencer.v1.FencerService/Put"
+	FencerService_PutMany_FullMethodName       = "/fencer.v1.FencerService/PutMany"
+	FencerService_Get_FullMethodName           = "/fencer.v1.FencerService/Get"
+	FencerService_ListKeys_FullMethodName      = "/fencer.v1.FencerService/ListKeys"
+	FencerService_Delete_FullMethodName        = "/fencer.v1.FencerService/Delete"
+	FencerService_Txn_FullMethodName           = "/fencer.v1.FencerService/Txn"
+	FencerService_WatchLease_FullMethodName    = "/fencer.v1.FencerService/WatchLease"
+	FencerService_ListLeases_FullMethodName    = "/fencer.v1.FencerService/ListLeases"
+	FencerService_CreateRing_FullMethodName    = "/fencer.v1.FencerService/CreateRing"
+	FencerService_JoinRing_FullMethodName      = "/fencer.v1.FencerService/JoinRing"
+	FencerService_ReleaseShards_FullMethodName = "/fencer.v1.FencerService/ReleaseShards"
+	FencerService_LeaveRing_FullMethodName     = "/fencer.v1.FencerService/LeaveRing"
+	FencerService_Owns_FullMethodName          = "/fencer.v1.FencerService/Owns"
+	FencerService_RingStatus_FullMethodName    = "/fencer.v1.FencerService/RingStatus"
 )
 
 // FencerServiceClient is the client API for FencerService service.
@@ -140,6 +146,53 @@ type FencerServiceClient interface {
 	// whose names start with name_prefix), with their current holders and
 	// tokens if held, a page at a time, ordered by name.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
+	// CreateRing defines a ring: a named, fixed set of shards that the
+	// ring's members divide among themselves. Creating a ring that exists
+	// with the same shards succeeds and changes nothing; with other shards
+	// it fails with RING_CONFLICT.
+	CreateRing(ctx context.Context, in *CreateRingRequest, opts ...grpc.CallOption) (*CreateRingResponse, error)
+	// JoinRing makes the caller's session a member of a ring and streams the
+	// shards this member owns. With session_id 0 it first opens a new
+	// session, as Acquire does. Shards are assigned by rendezvous hashing
+	// over the ring's live members; the member acquires each shard assigned
+	// to it, through its session, as a lease named "ring:<ring>:<shard>",
+	// and the token of that acquisition fences every guarded call (Put,
+	// Delete, Txn, Advance, Check) for the shard. A shard's record is
+	// written only when the shard moves; one KeepAlive of the session keeps
+	// every shard the member owns.
+	//
+	// The first message is a snapshot of every shard the member owns now;
+	// the following ones report changes. A shard that another member is
+	// assigned is reported LOSING: stop acting for it, then ReleaseShards
+	// it; it is released anyway after the drain time. A shard that ends
+	// otherwise is reported LOST. The member's assignment runs while a
+	// JoinRing stream of it is open: after the stream breaks the member
+	// keeps what it owns, gains nothing and hands nothing off until it joins
+	// again (with its session_id, resuming from a new snapshot) or its
+	// session ends, when etcd deletes its membership and its shards. The
+	// stream ends with OK after LeaveRing has handed off every shard, and
+	// with SESSION_NOT_FOUND when the session ends.
+	JoinRing(ctx context.Context, in *JoinRingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JoinRingResponse], error)
+	// ReleaseShards hands off shards this member is LOSING, once it has
+	// stopped acting for them: each is released at once, so its new owner
+	// can acquire it. A shard the member owns but is not losing is not
+	// released (FAILED_PRECONDITION); a shard it does not own is ignored.
+	ReleaseShards(ctx context.Context, in *ReleaseShardsRequest, opts ...grpc.CallOption) (*ReleaseShardsResponse, error)
+	// LeaveRing marks this member leaving: the other members stop counting
+	// it, and it hands off every shard it owns, each after draining as in
+	// a move. It returns at once; the member's JoinRing stream reports the
+	// shards LOSING and LOST and then ends.
+	LeaveRing(ctx context.Context, in *LeaveRingRequest, opts ...grpc.CallOption) (*LeaveRingResponse, error)
+	// Owns reports whether this member owns a shard now, and its token. It
+	// is answered from the server's memory when the server runs the
+	// member's JoinRing stream, and with one etcd read otherwise. The answer
+	// may be stale by the time it arrives: a write is fenced by its token,
+	// never by Owns.
+	Owns(ctx context.Context, in *OwnsRequest, opts ...grpc.CallOption) (*OwnsResponse, error)
+	// RingStatus describes a ring: its shards, its members and how many
+	// shards each owns, and how many have no owner. It is read at one etcd
+	// revision.
+	RingStatus(ctx context.Context, in *RingStatusRequest, opts ...grpc.CallOption) (*RingStatusResponse, error)
 }
 
 type fencerServiceClient struct {
@@ -292,6 +345,75 @@ func (c *fencerServiceClient) ListLeases(ctx context.Context, in *ListLeasesRequ
 	return out, nil
 }
 
+func (c *fencerServiceClient) CreateRing(ctx context.Context, in *CreateRingRequest, opts ...grpc.CallOption) (*CreateRingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateRingResponse)
+	err := c.cc.Invoke(ctx, FencerService_CreateRing_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fencerServiceClient) JoinRing(ctx context.Context, in *JoinRingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JoinRingResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FencerService_ServiceDesc.Streams[2], FencerService_JoinRing_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[JoinRingRequest, JoinRingResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FencerService_JoinRingClient = grpc.ServerStreamingClient[JoinRingResponse]
+
+func (c *fencerServiceClient) ReleaseShards(ctx context.Context, in *ReleaseShardsRequest, opts ...grpc.CallOption) (*ReleaseShardsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseShardsResponse)
+	err := c.cc.Invoke(ctx, FencerService_ReleaseShards_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fencerServiceClient) LeaveRing(ctx context.Context, in *LeaveRingRequest, opts ...grpc.CallOption) (*LeaveRingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveRingResponse)
+	err := c.cc.Invoke(ctx, FencerService_LeaveRing_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fencerServiceClient) Owns(ctx context.Context, in *OwnsRequest, opts ...grpc.CallOption) (*OwnsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OwnsResponse)
+	err := c.cc.Invoke(ctx, FencerService_Owns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fencerServiceClient) RingStatus(ctx context.Context, in *RingStatusRequest, opts ...grpc.CallOption) (*RingStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RingStatusResponse)
+	err := c.cc.Invoke(ctx, FencerService_RingStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FencerServiceServer is the server API for FencerService service.
 // All implementations must embed UnimplementedFencerServiceServer
 // for forward compatibility.
@@ -383,6 +505,53 @@ type FencerServiceServer interface {
 	// whose names start with name_prefix), with their current holders and
 	// tokens if held, a page at a time, ordered by name.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
+	// CreateRing defines a ring: a named, fixed set of shards that the
+	// ring's members divide among themselves. Creating a ring that exists
+	// with the same shards succeeds and changes nothing; with other shards
+	// it fails with RING_CONFLICT.
+	CreateRing(context.Context, *CreateRingRequest) (*CreateRingResponse, error)
+	// JoinRing makes the caller's session a member of a ring and streams the
+	// shards this member owns. With session_id 0 it first opens a new
+	// session, as Acquire does. Shards are assigned by rendezvous hashing
+	// over the ring's live members; the member acquires each shard assigned
+	// to it, through its session, as a lease named "ring:<ring>:<shard>",
+	// and the token of that acquisition fences every guarded call (Put,
+	// Delete, Txn, Advance, Check) for the shard. A shard's record is
+	// written only when the shard moves; one KeepAlive of the session keeps
+	// every shard the member owns.
+	//
+	// The first message is a snapshot of every shard the member owns now;
+	// the following ones report changes. A shard that another member is
+	// assigned is reported LOSING: stop acting for it, then ReleaseShards
+	// it; it is released anyway after the drain time. A shard that ends
+	// otherwise is reported LOST. The member's assignment runs while a
+	// JoinRing stream of it is open: after the stream breaks the member
+	// keeps what it owns, gains nothing and hands nothing off until it joins
+	// again (with its session_id, resuming from a new snapshot) or its
+	// session ends, when etcd deletes its membership and its shards. The
+	// stream ends with OK after LeaveRing has handed off every shard, and
+	// with SESSION_NOT_FOUND when the session ends.
+	JoinRing(*JoinRingRequest, grpc.ServerStreamingServer[JoinRingResponse]) error
+	// ReleaseShards hands off shards this member is LOSING, once it has
+	// stopped acting for them: each is released at once, so its new owner
+	// can acquire it. A shard the member owns but is not losing is not
+	// released (FAILED_PRECONDITION); a shard it does not own is ignored.
+	ReleaseShards(context.Context, *ReleaseShardsRequest) (*ReleaseShardsResponse, error)
+	// LeaveRing marks this member leaving: the other members stop counting
+	// it, and it hands off every shard it owns, each after draining as in
+	// a move. It returns at once; the member's JoinRing stream reports the
+	// shards LOSING and LOST and then ends.
+	LeaveRing(context.Context, *LeaveRingRequest) (*LeaveRingResponse, error)
+	// Owns reports whether this member owns a shard now, and its token. It
+	// is answered from the server's memory when the server runs the
+	// member's JoinRing stream, and with one etcd read otherwise. The answer
+	// may be stale by the time it arrives: a write is fenced by its token,
+	// never by Owns.
+	Owns(context.Context, *OwnsRequest) (*OwnsResponse, error)
+	// RingStatus describes a ring: its shards, its members and how many
+	// shards each owns, and how many have no owner. It is read at one etcd
+	// revision.
+	RingStatus(context.Context, *RingStatusRequest) (*RingStatusResponse, error)
 	mustEmbedUnimplementedFencerServiceServer()
 }
 
@@ -431,6 +600,24 @@ func (UnimplementedFencerServiceServer) WatchLease(*WatchLeaseRequest, grpc.Serv
 }
 func (UnimplementedFencerServiceServer) ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLeases not implemented")
+}
+func (UnimplementedFencerServiceServer) CreateRing(context.Context, *CreateRingRequest) (*CreateRingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateRing not implemented")
+}
+func (UnimplementedFencerServiceServer) JoinRing(*JoinRingRequest, grpc.ServerStreamingServer[JoinRingResponse]) error {
+	return status.Error(codes.Unimplemented, "method JoinRing not implemented")
+}
+func (UnimplementedFencerServiceServer) ReleaseShards(context.Context, *ReleaseShardsRequest) (*ReleaseShardsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseShards not implemented")
+}
+func (UnimplementedFencerServiceServer) LeaveRing(context.Context, *LeaveRingRequest) (*LeaveRingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LeaveRing not implemented")
+}
+func (UnimplementedFencerServiceServer) Owns(context.Context, *OwnsRequest) (*OwnsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Owns not implemented")
+}
+func (UnimplementedFencerServiceServer) RingStatus(context.Context, *RingStatusRequest) (*RingStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RingStatus not implemented")
 }
 func (UnimplementedFencerServiceServer) mustEmbedUnimplementedFencerServiceServer() {}
 func (UnimplementedFencerServiceServer) testEmbeddedByValue()                       {}
@@ -669,6 +856,107 @@ func _FencerService_ListLeases_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FencerService_CreateRing_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateRingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).CreateRing(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_CreateRing_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).CreateRing(ctx, req.(*CreateRingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FencerService_JoinRing_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(JoinRingRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(FencerServiceServer).JoinRing(m, &grpc.GenericServerStream[JoinRingRequest, JoinRingResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FencerService_JoinRingServer = grpc.ServerStreamingServer[JoinRingResponse]
+
+func _FencerService_ReleaseShards_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseShardsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).ReleaseShards(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_ReleaseShards_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).ReleaseShards(ctx, req.(*ReleaseShardsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FencerService_LeaveRing_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveRingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).LeaveRing(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_LeaveRing_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).LeaveRing(ctx, req.(*LeaveRingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FencerService_Owns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OwnsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).Owns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_Owns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).Owns(ctx, req.(*OwnsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FencerService_RingStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RingStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FencerServiceServer).RingStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FencerService_RingStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FencerServiceServer).RingStatus(ctx, req.(*RingStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FencerService_ServiceDesc is the grpc.ServiceDesc for FencerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -720,6 +1008,26 @@ var FencerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListLeases",
 			Handler:    _FencerService_ListLeases_Handler,
 		},
+		{
+			MethodName: "CreateRing",
+			Handler:    _FencerService_CreateRing_Handler,
+		},
+		{
+			MethodName: "ReleaseShards",
+			Handler:    _FencerService_ReleaseShards_Handler,
+		},
+		{
+			MethodName: "LeaveRing",
+			Handler:    _FencerService_LeaveRing_Handler,
+		},
+		{
+			MethodName: "Owns",
+			Handler:    _FencerService_Owns_Handler,
+		},
+		{
+			MethodName: "RingStatus",
+			Handler:    _FencerService_RingStatus_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -731,6 +1039,11 @@ var FencerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchLease",
 			Handler:       _FencerService_WatchLease_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "JoinRing",
+			Handler:       _FencerService_JoinRing_Handler,
 			ServerStreams: true,
 		},
 	},

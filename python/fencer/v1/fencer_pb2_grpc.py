@@ -81,6 +81,36 @@ class FencerServiceStub(object):
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=fencer_dot_v1_dot_fencer__pb2.ListLeasesResponse.FromString,
                 )
+        self.CreateRing = channel.unary_unary(
+                '/fencer.v1.FencerService/CreateRing',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.CreateRingRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.CreateRingResponse.FromString,
+                )
+        self.JoinRing = channel.unary_stream(
+                '/fencer.v1.FencerService/JoinRing',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.JoinRingRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.JoinRingResponse.FromString,
+                )
+        self.ReleaseShards = channel.unary_unary(
+                '/fencer.v1.FencerService/ReleaseShards',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.ReleaseShardsRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.ReleaseShardsResponse.FromString,
+                )
+        self.LeaveRing = channel.unary_unary(
+                '/fencer.v1.FencerService/LeaveRing',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.LeaveRingRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.LeaveRingResponse.FromString,
+                )
+        self.Owns = channel.unary_unary(
+                '/fencer.v1.FencerService/Owns',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.OwnsRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.OwnsResponse.FromString,
+                )
+        self.RingStatus = channel.unary_unary(
+                '/fencer.v1.FencerService/RingStatus',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.RingStatusRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.RingStatusResponse.FromString,
+                )
 
 
 class FencerServiceServicer(object):
@@ -237,6 +267,83 @@ class FencerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateRing(self, request, context):
+        """CreateRing defines a ring: a named, fixed set of shards that the
+        ring's members divide among themselves. Creating a ring that exists
+        with the same shards succeeds and changes nothing; with other shards
+        it fails with RING_CONFLICT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinRing(self, request, context):
+        """JoinRing makes the caller's session a member of a ring and streams the
+        shards this member owns. With session_id 0 it first opens a new
+        session, as Acquire does. Shards are assigned by rendezvous hashing
+        over the ring's live members; the member acquires each shard assigned
+        to it, through its session, as a lease named "ring:<ring>:<shard>",
+        and the token of that acquisition fences every guarded call (Put,
+        Delete, Txn, Advance, Check) for the shard. A shard's record is
+        written only when the shard moves; one KeepAlive of the session keeps
+        every shard the member owns.
+
+        The first message is a snapshot of every shard the member owns now;
+        the following ones report changes. A shard that another member is
+        assigned is reported LOSING: stop acting for it, then ReleaseShards
+        it; it is released anyway after the drain time. A shard that ends
+        otherwise is reported LOST. The member's assignment runs while a
+        JoinRing stream of it is open: after the stream breaks the member
+        keeps what it owns, gains nothing and hands nothing off until it joins
+        again (with its session_id, resuming from a new snapshot) or its
+        session ends, when etcd deletes its membership and its shards. The
+        stream ends with OK after LeaveRing has handed off every shard, and
+        with SESSION_NOT_FOUND when the session ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseShards(self, request, context):
+        """ReleaseShards hands off shards this member is LOSING, once it has
+        stopped acting for them: each is released at once, so its new owner
+        can acquire it. A shard the member owns but is not losing is not
+        released (FAILED_PRECONDITION); a shard it does not own is ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveRing(self, request, context):
+        """LeaveRing marks this member leaving: the other members stop counting
+        it, and it hands off every shard it owns, each after draining as in
+        a move. It returns at once; the member's JoinRing stream reports the
+        shards LOSING and LOST and then ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Owns(self, request, context):
+        """Owns reports whether this member owns a shard now, and its token. It
+        is answered from the server's memory when the server runs the
+        member's JoinRing stream, and with one etcd read otherwise. The answer
+        may be stale by the time it arrives: a write is fenced by its token,
+        never by Owns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RingStatus(self, request, context):
+        """RingStatus describes a ring: its shards, its members and how many
+        shards each owns, and how many have no owner. It is read at one etcd
+        revision.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FencerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -304,6 +411,36 @@ def add_FencerServiceServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=fencer_dot_v1_dot_fencer__pb2.ListLeasesRequest.FromString,
                     response_serializer=fencer_dot_v1_dot_fencer__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'CreateRing': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateRing,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.CreateRingRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.CreateRingResponse.SerializeToString,
+            ),
+            'JoinRing': grpc.unary_stream_rpc_method_handler(
+                    servicer.JoinRing,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.JoinRingRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.JoinRingResponse.SerializeToString,
+            ),
+            'ReleaseShards': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseShards,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.ReleaseShardsRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.ReleaseShardsResponse.SerializeToString,
+            ),
+            'LeaveRing': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveRing,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.LeaveRingRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.LeaveRingResponse.SerializeToString,
+            ),
+            'Owns': grpc.unary_unary_rpc_method_handler(
+                    servicer.Owns,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.OwnsRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.OwnsResponse.SerializeToString,
+            ),
+            'RingStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.RingStatus,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.RingStatusRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.RingStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -535,5 +672,107 @@ class FencerService(object):
         return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/ListLeases',
             fencer_dot_v1_dot_fencer__pb2.ListLeasesRequest.SerializeToString,
             fencer_dot_v1_dot_fencer__pb2.ListLeasesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/CreateRing',
+            fencer_dot_v1_dot_fencer__pb2.CreateRingRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.CreateRingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def JoinRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/fencer.v1.FencerService/JoinRing',
+            fencer_dot_v1_dot_fencer__pb2.JoinRingRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.JoinRingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReleaseShards(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/ReleaseShards',
+            fencer_dot_v1_dot_fencer__pb2.ReleaseShardsRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.ReleaseShardsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LeaveRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/LeaveRing',
+            fencer_dot_v1_dot_fencer__pb2.LeaveRingRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.LeaveRingResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Owns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/Owns',
+            fencer_dot_v1_dot_fencer__pb2.OwnsRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.OwnsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RingStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/fencer.v1.FencerService/RingStatus',
+            fencer_dot_v1_dot_fencer__pb2.RingStatusRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.RingStatusResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
