@@ -78,4 +78,3 @@ func TestDeath(t *testing.T) {
 		})
 	}
 }
-
