@@ -42,7 +42,7 @@ func newJudge(t testing.TB, st *etcdstore.Store, r string) *judge {
 	j := &judge{t: t, st: st, r: r, members: map[string]*tmember{}, stop: make(chan struct{})}
 	resp, err := st.Client().Get(fencertest.Context(t), "x")
 	require.NoError(t, err)
-	wch := st.Client().Watch(clientv3.WithRequireLeader(fencertest.Context(t)), st.HolderKey(ring.ShardLease(r, "")), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	wch := st.Client().Watch(fencertest.Context(t), st.HolderKey(ring.ShardLease(r, "")), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	j.done.Add(2)
 	go j.sample()
 	go j.watch(wch)
