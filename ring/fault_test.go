@@ -205,4 +205,3 @@ func TestFaultLeaderChange(t *testing.T) {
 	}
 	j.verdict(t)
 }
-
