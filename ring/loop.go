@@ -58,12 +58,6 @@ type held struct {
 	releasing bool      // a release is in flight; Owns no longer reports it
 }
 
-// member is another (or this) member as the loop last saw its key.
-type member struct {
-	leaving bool
-	lease   int64
-}
-
 // state is the loop's state; only the loop goroutine touches it, after
 // Join's initial read.
 //
@@ -76,8 +70,8 @@ type member struct {
 type state struct {
 	m         *Member
 	clk       clock.Clock
-	shards    []string // sorted
-	members   map[string]member
+	shards    []string          // sorted
+	members   map[string]bool   // member name -> leaving
 	assign    map[string]string // shard -> owner over the active members
 	holders   map[string]token.Token
 	holderRev int64 // the holder keys are as of this revision
@@ -128,7 +122,7 @@ func (s *state) read(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ring: read ring %q: %w", s.m.cfg.Ring, err)
 	}
-	s.members = map[string]member{}
+	s.members = map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		s.memberPut(kv)
 	}
@@ -157,7 +151,7 @@ func (s *state) memberPut(kv *mvccpb.KeyValue) {
 		delete(s.members, name) // not a member this package wrote
 		return
 	}
-	s.members[name] = member{leaving: v.State == stateLeaving, lease: kv.Lease}
+	s.members[name] = v.State == stateLeaving
 	if name == s.m.cfg.Member && kv.Lease == int64(s.m.cfg.LeaseID) && v.State == stateLeaving {
 		s.leaving, s.all = true, true
 	}
@@ -187,8 +181,8 @@ func (s *state) holderPut(kv *mvccpb.KeyValue) {
 // reassign computes every shard's owner over the active members.
 func (s *state) reassign() {
 	var active []rendezvous.Member
-	for name, mb := range s.members {
-		if !mb.leaving {
+	for name, leaving := range s.members {
+		if !leaving {
 			active = append(active, rendezvous.Member{Name: name})
 		}
 	}
