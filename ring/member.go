@@ -1,11 +1,13 @@
 package ring
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -274,8 +276,9 @@ func (m *Member) Owns(shard string) (token.Token, bool) {
 // reported Losing, at once, so their new owners can acquire them, and
 // returns how many it released. Shards the member does not hold are
 // skipped. If one of them is held but not Losing, it releases none and
-// returns an error wrapping ErrNotLosing. ctx bounds the releases; a
-// release that ctx cut short is retried after the shard's drain.
+// returns an error wrapping ErrNotLosing. ctx bounds the releases; the
+// shards whose release failed (ctx ended, etcd failed) are held again, and
+// the loop releases them a second later.
 func (m *Member) Release(ctx context.Context, shards ...string) (int, error) {
 	req := releaseReq{shards: shards, reply: make(chan releaseReply, 1)}
 	if err := m.ask(ctx, req); err != nil {
@@ -290,20 +293,38 @@ func (m *Member) Release(ctx context.Context, shards ...string) (int, error) {
 	if rep.err != nil {
 		return 0, rep.err
 	}
-	n := 0
-	for i, tok := range rep.toks {
-		ok, err := m.st.ReleaseOn(ctx, tok, m.cfg.LeaseID)
-		if err != nil {
-			// The loop learns of a release from its watch, and here of
-			// those that failed or were not sent: it holds them again.
-			_ = m.ask(context.WithoutCancel(ctx), releaseFailed{toks: rep.toks[i:]})
-			return n, fmt.Errorf("ring: release %s: %w", tok, err)
-		}
-		if ok {
-			n++
-		}
+	var (
+		released atomic.Int64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failed   []token.Token
+		first    error
+	)
+	slots := make(chan struct{}, maxInFlight)
+	for _, tok := range rep.toks {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			ok, err := m.st.ReleaseOn(ctx, tok, m.cfg.LeaseID)
+			switch {
+			case err != nil:
+				mu.Lock()
+				failed, first = append(failed, tok), cmp.Or(first, err)
+				mu.Unlock()
+			case ok:
+				released.Add(1)
+			}
+		}()
 	}
-	return n, nil
+	wg.Wait()
+	if len(failed) > 0 {
+		// The loop learns of the releases from its watch, and here of
+		// those that failed: it holds them again.
+		_ = m.ask(context.WithoutCancel(ctx), releaseFailed{toks: failed})
+		return int(released.Load()), fmt.Errorf("ring: release %d of %d shards of %q: %w", len(failed), len(rep.toks), m.cfg.Ring, first)
+	}
+	return int(released.Load()), nil
 }
 
 // ask sends req to the loop, or returns why it cannot.
@@ -345,11 +366,11 @@ func (m *Member) Leave(ctx context.Context) error {
 			return fmt.Errorf("ring: leave %q: the member key is gone: %w", m.cfg.Ring, token.ErrSessionExpired)
 		}
 	}
-	err = m.ask(ctx, leaveNote{})
-	if errors.Is(err, ErrLeft) {
-		return nil
+	// The loop also learns of it from its watch: tell it sooner.
+	if err := m.ask(ctx, leaveNote{}); err != nil && !errors.Is(err, ErrLeft) && ctx.Err() == nil {
+		return err
 	}
-	return err
+	return nil
 }
 
 // Close stops the member's loop and closes Updates at once. It keeps what
