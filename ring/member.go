@@ -195,6 +195,12 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 	}
 	s := newState(m, shards)
 	if err := s.read(ctx); err != nil {
+		// Take the member key back, so no shard is assigned to a member
+		// that runs no loop; if this fails too, it expires with the session.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retryDelay)
+		defer cancel()
+		_, _ = st.Client().Txn(dctx).If(clientv3.Compare(clientv3.LeaseValue(m.key), "=", int64(cfg.LeaseID))).
+			Then(clientv3.OpDelete(m.key)).Commit()
 		return nil, err
 	}
 	lctx, stop := context.WithCancel(context.Background())
