@@ -165,13 +165,10 @@ func (s *state) holderPut(kv *mvccpb.KeyValue) {
 	tok, _ := etcdstore.HolderOf(ShardLease(s.m.cfg.Ring, shard), kv)
 	s.holders[shard] = tok
 	s.todo[shard] = true
-	if kv.Lease != int64(s.m.cfg.LeaseID) {
-		return
+	if h := s.mine[shard]; h != nil && h.tok != tok {
+		s.lose(shard)
 	}
-	if h := s.mine[shard]; h == nil || h.tok != tok {
-		if h != nil {
-			s.lose(shard)
-		}
+	if kv.Lease == int64(s.m.cfg.LeaseID) && s.mine[shard] == nil {
 		s.gain(shard, tok)
 	}
 }

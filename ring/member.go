@@ -92,6 +92,8 @@ const (
 	// Losing: the shard is assigned to another member. The member still
 	// holds it; it should finish or abandon its work on the shard and
 	// call Release, or the shard is released after the change's Drain.
+	// It is released even if it is assigned back to the member meanwhile;
+	// the member then acquires it again, with a new token.
 	Losing
 	// Lost: the member no longer holds the shard; writes guarded by the
 	// change's Token are refused from now on (or soon will be, when the
@@ -268,7 +270,7 @@ func (m *Member) Updates() <-chan Batch { return m.updates }
 
 // Owns returns the shard's token if the member holds shard, from memory:
 // it is true from the Gained change until the member starts to release
-// the shard (before the release is sent) or observes its loss. It may
+// the shard (before the release is sent), observes its loss, or stops. It may
 // still be true for a while after the session expired unobserved, which
 // is why writes must be guarded by the token, not by Owns.
 func (m *Member) Owns(shard string) (token.Token, bool) {
