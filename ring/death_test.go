@@ -29,7 +29,7 @@ func TestDeath(t *testing.T) {
 				// A lease nobody keeps alive: it expires after its TTL.
 				lease, err := st.Client().Grant(ctx, 5)
 				require.NoError(t, err)
-				c = joinWith(t, st, r, "c", false, ring.Config{}, lease.ID, "mortal")
+				c = joinWith(t, st, r, "c", false, ring.Config{}, lease.ID, "principal/000000000000002a") // the service's form
 			}
 			waitAssigned(t, st, r, shards, []*tmember{a, b, c}, 20*time.Second)
 			var victim string

@@ -104,6 +104,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"join no lease", func() error { c := cfg("r", "m2"); c.LeaseID = 0; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
 		{"join no holder", func() error { c := cfg("r", "m2"); c.Holder = ""; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
 		{"join negative drain", func() error { c := cfg("r", "m2"); c.Drain = -1; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
+		{"join huge holder", func() error {
+			c := cfg("r", "m2")
+			c.Holder = strings.Repeat("h", 513)
+			_, err := ring.Join(ctx, st, c)
+			return err
+		}, token.ErrInvalidArgument},
 		{"join taken member", func() error { _, err := ring.Join(ctx, st, cfg("r", taken.Name())); return err }, ring.ErrRingConflict},
 		{"join on a dead lease", func() error {
 			c := cfg("r", "m2")

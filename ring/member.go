@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,7 +34,8 @@ type Config struct {
 	// ValidateMember). A member name is taken by one session at a time.
 	Ring, Member string
 	// Holder is the holder identity written into the shard holder keys:
-	// the session's.
+	// the session's (the service's are "<principal>/<session id>"), 1 to
+	// MaxHolderLen bytes of UTF-8.
 	Holder string
 	// LeaseID is the member's session, an etcd lease that the caller
 	// granted and keeps alive: Join never keeps it alive. The member key
@@ -59,10 +61,9 @@ func (c Config) withDefaults() (Config, error) {
 	if err := ValidateMember(c.Member); err != nil {
 		return c, err
 	}
-	if err := token.ValidateName("holder", c.Holder); err != nil {
-		return c, err
-	}
 	switch {
+	case c.Holder == "" || len(c.Holder) > MaxHolderLen || !utf8.ValidString(c.Holder):
+		return c, token.InvalidArgument("holder", c.Holder, "want 1 to 512 bytes of UTF-8")
 	case c.LeaseID == 0:
 		return c, token.InvalidArgument("lease id", "0", "not an etcd lease")
 	case c.Drain < 0:

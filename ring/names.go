@@ -17,6 +17,9 @@ const (
 	MaxRingLen = 63
 	// MaxShardLen is the longest shard or member name, in bytes.
 	MaxShardLen = 128
+	// MaxHolderLen is the longest holder identity (Config.Holder), in
+	// bytes.
+	MaxHolderLen = 512
 	// MaxShards is the most shards a ring may have.
 	MaxShards = 100000
 	// MaxRecordLen is the largest encoded ring record (its shard list as
