@@ -27,7 +27,7 @@ func TestDeath(t *testing.T) {
 				c = join(t, st, r, "c", false, ring.Config{})
 			} else {
 				// A lease nobody keeps alive: it expires after its TTL.
-				lease, err := st.Client().Grant(ctx, 5)
+				lease, err := st.Client().Grant(ctx, 8)
 				require.NoError(t, err)
 				c = joinWith(t, st, r, "c", false, ring.Config{}, lease.ID, "principal/000000000000002a") // the service's form
 			}
