@@ -60,8 +60,12 @@ func TestBalanceAndMoves(t *testing.T) {
 
 	// c leaves: only its shards move.
 	require.NoError(t, c.Leave(fencertest.Context(t)))
+	require.NoError(t, c.Leave(fencertest.Context(t)), "leaving twice")
 	fencertest.WaitClosed(t, c.Done(), 20*time.Second, "c's leave")
 	require.ErrorIs(t, c.Err(), ring.ErrLeft)
+	require.NoError(t, c.Leave(fencertest.Context(t)), "leaving after it left")
+	_, err := c.Release(fencertest.Context(t), shards[0])
+	require.ErrorIs(t, err, ring.ErrLeft)
 	<-c.read // Updates closed after the last Lost
 	require.Len(t, c.changes(ring.Losing), len(c.changes(ring.Gained)))
 	require.Len(t, c.changes(ring.Lost), len(c.changes(ring.Gained)))
