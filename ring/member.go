@@ -149,7 +149,7 @@ type Member struct {
 	key     string // the member key
 	active  string // the member key's value while active
 	stop    context.CancelFunc
-	reqs    chan any // releaseReq, releaseDone, leaveNote: from callers to the loop
+	reqs    chan any // releaseReq, releaseFailed, leaveNote: from callers to the loop
 	updates chan Batch
 	done    chan struct{} // closed when the loop has stopped
 	abandon chan struct{} // closed by Close: stop delivering batches
@@ -290,12 +290,9 @@ func (m *Member) Release(ctx context.Context, shards ...string) (int, error) {
 	if err := m.ask(ctx, req); err != nil {
 		return 0, err
 	}
-	var rep releaseReply
-	select {
-	case rep = <-req.reply:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
+	// The loop answers at once; the shards it returns are ours to release
+	// or to hand back (releaseFailed), whatever ctx does.
+	rep := <-req.reply
 	if rep.err != nil {
 		return 0, rep.err
 	}
