@@ -1,6 +1,7 @@
 package ring_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -62,10 +63,20 @@ func TestDrain(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "a shard no longer held is skipped")
 
+	// A release cut short by its context leaves the shard held, and
+	// released by the loop a second later.
+	last := moving[len(moving)-1]
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	n, err = a.Release(cctx, last)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, n)
+	require.Eventually(t, func() bool { _, ok := a.Owns(last); return ok }, 10*time.Second, 10*time.Millisecond)
+
 	// Nothing else moves until the drain has passed.
 	time.Sleep(200 * time.Millisecond)
 	got, _ := holders(t, st, r)
-	for _, s := range moving[1:] {
+	for _, s := range moving[1 : len(moving)-1] {
 		require.Equal(t, a.lease, got[s], "%s moved before its drain", s)
 	}
 	clk.Step(9 * time.Second)
