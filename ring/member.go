@@ -57,8 +57,10 @@ func (c Config) withDefaults() (Config, error) {
 	if err := ValidateMember(c.Member); err != nil {
 		return c, err
 	}
-	if err := token.ValidateName("holder", c.Holder); err != nil {
-		return c, err
+	if c.Holder == "" {
+		// Any text: the service's holder identities are
+		// "<principal>/<session>", and the holder is only ever a value.
+		return c, token.InvalidArgument("holder", c.Holder, "empty")
 	}
 	switch {
 	case c.LeaseID == 0:
