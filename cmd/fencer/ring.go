@@ -478,10 +478,12 @@ func (w *ringWorker) apply() error {
 		// CMD's exit status on a restart is not fencer's: it goes on.
 		fmt.Fprintf(w.a.stderr, "fencer ring join: %s exited %d when stopped for a change\n", w.argv[0], childStatus(err))
 	}
-	w.releaseLosing()
+	// The file no longer lists the losing shards before they are
+	// released: no two members' files ever list one shard.
 	if err := w.writeFile(); err != nil {
 		return err
 	}
+	w.releaseLosing()
 	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.shards()))
 	return w.start()
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -175,4 +177,84 @@ func TestRingUsage(t *testing.T) {
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut.String())
 		require.Contains(t, errOut.String(), tc.msg, tc.args)
 	}
+}
+
+// TestRingJoinProcessesOwnEachShardOnce runs 3 fencer ring join
+// processes over one ring (1,000 shards; FENCER_RING_JOIN_SHARDS sets
+// another number, as make bench does with 10,000) and samples, until the
+// ring has settled, the shards files of the three (what each CMD may act
+// for) and the ring's status: no shard is ever in two files, the status
+// never counts a shard twice, and once settled every shard is owned, by
+// the member whose file lists it.
+func TestRingJoinProcessesOwnEachShardOnce(t *testing.T) {
+	n := 1000
+	if v := os.Getenv("FENCER_RING_JOIN_SHARDS"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(t, err)
+	}
+	s := startServeProc(t)
+	code, _, stderr := s.fencer(nil, "ring", "create", "big", "--shards", strconv.Itoa(n))
+	require.Equal(t, 0, code, stderr)
+	dir := t.TempDir()
+	var procs []*proc
+	for i := range 3 {
+		member := fmt.Sprintf("m%d", i)
+		script := `echo "$FENCER_RING_SHARDS_FILE" > ` + filepath.Join(dir, member+".path") + `; exec sleep 600`
+		procs = append(procs, s.startFencer(nil, "ring", "join", "big", "--member", member, "--settle", "200ms", "--", "sh", "-c", script))
+	}
+	files := func() []map[string]bool {
+		out := make([]map[string]bool, 3)
+		for i := range out {
+			out[i] = map[string]bool{}
+			path, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("m%d.path", i)))
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(strings.TrimSpace(string(path)))
+			if err != nil {
+				continue // removed as the process ends
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if shard, _, ok := strings.Cut(line, " "); ok {
+					out[i][shard] = true
+				}
+			}
+		}
+		return out
+	}
+	start := time.Now()
+	samples := 0
+	for {
+		samples++
+		fs := files()
+		seen := map[string]int{}
+		for i, f := range fs {
+			for shard := range f {
+				if j, dup := seen[shard]; dup {
+					t.Fatalf("shard %s is in the files of m%d and m%d at once", shard, j, i)
+				}
+				seen[shard] = i
+			}
+		}
+		st := ringStatusOf(t, s, "big")
+		sum := st.Unowned
+		for _, m := range st.Members {
+			sum += m.Owned
+		}
+		require.Equal(t, n, sum, "the status counts each shard once: %+v", st)
+		settled := len(st.Members) == 3 && st.Unowned == 0 && len(seen) == n
+		for i, m := range st.Members {
+			settled = settled && m.Owned == len(fs[i]) && m.Owned > 0
+		}
+		if settled {
+			break
+		}
+		if time.Since(start) > 3*time.Minute {
+			t.Fatalf("not settled after %s: %+v, files %d %d %d\n%s\n%s\n%s", time.Since(start), st, len(fs[0]), len(fs[1]), len(fs[2]),
+				procs[0].stderr, procs[1].stderr, procs[2].stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("ring_join_processes: %d shards over 3 processes settled in %s; %d samples, never two owners", n, time.Since(start).Round(time.Millisecond), samples)
 }
