@@ -231,6 +231,12 @@ func TestRingJoinSnapshotAndGain(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, resp2.GetOwned())
 	require.Equal(t, tok.String(), resp2.GetToken())
+	// ReleaseShards and LeaveRing need the server of the member's stream.
+	_, err = rpc2.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "orders", SessionId: m.session()})
+	requireCode(t, err, codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD)
+	_, err = rpc2.ReleaseShards(ctx, &fencerv1.ReleaseShardsRequest{Ring: "orders", SessionId: m.session(), Shards: []string{"3"}})
+	requireCode(t, err, codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD)
+	require.Contains(t, status.Convert(err).Message(), "does not run on this server")
 
 	rs, err := rpc.RingStatus(ctx, &fencerv1.RingStatusRequest{Ring: "orders"})
 	require.NoError(t, err)
