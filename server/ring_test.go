@@ -438,7 +438,9 @@ func TestRingLeaveEndsTheStreamAfterLostOfAll(t *testing.T) {
 		require.NoError(t, err)
 		return len(rs.GetMembers()) == 1 && rs.GetMembers()[0].GetMember() == "b" && rs.GetUnowned() == 0
 	}, ringWait, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return scrape(t, srv, "fencer_server_ring_members") == 1 }, ringWait, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return scrape(t, srv, "fencer_server_ring_members") == 1 && scrape(t, srv, "fencer_server_ring_shards_owned") == 12
+	}, ringWait, 10*time.Millisecond, "the gauges count b alone")
 }
 
 // A member whose session expires: its stream ends SESSION_NOT_FOUND, and
