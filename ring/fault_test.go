@@ -136,9 +136,11 @@ func TestFaultStaleMember(t *testing.T) {
 		regs[s].read(2)
 	}
 
-	lease.paused.Store(true) // c's process freezes past its TTL
+	// c's process freezes past its TTL: its loop stops reacting (Close
+	// keeps what it holds) and its session is no longer renewed.
+	c.Close()
+	lease.paused.Store(true)
 	waitAssigned(t, st, r, shards, []*tmember{a, b}, 30*time.Second)
-	fencertest.WaitClosed(t, c.Done(), 10*time.Second, "c sees its session end")
 
 	var wg sync.WaitGroup
 	for _, s := range victims {
