@@ -282,7 +282,7 @@ func (a *app) ringJoin(ctx context.Context, f ringJoinFlags, sig syscall.Signal,
 	}
 	defer os.RemoveAll(dir)
 	w := &ringWorker{a: a, f: f, sig: sig, ring: r, sess: sess, name: name, argv: argv,
-		file: filepath.Join(dir, "shards"), losing: map[string]time.Time{}}
+		file: filepath.Join(dir, "shards"), losing: map[string]time.Time{}, released: map[string]bool{}}
 	return w.run(ctx)
 }
 
@@ -297,9 +297,10 @@ type ringWorker struct {
 	argv []string
 	file string
 
-	losing  map[string]time.Time // shards reported LOSING, by when they were
-	child   *ringChild           // nil while CMD does not run
-	written []string             // the shards file's lines, as last written
+	losing   map[string]time.Time // shards reported LOSING and not yet released, by when they were
+	released map[string]bool      // shards released and not yet reported LOST
+	child    *ringChild           // nil while CMD does not run
+	written  []string             // the shards file's lines, as last written
 }
 
 // ringChild is one run of CMD.
@@ -327,7 +328,7 @@ func (w *ringWorker) run(ctx context.Context) error {
 	if err := w.writeFile(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w.a.stderr, "fencer ring join: joined %s as %s, owning %d shards\n", w.name, w.ring.Name(), len(w.shards()))
+	fmt.Fprintf(w.a.stderr, "fencer ring join: joined %s as %s, owning %d shards\n", w.name, w.ring.Name(), len(w.written))
 	if err := w.start(); err != nil {
 		return err
 	}
@@ -396,15 +397,17 @@ func (w *ringWorker) note(c client.RingChange) {
 		w.losing[c.Shard] = time.Now()
 	case client.Gained, client.Lost:
 		delete(w.losing, c.Shard)
+		delete(w.released, c.Shard)
 	}
 }
 
 // shards returns the shards CMD may act for: owned and not being handed
-// off, sorted, with their tokens.
+// off (losing, or released until the Ring reports them lost), sorted,
+// with their tokens.
 func (w *ringWorker) shards() []string {
 	var out []string
 	for shard, tok := range w.ring.Owned() {
-		if _, losing := w.losing[shard]; !losing {
+		if _, losing := w.losing[shard]; !losing && !w.released[shard] {
 			out = append(out, shard+" "+tok.String())
 		}
 	}
@@ -430,10 +433,10 @@ func (w *ringWorker) writeFile() error {
 	return nil
 }
 
-// start starts CMD with the current shards.
+// start starts CMD with the shards of the file as last written.
 func (w *ringWorker) start() error {
 	var names []string
-	for _, l := range w.shards() {
+	for _, l := range w.written {
 		shard, _, _ := strings.Cut(l, " ")
 		names = append(names, shard)
 	}
@@ -493,7 +496,7 @@ func (w *ringWorker) apply() error {
 		return err
 	}
 	w.releaseLosing()
-	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.shards()))
+	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.written))
 	return w.start()
 }
 
@@ -549,6 +552,7 @@ func (w *ringWorker) release(shards []string) {
 		}
 		for _, s := range shards[:n] {
 			delete(w.losing, s)
+			w.released[s] = true
 		}
 		shards = shards[n:]
 	}
