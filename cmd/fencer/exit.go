@@ -38,18 +38,21 @@ const exitCodesHelp = `Exit codes:
   0    success
   1    any other error
   2    usage: bad flags, arguments, input or token
-  3    not found: no such key (get), the session is gone (watch, acquire)
+  3    not found: no such key (get), the session is gone (watch, acquire),
+       no such ring (ring)
   4    stale: the token is no longer current (check, put, delete, txn, advance)
   5    held: another holder holds the lease (acquire --wait=false, --wait-timeout)
-       as the server said when the wait ended
+       as the server said when the wait ended; a ring with other shards, or a
+       member name taken (ring)
   6    permission denied: credentials refused, or not allowed to use the name
   7    unavailable: the server (or its etcd) could not be reached in time,
        or for --reconnect-timeout (acquire, watch); a write may or may not
        have committed
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
-  9    lease lost while CMD ran (acquire): CMD was stopped
+  9    lease lost while CMD ran (acquire), or membership lost (ring join):
+       CMD was stopped
   10   the watchdog died while CMD ran (acquire): CMD was killed, the lease released
-  126  CMD could not be run (acquire); 127 CMD was not found
+  126  CMD could not be run (acquire, ring join); 127 CMD was not found
   128+N  interrupted by signal N (130 for SIGINT), e.g. while acquire waits
   Otherwise acquire exits with CMD's status (128+N if signal N ended it).`
 
@@ -151,6 +154,14 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitNotFound, "the session has expired or was closed"}
 	case errors.Is(err, token.ErrNotHeld):
 		return failure{exitStale, "the lease is not held (acquire it again)"}
+	case errors.Is(err, client.ErrRingNotFound):
+		return failure{exitNotFound, "ring not found: create it first (fencer ring create NAME --shards N)"}
+	case errors.Is(err, client.ErrRingRejoined):
+		return failure{exitHeld, "the member joined the ring again through another process or connection with the same session"}
+	case errors.Is(err, client.ErrRingConflict):
+		return failure{exitHeld, "ring conflict: the ring exists with other shards, or the member name is taken by another session (choose another --member, or wait for its session to end)"}
+	case errors.Is(err, client.ErrNotLosing):
+		return failure{exitError, "the shard is not being handed off, so it was not released"}
 	case errors.Is(err, client.ErrUnauthenticated):
 		return failure{exitDenied, fmt.Sprintf("fencer at %s refused the credentials: set --auth-token-file (FENCER_AUTH_TOKEN_FILE, or the token in FENCER_AUTH_TOKEN), or --tls-cert and --tls-key", server)}
 	case errors.Is(err, client.ErrPermissionDenied):
