@@ -20,13 +20,13 @@ import (
 	"github.com/fencer-dev/fencer/ring"
 )
 
-// benchShards is the ring size of the benchmarks: FENCER_RING_SHARDS, or
+// benchShards is the ring size of the benchmarks: FENCER_RING_BENCH_SHARDS, or
 // 1,000.
 func benchShards(b *testing.B) int {
-	if v := os.Getenv("FENCER_RING_SHARDS"); v != "" {
+	if v := os.Getenv("FENCER_RING_BENCH_SHARDS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > ring.MaxShards {
-			b.Fatalf("FENCER_RING_SHARDS=%q: want 1 to %d", v, ring.MaxShards)
+			b.Fatalf("FENCER_RING_BENCH_SHARDS=%q: want 1 to %d", v, ring.MaxShards)
 		}
 		return n
 	}

@@ -34,10 +34,12 @@ run ./etcdstore 'BenchmarkAcquireReleaseCost$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
 # Rings: etcd writes/s in the steady state, N shards over 3 members beside one
 # etcd lease per shard, over 10 s; the time from a member's death to all its
-# shards re-owned. N is FENCER_RING_SHARDS (default 1,000; 10000 for the large
-# point).
+# shards re-owned. N is FENCER_RING_BENCH_SHARDS (default 1,000): both sizes.
 run ./ring 'BenchmarkSteadyWrites$' 1x
 run ./ring 'BenchmarkDeathReown$' 5x
+echo "== FENCER_RING_BENCH_SHARDS=10000"
+FENCER_RING_BENCH_SHARDS=10000 run ./ring 'BenchmarkSteadyWrites$' 1x
+FENCER_RING_BENCH_SHARDS=10000 run ./ring 'BenchmarkDeathReown$' 3x
 # Rings through the Go client: Ring.Owns (memory), the Owns RPC
 # (Ring.CheckOwns) and, as the baseline, Client.Check of the shard's token.
 run ./integration/client 'BenchmarkRingOwns$' 20000x
