@@ -2868,7 +2868,8 @@ type JoinRingRequest struct {
 	// 10. It must be 0 when session_id is set.
 	TtlSeconds int64 `protobuf:"varint,3,opt,name=ttl_seconds,json=ttlSeconds,proto3" json:"ttl_seconds,omitempty"`
 	// member is the member's name in the ring, 1 to 128 bytes as a shard
-	// name; empty means the session's holder identity. A name is held by
+	// name; empty means the session's holder identity with "-" for its "/"
+	// ("<principal>-<session id in hex>"). A name is held by
 	// one session at a time. Rendezvous hashing assigns by name, so a
 	// worker that joins again under its old name gets its old shards back.
 	Member string `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`

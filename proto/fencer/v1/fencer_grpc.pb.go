@@ -170,18 +170,24 @@ type FencerServiceClient interface {
 	// keeps what it owns, gains nothing and hands nothing off until it joins
 	// again (with its session_id, resuming from a new snapshot) or its
 	// session ends, when etcd deletes its membership and its shards. The
-	// stream ends with OK after LeaveRing has handed off every shard, and
-	// with SESSION_NOT_FOUND when the session ends.
+	// stream ends with OK after LeaveRing has handed off every shard, with
+	// SESSION_NOT_FOUND when the session ends, and with ABORTED (reason
+	// RING_CONFLICT, cause "rejoined") when another JoinRing of the same
+	// session and ring replaces it.
 	JoinRing(ctx context.Context, in *JoinRingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JoinRingResponse], error)
 	// ReleaseShards hands off shards this member is LOSING, once it has
 	// stopped acting for them: each is released at once, so its new owner
 	// can acquire it. A shard the member owns but is not losing is not
 	// released (FAILED_PRECONDITION); a shard it does not own is ignored.
+	// Only the server that runs the member's JoinRing stream can release:
+	// send it on the stream's connection (elsewhere FAILED_PRECONDITION,
+	// reason LEASE_NOT_HELD, cause "not_joined_here").
 	ReleaseShards(ctx context.Context, in *ReleaseShardsRequest, opts ...grpc.CallOption) (*ReleaseShardsResponse, error)
 	// LeaveRing marks this member leaving: the other members stop counting
 	// it, and it hands off every shard it owns, each after draining as in
 	// a move. It returns at once; the member's JoinRing stream reports the
-	// shards LOSING and LOST and then ends.
+	// shards LOSING and LOST and then ends. Like ReleaseShards, it goes to
+	// the server that runs the member's JoinRing stream.
 	LeaveRing(ctx context.Context, in *LeaveRingRequest, opts ...grpc.CallOption) (*LeaveRingResponse, error)
 	// Owns reports whether this member owns a shard now, and its token. It
 	// is answered from the server's memory when the server runs the
@@ -529,18 +535,24 @@ type FencerServiceServer interface {
 	// keeps what it owns, gains nothing and hands nothing off until it joins
 	// again (with its session_id, resuming from a new snapshot) or its
 	// session ends, when etcd deletes its membership and its shards. The
-	// stream ends with OK after LeaveRing has handed off every shard, and
-	// with SESSION_NOT_FOUND when the session ends.
+	// stream ends with OK after LeaveRing has handed off every shard, with
+	// SESSION_NOT_FOUND when the session ends, and with ABORTED (reason
+	// RING_CONFLICT, cause "rejoined") when another JoinRing of the same
+	// session and ring replaces it.
 	JoinRing(*JoinRingRequest, grpc.ServerStreamingServer[JoinRingResponse]) error
 	// ReleaseShards hands off shards this member is LOSING, once it has
 	// stopped acting for them: each is released at once, so its new owner
 	// can acquire it. A shard the member owns but is not losing is not
 	// released (FAILED_PRECONDITION); a shard it does not own is ignored.
+	// Only the server that runs the member's JoinRing stream can release:
+	// send it on the stream's connection (elsewhere FAILED_PRECONDITION,
+	// reason LEASE_NOT_HELD, cause "not_joined_here").
 	ReleaseShards(context.Context, *ReleaseShardsRequest) (*ReleaseShardsResponse, error)
 	// LeaveRing marks this member leaving: the other members stop counting
 	// it, and it hands off every shard it owns, each after draining as in
 	// a move. It returns at once; the member's JoinRing stream reports the
-	// shards LOSING and LOST and then ends.
+	// shards LOSING and LOST and then ends. Like ReleaseShards, it goes to
+	// the server that runs the member's JoinRing stream.
 	LeaveRing(context.Context, *LeaveRingRequest) (*LeaveRingResponse, error)
 	// Owns reports whether this member owns a shard now, and its token. It
 	// is answered from the server's memory when the server runs the

@@ -297,8 +297,10 @@ class FencerServiceServicer(object):
         keeps what it owns, gains nothing and hands nothing off until it joins
         again (with its session_id, resuming from a new snapshot) or its
         session ends, when etcd deletes its membership and its shards. The
-        stream ends with OK after LeaveRing has handed off every shard, and
-        with SESSION_NOT_FOUND when the session ends.
+        stream ends with OK after LeaveRing has handed off every shard, with
+        SESSION_NOT_FOUND when the session ends, and with ABORTED (reason
+        RING_CONFLICT, cause "rejoined") when another JoinRing of the same
+        session and ring replaces it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -309,6 +311,9 @@ class FencerServiceServicer(object):
         stopped acting for them: each is released at once, so its new owner
         can acquire it. A shard the member owns but is not losing is not
         released (FAILED_PRECONDITION); a shard it does not own is ignored.
+        Only the server that runs the member's JoinRing stream can release:
+        send it on the stream's connection (elsewhere FAILED_PRECONDITION,
+        reason LEASE_NOT_HELD, cause "not_joined_here").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -318,7 +323,8 @@ class FencerServiceServicer(object):
         """LeaveRing marks this member leaving: the other members stop counting
         it, and it hands off every shard it owns, each after draining as in
         a move. It returns at once; the member's JoinRing stream reports the
-        shards LOSING and LOST and then ends.
+        shards LOSING and LOST and then ends. Like ReleaseShards, it goes to
+        the server that runs the member's JoinRing stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
