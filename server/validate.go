@@ -111,6 +111,20 @@ func validateSessionID(field string, id int64) error {
 	return nil
 }
 
+// validateSessionTTL checks the session_id and ttl_seconds of a call that
+// opens a session when session_id is 0 (Acquire, JoinRing).
+func validateSessionTTL(id, ttl int64) error {
+	switch {
+	case id < 0:
+		return invalidArg("session_id", strconv.FormatInt(id, 10), "must not be negative")
+	case id > 0 && ttl != 0:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 when session_id is set")
+	case ttl < 0 || ttl > MaxTTLSeconds:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
+	}
+	return nil
+}
+
 // validateAcquire checks an AcquireRequest.
 func validateAcquire(r *fencerv1.AcquireRequest) error {
 	if err := validateName("name", r.GetName()); err != nil {
@@ -119,13 +133,8 @@ func validateAcquire(r *fencerv1.AcquireRequest) error {
 	if err := notRingLease("name", r.GetName()); err != nil {
 		return err
 	}
-	switch ttl := r.GetTtlSeconds(); {
-	case r.GetSessionId() < 0:
-		return invalidArg("session_id", strconv.FormatInt(r.GetSessionId(), 10), "must not be negative")
-	case r.GetSessionId() > 0 && ttl != 0:
-		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 when session_id is set")
-	case ttl < 0 || ttl > MaxTTLSeconds:
-		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
+	if err := validateSessionTTL(r.GetSessionId(), r.GetTtlSeconds()); err != nil {
+		return err
 	}
 	if d := r.GetLockDelaySeconds(); d < 0 || d > MaxLockDelaySeconds {
 		return invalidArg("lock_delay_seconds", strconv.FormatInt(d, 10), "must be 0 to "+strconv.Itoa(MaxLockDelaySeconds))
@@ -451,13 +460,8 @@ func validateJoinRing(r *fencerv1.JoinRingRequest) error {
 	if err := validateRing("ring", r.GetRing()); err != nil {
 		return err
 	}
-	switch ttl := r.GetTtlSeconds(); {
-	case r.GetSessionId() < 0:
-		return invalidArg("session_id", strconv.FormatInt(r.GetSessionId(), 10), "must not be negative")
-	case r.GetSessionId() > 0 && ttl != 0:
-		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 when session_id is set")
-	case ttl < 0 || ttl > MaxTTLSeconds:
-		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
+	if err := validateSessionTTL(r.GetSessionId(), r.GetTtlSeconds()); err != nil {
+		return err
 	}
 	if m := r.GetMember(); m != "" {
 		if err := inField("member", ring.ValidateMember(m)); err != nil {
