@@ -268,7 +268,7 @@ func (r *Ring) join(sctx, ctx context.Context, req *fencerv1.JoinRingRequest) (f
 	}
 	got := make(chan result, 1)
 	go func() {
-		msg, err := stream.Recv()
+		msg, err := recvBatch(stream)
 		got <- result{msg, err}
 	}()
 	select {
@@ -345,7 +345,7 @@ func (r *Ring) pause(d time.Duration) bool {
 // server ended it with OK (the member has left).
 func (r *Ring) follow(stream fencerv1.FencerService_JoinRingClient) error {
 	for {
-		msg, err := stream.Recv()
+		msg, err := recvBatch(stream)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -354,6 +354,29 @@ func (r *Ring) follow(stream fencerv1.FencerService_JoinRingClient) error {
 		}
 		r.apply(msg)
 	}
+}
+
+// recvBatch receives one batch of stream: one message, or the messages of
+// a batch the server split (JoinRingResponse.more), joined into the
+// first. A stream that ends inside a batch returns the error, and the
+// partial batch is dropped.
+func recvBatch(stream fencerv1.FencerService_JoinRingClient) (*fencerv1.JoinRingResponse, error) {
+	msg, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	for next := msg; next.GetMore(); {
+		if next, err = stream.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		msg.Changes = append(msg.Changes, next.GetChanges()...)
+		msg.Revision = next.GetRevision()
+	}
+	msg.More = false
+	return msg, nil
 }
 
 // apply applies one message of the stream to the Ring's view and queues

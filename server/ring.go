@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -417,14 +418,42 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 		before := owned
 		owned = s.recordBatch(ctx, p, holder, name, b, owned, losing)
 		s.m.ringOwned.Add(float64(owned - before))
-		if err := stream.Send(msg); err != nil {
-			return err
+		for _, part := range splitRingMessage(msg) {
+			if err := stream.Send(part); err != nil {
+				return err
+			}
 		}
 		if msg == first {
 			sent()
 		}
 		msg = nil
 	}
+}
+
+// maxRingMessage bounds the changes of one JoinRingResponse, in bytes,
+// well under gRPC's default 4 MiB receive limit (a member of 50,000
+// shards has a snapshot of about 5 MB).
+const maxRingMessage = 1 << 20
+
+// splitRingMessage splits msg into messages whose changes take at most
+// maxRingMessage bytes each (one change at least), all but the last with
+// More set, each with msg's Snapshot and Revision; the first keeps msg's
+// other fields. A message under the bound is returned as it is.
+func splitRingMessage(msg *fencerv1.JoinRingResponse) []*fencerv1.JoinRingResponse {
+	out := []*fencerv1.JoinRingResponse{msg}
+	all, size, from := msg.Changes, 0, 0
+	for i, c := range all {
+		n := proto.Size(c) + 4 // the field's tag and length
+		if size+n > maxRingMessage && i > from {
+			last := out[len(out)-1]
+			last.Changes, last.More = all[from:i], true
+			out = append(out, &fencerv1.JoinRingResponse{Snapshot: msg.Snapshot, Revision: msg.Revision})
+			from, size = i, 0
+		}
+		size += n
+	}
+	out[len(out)-1].Changes = all[from:]
+	return out
 }
 
 // memberStopped is how a JoinRing stream ends when its member has

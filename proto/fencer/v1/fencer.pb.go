@@ -2965,6 +2965,12 @@ type JoinRingResponse struct {
 	// session_secret is the secret of the session this call opened, as in
 	// AcquireResponse; set on the first message of a call that opened one.
 	SessionSecret []byte `protobuf:"bytes,7,opt,name=session_secret,json=sessionSecret,proto3" json:"session_secret,omitempty"`
+	// more is true when the batch of changes continues in the next message:
+	// the server keeps each message's changes under 1 MiB, so a large batch
+	// (a snapshot of many shards) comes as several messages, all but the
+	// last with more set, each with the same snapshot and revision. Apply a
+	// batch once its last message has arrived.
+	More          bool `protobuf:"varint,8,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3046,6 +3052,13 @@ func (x *JoinRingResponse) GetSessionSecret() []byte {
 		return x.SessionSecret
 	}
 	return nil
+}
+
+func (x *JoinRingResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 // ShardChange is one change of one shard's ownership.
@@ -3815,7 +3828,7 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\vttl_seconds\x18\x03 \x01(\x03R\n" +
 	"ttlSeconds\x12\x16\n" +
 	"\x06member\x18\x04 \x01(\tR\x06member\x12#\n" +
-	"\rdrain_seconds\x18\x05 \x01(\x03R\fdrainSeconds\"\xfb\x01\n" +
+	"\rdrain_seconds\x18\x05 \x01(\x03R\fdrainSeconds\"\x8f\x02\n" +
 	"\x10JoinRingResponse\x12\x1a\n" +
 	"\bsnapshot\x18\x01 \x01(\bR\bsnapshot\x120\n" +
 	"\achanges\x18\x02 \x03(\v2\x16.fencer.v1.ShardChangeR\achanges\x12\x1a\n" +
@@ -3825,7 +3838,8 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"session_id\x18\x05 \x01(\x03R\tsessionId\x12\x1f\n" +
 	"\vttl_seconds\x18\x06 \x01(\x03R\n" +
 	"ttlSeconds\x12%\n" +
-	"\x0esession_secret\x18\a \x01(\fR\rsessionSecret\"\xd4\x01\n" +
+	"\x0esession_secret\x18\a \x01(\fR\rsessionSecret\x12\x12\n" +
+	"\x04more\x18\b \x01(\bR\x04more\"\xd4\x01\n" +
 	"\vShardChange\x12/\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1b.fencer.v1.ShardChange.KindR\x04kind\x12\x14\n" +
 	"\x05shard\x18\x02 \x01(\tR\x05shard\x12\x14\n" +
