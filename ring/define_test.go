@@ -111,6 +111,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 			return err
 		}, token.ErrInvalidArgument},
 		{"join taken member", func() error { _, err := ring.Join(ctx, st, cfg("r", taken.Name())); return err }, ring.ErrRingConflict},
+		{"join the member's session under another name", func() error {
+			c := cfg("r", "m2")
+			c.LeaseID, c.Holder = taken.lease, taken.holder
+			_, err := ring.Join(ctx, st, c)
+			return err
+		}, ring.ErrRingConflict},
 		{"join on a dead lease", func() error {
 			c := cfg("r", "m2")
 			c.LeaseID = 12345

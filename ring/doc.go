@@ -11,6 +11,11 @@
 //     the member's etcd lease (its session), whose value names the holder
 //     and says whether the member is active or leaving. It expires with the
 //     session: etcd, not the members, judges death.
+//   - <prefix>ringsessions/<ring>/<lease id in hex>: the session key, on
+//     the same etcd lease, naming the one member that session is in the
+//     ring: a session joins a ring under one name at a time (another name
+//     is ErrRingConflict), so one session never runs two members that
+//     both count it.
 //   - A shard is the fencer lease ring:<ring>:<shard>, acquired with
 //     etcdstore.Store.AcquireOn on the member's etcd lease, in a Txn that
 //     also compares the member key to be this member's, active. The shard's

@@ -43,6 +43,7 @@ func define(t testing.TB, st *etcdstore.Store, r string, n int) []string {
 type tmember struct {
 	*ring.Member
 	lease       clientv3.LeaseID
+	holder      string
 	autoRelease bool
 
 	mu      sync.Mutex
@@ -64,7 +65,7 @@ func joinWith(t testing.TB, st *etcdstore.Store, r, name string, autoRelease boo
 	cfg.Ring, cfg.Member, cfg.Holder, cfg.LeaseID = r, name, holder, id
 	m, err := ring.Join(fencertest.Context(t), st, cfg)
 	require.NoError(t, err)
-	tm := &tmember{Member: m, lease: id, autoRelease: autoRelease, read: make(chan struct{})}
+	tm := &tmember{Member: m, lease: id, holder: holder, autoRelease: autoRelease, read: make(chan struct{})}
 	go tm.consume()
 	t.Cleanup(func() {
 		m.Close()

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/fencer-dev/fencer/etcdstore"
 )
 
@@ -14,6 +16,13 @@ func recordKey(st *etcdstore.Store, ring string) string { return st.Prefix() + "
 // memberPrefix is the prefix of ring's member keys.
 func memberPrefix(st *etcdstore.Store, ring string) string {
 	return st.Prefix() + "ringmembers/" + ring + "/"
+}
+
+// sessionKey is the key, on the member's session, that names the one
+// member of ring that session id is: a session joins a ring under one
+// name at a time, so two loops under two names can never both count it.
+func sessionKey(st *etcdstore.Store, ring string, id clientv3.LeaseID) string {
+	return fmt.Sprintf("%sringsessions/%s/%016x", st.Prefix(), ring, int64(id))
 }
 
 // holderPrefix is the prefix of the holder keys of ring's shards, and of

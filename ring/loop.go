@@ -589,11 +589,7 @@ func (s *state) start(ctx context.Context, shard string, acquire bool, tok token
 // deleteMemberKey ends a Leave: the member holds nothing, so it deletes
 // its member key and stops with ErrLeft.
 func (s *state) deleteMemberKey(ctx context.Context) error {
-	k := s.m.key
-	_, err := s.m.st.Client().Txn(ctx).
-		If(clientv3.Compare(clientv3.LeaseValue(k), "=", int64(s.m.cfg.LeaseID))).
-		Then(clientv3.OpDelete(k)).Commit()
-	if err != nil && ctx.Err() == nil {
+	if err := s.m.unregister(ctx); err != nil && ctx.Err() == nil {
 		return fmt.Errorf("ring: leave %q: delete the member key: %w", s.m.cfg.Ring, err)
 	}
 	return ErrLeft

@@ -147,6 +147,7 @@ type Member struct {
 	st      *etcdstore.Store
 	cfg     Config
 	key     string // the member key
+	sess    string // the session key (sessionKey)
 	active  string // the member key's value while active
 	stop    context.CancelFunc
 	reqs    chan any // releaseReq, releaseFailed, leaveNote: from callers to the loop
@@ -184,6 +185,7 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 		st:      st,
 		cfg:     cfg,
 		key:     memberPrefix(st, cfg.Ring) + cfg.Member,
+		sess:    sessionKey(st, cfg.Ring, cfg.LeaseID),
 		active:  memberValue{Holder: cfg.Holder, State: stateActive}.encode(),
 		reqs:    make(chan any),
 		updates: make(chan Batch),
@@ -200,8 +202,7 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 		// that runs no loop; if this fails too, it expires with the session.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retryDelay)
 		defer cancel()
-		_, _ = st.Client().Txn(dctx).If(clientv3.Compare(clientv3.LeaseValue(m.key), "=", int64(cfg.LeaseID))).
-			Then(clientv3.OpDelete(m.key)).Commit()
+		_ = m.unregister(dctx)
 		return nil, err
 	}
 	lctx, stop := context.WithCancel(context.Background())
@@ -216,11 +217,18 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 func (m *Member) register(ctx context.Context) error {
 	cli, rk, id := m.st.Client(), recordKey(m.st, m.cfg.Ring), m.cfg.LeaseID
 	ringExists := clientv3.Compare(clientv3.Version(rk), ">", 0)
-	put := clientv3.OpPut(m.key, m.active, clientv3.WithLease(id))
+	put := []clientv3.Op{
+		clientv3.OpPut(m.key, m.active, clientv3.WithLease(id)),
+		clientv3.OpPut(m.sess, m.cfg.Member, clientv3.WithLease(id)),
+	}
+	// Guessed first: neither key exists. Then: the member key is this
+	// session's (a join again) as read, and the session key names this
+	// member.
+	memberIs := clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)
+	sessionIs := clientv3.Compare(clientv3.CreateRevision(m.sess), "=", 0)
 	for {
-		resp, err := cli.Txn(ctx).
-			If(ringExists, clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)).Then(put).
-			Else(clientv3.OpGet(rk, clientv3.WithCountOnly()), clientv3.OpGet(m.key)).Commit()
+		resp, err := cli.Txn(ctx).If(ringExists, memberIs, sessionIs).Then(put...).
+			Else(clientv3.OpGet(rk, clientv3.WithCountOnly()), clientv3.OpGet(m.key), clientv3.OpGet(m.sess)).Commit()
 		if err != nil {
 			return m.joinError(err)
 		}
@@ -230,22 +238,30 @@ func (m *Member) register(ctx context.Context) error {
 		if resp.Responses[0].GetResponseRange().Count == 0 {
 			return fmt.Errorf("%w: %q", ErrRingNotFound, m.cfg.Ring)
 		}
-		kvs := resp.Responses[1].GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			continue // it expired since: try again
+		memberIs = clientv3.Compare(clientv3.CreateRevision(m.key), "=", 0)
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			if clientv3.LeaseID(kvs[0].Lease) != id {
+				return fmt.Errorf("%w: member %q of ring %q is taken by another session", ErrRingConflict, m.cfg.Member, m.cfg.Ring)
+			}
+			memberIs = clientv3.Compare(clientv3.ModRevision(m.key), "=", kvs[0].ModRevision)
 		}
-		if clientv3.LeaseID(kvs[0].Lease) != id {
-			return fmt.Errorf("%w: member %q of ring %q is taken by another session", ErrRingConflict, m.cfg.Member, m.cfg.Ring)
-		}
-		resp, err = cli.Txn(ctx).
-			If(ringExists, clientv3.Compare(clientv3.ModRevision(m.key), "=", kvs[0].ModRevision)).Then(put).Commit()
-		if err != nil {
-			return m.joinError(err)
-		}
-		if resp.Succeeded {
-			return nil
+		sessionIs = clientv3.Compare(clientv3.CreateRevision(m.sess), "=", 0)
+		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+			if string(kvs[0].Value) != m.cfg.Member {
+				return fmt.Errorf("%w: the session is member %q of ring %q already, not %q", ErrRingConflict, kvs[0].Value, m.cfg.Ring, m.cfg.Member)
+			}
+			sessionIs = clientv3.Compare(clientv3.ModRevision(m.sess), "=", kvs[0].ModRevision)
 		}
 	}
+}
+
+// unregister deletes the member key and the session key, if they are
+// still this session's.
+func (m *Member) unregister(ctx context.Context) error {
+	id := int64(m.cfg.LeaseID)
+	_, err := m.st.Client().Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(m.key), "=", id), clientv3.Compare(clientv3.LeaseValue(m.sess), "=", id)).
+		Then(clientv3.OpDelete(m.key), clientv3.OpDelete(m.sess)).Commit()
+	return err
 }
 
 func (m *Member) joinError(err error) error {

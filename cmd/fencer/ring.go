@@ -151,7 +151,9 @@ and runs CMD with the shards it owns:
   - $FENCER_RING_SHARDS_FILE is a file with one line per shard the member
     owns and may act for, "<shard> <token>", rewritten atomically (a rename)
     on every change; a shard being handed off (LOSING) is not in it;
-  - $FENCER_RING_SHARDS lists the shards at CMD's start, comma-separated;
+  - $FENCER_RING_SHARDS lists the shards at CMD's start, comma-separated,
+    when the list takes at most 64 KiB; for more it is not set (one
+    environment string is limited to 128 KiB), so read the file;
   - $FENCER_SESSION is the member's session, for "fencer watch".
 Changes that come within --settle of each other are applied together; CMD
 first starts once the shards have settled after the join.
@@ -433,6 +435,11 @@ func (w *ringWorker) writeFile() error {
 	return nil
 }
 
+// maxShardsEnv is the longest $FENCER_RING_SHARDS, in bytes: half of
+// Linux's limit on one environment string (MAX_ARG_STRLEN, 128 KiB), over
+// which exec fails and CMD would never run.
+const maxShardsEnv = 64 << 10
+
 // start starts CMD with the shards of the file as last written.
 func (w *ringWorker) start() error {
 	var names []string
@@ -444,7 +451,10 @@ func (w *ringWorker) start() error {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w.a.stdout, w.a.stderr
 	cmd.Env = append(os.Environ(), w.a.conn.childEnv()...)
 	cmd.Env = append(cmd.Env, "FENCER_RING="+w.name, "FENCER_RING_MEMBER="+w.ring.Name(), "FENCER_RING_SHARDS_FILE="+w.file,
-		"FENCER_RING_SHARDS="+strings.Join(names, ","), "FENCER_SESSION="+strconv.FormatInt(w.sess.ID(), 10))
+		"FENCER_SESSION="+strconv.FormatInt(w.sess.ID(), 10))
+	if list := strings.Join(names, ","); len(list) <= maxShardsEnv {
+		cmd.Env = append(cmd.Env, "FENCER_RING_SHARDS="+list)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	setParentDeathSignal(cmd.SysProcAttr)
 	exited, err := start(cmd)
