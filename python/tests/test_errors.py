@@ -81,6 +81,8 @@ class ErrorReasonTest(unittest.TestCase):
             ("WATCH_COMPACTED", grpc.StatusCode.OUT_OF_RANGE, errors.FencerError),
             ("STORE_UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
             ("SHUTTING_DOWN", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
+            ("RING_NOT_FOUND", grpc.StatusCode.NOT_FOUND, errors.RingNotFoundError),
+            ("RING_CONFLICT", grpc.StatusCode.ALREADY_EXISTS, errors.RingConflictError),
             ("INTERNAL", grpc.StatusCode.INTERNAL, errors.FencerError),
             ("SOMETHING_NEWER", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
             ("SOMETHING_NEWER", grpc.StatusCode.FAILED_PRECONDITION, errors.FencerError),
