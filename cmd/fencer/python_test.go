@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -44,4 +46,28 @@ func requirePython(t *testing.T, modules ...string) {
 		}
 		t.Skipf("no %s with %s (make python-deps): %v", python, list, err)
 	}
+}
+
+// TestPythonRingExample runs docs/ring.md's Python worker, the block marked
+// ring-example, exactly as written, with Debian's Python against fencer
+// serve, and compares what it prints with the block marked
+// ring-example-output. It skips without that Python, except in CI.
+func TestPythonRingExample(t *testing.T) {
+	requirePython(t, "grpc", "google.protobuf")
+	doc, err := os.ReadFile("../../docs/ring.md")
+	require.NoError(t, err)
+	example := markedCodeBlock(t, string(doc), "<!-- ring-example:")
+	want := markedCodeBlock(t, string(doc), "<!-- ring-example-output:")
+	require.LessOrEqual(t, strings.Count(example, "\n"), 20, "docs/ring.md promises a 20-line example")
+
+	s := startServeProc(t)
+	pyDir, err := filepath.Abs("../../python")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "-c", example)
+	cmd.Dir, cmd.Env = t.TempDir(), cleanEnv("FENCER_SERVER="+s.addr, "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "docs/ring.md's example failed:\n%s", out)
+	require.Equal(t, want, string(out))
 }

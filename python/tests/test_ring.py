@@ -1,0 +1,194 @@
+"""Tests of fencer's Python ring client against a real fencer serve at
+$FENCER_SERVER (cmd/fencer's TestPythonClient starts one and runs these
+with /usr/bin/python3): shards moving on a join, a killed worker's shards
+taken over after its session's TTL with its late writes refused, and bad
+input refused with nothing written."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import uuid
+
+import fencer
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ring_worker.py")
+
+
+def name(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:8])
+
+
+class _Worker:
+    """A ring_worker.py process and the JSON lines it prints."""
+
+    def __init__(self, test, ring, member, ttl):
+        self.proc = subprocess.Popen([sys.executable, WORKER, ring, member, str(ttl)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        test.addCleanup(self.stop)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put((time.monotonic(), json.loads(line)))
+        self.lines.put((time.monotonic(), None))
+
+    def until(self, test, done, within):
+        """Returns the (time, line) pairs read until done(lines) holds, and
+        fails test if it does not within seconds or the worker exits."""
+        got, deadline = [], time.monotonic() + within
+        while not done([line for _, line in got]):
+            left = deadline - time.monotonic()
+            try:
+                at, line = self.lines.get(timeout=max(left, 0))
+            except queue.Empty:
+                test.fail("the worker printed %s in %gs: %s" % (got, within, self.stderr()))
+            if line is None:
+                test.fail("the worker exited (%s) after printing %s: %s" % (self.proc.wait(), got, self.stderr()))
+            got.append((at, line))
+        return got
+
+    def stderr(self):
+        if self.proc.poll() is None:
+            return "(running)"
+        return self.proc.stderr.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def wrote_all(shards):
+    return lambda lines: {l["wrote"] for l in lines if "wrote" in l} >= set(shards)
+
+
+class RingTest(unittest.TestCase):
+    def setUp(self):
+        self.server = os.environ["FENCER_SERVER"]
+        # 4 s, as in test_client: a renewal every 4/3 s survives make
+        # test's load.
+        self.a = fencer.Client(self.server, ttl=4)
+        self.b = fencer.Client(self.server, ttl=4)
+        self.addCleanup(self.a.close)
+        self.addCleanup(self.b.close)
+
+    def test_bad_input_is_refused_with_nothing_written(self):
+        ring = name("unknown")
+        with self.assertRaises(fencer.RingNotFoundError) as cm:
+            self.a.join(ring, member="m")
+        self.assertEqual(cm.exception.reason, "RING_NOT_FOUND")
+        self.assertEqual(cm.exception.ring, ring)
+        with self.assertRaises(fencer.RingNotFoundError):
+            self.a.ring_status(ring)
+
+        ring = name("empty-shard")
+        with self.assertRaises(fencer.InvalidArgumentError) as cm:
+            self.a.create_ring(ring, shards=["a", ""])
+        self.assertEqual(cm.exception.reason, "INVALID_ARGUMENT")
+        with self.assertRaises(fencer.RingNotFoundError):
+            self.a.ring_status(ring)
+
+    def test_create_ring_is_idempotent_and_immutable(self):
+        ring = name("orders")
+        self.assertTrue(self.a.create_ring(ring, shard_count=3))
+        self.assertFalse(self.b.create_ring(ring, shards=["0", "1", "2"]))
+        with self.assertRaises(fencer.RingConflictError) as cm:
+            self.a.create_ring(ring, shard_count=4)
+        self.assertEqual(cm.exception.ring, ring)
+        status = self.a.ring_status(ring)
+        self.assertEqual((status.shard_count, status.members, status.unowned), (3, [], 3))
+
+    def test_a_join_moves_shards(self):
+        ring, shards = name("moves"), [str(i) for i in range(16)]
+        self.a.create_ring(ring, shard_count=len(shards))
+        ra = self.a.join(ring, member="a", drain=30)
+        self.addCleanup(ra.leave)
+        tokens = {}
+        for c in ra.changes(timeout=10):
+            self.assertEqual(c.kind, fencer.GAINED)
+            c.shard.put("%s/%s" % (ring, c.shard.name), b"a")
+            tokens[c.shard.name] = c.shard.token
+            if len(tokens) == len(shards):
+                break
+        self.assertEqual(sorted(tokens), sorted(shards))
+
+        rb = self.b.join(ring, member="b", drain=30)
+        self.addCleanup(rb.leave)
+        # a is told which shards b is assigned; it stops, hands each off,
+        # and b gains them (before a's 30 s drain would release them).
+        losing, lost, gained = set(), set(), {}
+        start = time.monotonic()
+        for c in ra.changes(timeout=10):
+            if c.kind == fencer.LOSING:
+                self.assertEqual(c.shard.token, tokens[c.shard.name])
+                self.assertGreater(c.drain, 20)
+                losing.add(c.shard.name)
+                self.assertTrue(c.shard.release())
+            else:
+                self.assertEqual(c.kind, fencer.LOST, c)
+                self.assertIn(c.shard.name, losing)
+                lost.add(c.shard.name)
+            if lost and lost == losing and len(ra.shards()) == len(shards) - len(lost):
+                break
+        for c in rb.changes(timeout=10):
+            self.assertEqual(c.kind, fencer.GAINED)
+            gained[c.shard.name] = c.shard
+            c.shard.put("%s/%s" % (ring, c.shard.name), b"b")
+            if set(gained) == lost:
+                break
+        self.assertLess(time.monotonic() - start, 20, "the hand-off waited for the drain")
+        self.assertTrue(lost, "b joined and was assigned nothing of 16 shards")
+        self.assertEqual(set(gained), lost)
+        self.assertEqual(set(ra.shards()) | set(rb.shards()), set(shards))
+        self.assertFalse(set(ra.shards()) & set(rb.shards()))
+        for s in lost:
+            with self.assertRaises(fencer.StaleError) as cm:
+                self.a.put(tokens[s], "%s/%s" % (ring, s), b"a-late")
+            self.assertEqual(cm.exception.newer_token, gained[s].token)
+            self.assertEqual(self.a.get("%s/%s" % (ring, s)), b"b")
+        status = self.a.ring_status(ring)
+        self.assertEqual({(m.member, m.owned) for m in status.members},
+                         {("a", len(shards) - len(lost)), ("b", len(lost))})
+        self.assertEqual(status.unowned, 0)
+
+    def test_a_killed_worker_is_replaced_after_its_ttl(self):
+        ring, shards, ttl = name("killed"), [str(i) for i in range(8)], 3
+        self.a.create_ring(ring, shard_count=len(shards))
+        w1 = _Worker(self, ring, "w1", ttl)
+        old = {l["wrote"]: l["token"] for _, l in w1.until(self, wrote_all(shards), 30) if "wrote" in l}
+        w1.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        w1.proc.wait()
+
+        w2 = _Worker(self, ring, "w2", ttl)
+        lines = w2.until(self, wrote_all(shards), ttl + 30)
+        first_gain = min(at for at, l in lines if l.get("kind") == fencer.GAINED)
+        # w1's session renewed every ttl/3 s, so it lived at least 2/3 of
+        # its TTL past the kill; w2 could take nothing before that.
+        self.assertGreaterEqual(first_gain - killed, ttl * 2 / 3.0 - 0.5,
+                                "w2 gained a shard while w1's session still lived")
+        new = {l["wrote"]: l["token"] for _, l in lines if "wrote" in l}
+        print("\nkilled worker's shards all written by its replacement %.2fs after the kill (first gained after %.2fs, TTL %ds)"
+              % (lines[-1][0] - killed, first_gain - killed, ttl), file=sys.stderr)
+        # A late write with the killed worker's token, replayed from a
+        # saved copy by another process, is refused; the value stays w2's.
+        for s in shards:
+            key = "%s/%s" % (ring, s)
+            with self.assertRaises(fencer.StaleError) as cm:
+                self.a.put(old[s], key, b"w1-late")
+            self.assertEqual(cm.exception.newer_token, new[s])
+            self.assertEqual(self.a.get(key), b"w2")
+        self.assertEqual([(m.member, m.owned) for m in self.a.ring_status(ring).members], [("w2", len(shards))])
+
+
+if __name__ == "__main__":
+    unittest.main()
