@@ -264,6 +264,15 @@ class Ring:
     # -- the stream ----------------------------------------------------
 
     def _follow(self, call):
+        """Follows the member's stream until the ring ends; a failure of the
+        follower itself ends the ring rather than leave it silent."""
+        try:
+            self._follow_stream(call)
+        except Exception as e:
+            self._finish(errors.FencerError("following ring %s failed: %r" % (self.name, e)))
+            raise
+
+    def _follow_stream(self, call):
         """Reads the member's stream, and reopens it through the session
         after UNAVAILABLE with jittered backoff (50 ms doubling to 5 s),
         until it ends: with OK once the member has left, or with another
