@@ -9,6 +9,7 @@ require (
 	github.com/fencer-dev/fencer/client v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/internal/freeport v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/internal/mutant v0.0.0-00010101000000-000000000000
+	github.com/fencer-dev/fencer/internal/rendezvous v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/kubeadapter v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/proto v0.0.0-00010101000000-000000000000
 	github.com/fencer-dev/fencer/token v0.0.0-00010101000000-000000000000
@@ -27,6 +28,7 @@ require (
 	go.uber.org/zap v1.28.0
 	golang.org/x/mod v0.41.0
 	golang.org/x/sys v0.49.0
+	golang.org/x/time v0.15.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -115,7 +117,6 @@ require (
 	golang.org/x/oauth2 v0.37.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
-	golang.org/x/time v0.15.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260817212433-ac3dfec99bb1 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect

@@ -27,6 +27,22 @@ var (
 	// the client ended itself because no renewal succeeded within its TTL,
 	// which matches token.ErrSessionExpired only.
 	ErrSessionNotFound = errors.New("client: the server has no such session (it expired or was revoked)")
+	// ErrRingNotFound means the ring has not been created (CreateRing).
+	ErrRingNotFound = errors.New("client: ring not found")
+	// ErrRingConflict means the ring exists with other shards, or the
+	// member name is taken in the ring by another session.
+	ErrRingConflict = errors.New("client: ring conflict")
+	// ErrRingRejoined ends a Ring whose member joined again through
+	// another JoinRing of the same session and ring. An error matching it
+	// also matches ErrRingConflict.
+	ErrRingRejoined = errors.New("client: the member joined the ring again elsewhere")
+	// ErrNotLosing means Ring.Release named a shard the member owns but is
+	// not handing off: it was not released.
+	ErrNotLosing = errors.New("client: shard is not being handed off")
+	// ErrNotJoinedHere means a Release or Leave of a ring reached a server
+	// that does not run the member's JoinRing stream; call it through the
+	// same connection as the stream.
+	ErrNotJoinedHere = errors.New("client: the member's JoinRing stream runs on another server")
 	// errWatchCompacted means a lease watch must start again from now.
 	errWatchCompacted = errors.New("client: watch compacted")
 )
@@ -36,7 +52,9 @@ var (
 // server knew it), *token.HeldError, *token.LockDelayError, *token.ForeignLeaseError,
 // *token.MalformedError, token.ErrNotHeld, *token.ArgumentError and
 // token.ErrSessionExpired (with ErrSessionNotFound), or
-// ErrPermissionDenied and ErrUnauthenticated. Any other error is returned wrapped, so that
+// ErrPermissionDenied, ErrUnauthenticated and the ring's ErrRingNotFound,
+// ErrRingConflict (with ErrRingRejoined), ErrNotLosing and
+// ErrNotJoinedHere. Any other error is returned wrapped, so that
 // status.Code still reports its code.
 func fromStatus(err error) error {
 	if err == nil {
@@ -71,7 +89,20 @@ func fromStatus(err error) error {
 	case fencerv1.ErrorReason_ERROR_REASON_FOREIGN_LEASE:
 		return &token.ForeignLeaseError{Want: md["want"], Got: md["got"]}
 	case fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD:
+		switch md["cause"] {
+		case "not_losing":
+			return fmt.Errorf("client: %s: %w", st.Message(), ErrNotLosing)
+		case "not_joined_here":
+			return fmt.Errorf("client: %s: %w", st.Message(), ErrNotJoinedHere)
+		}
 		return fmt.Errorf("client: %s: %w", st.Message(), token.ErrNotHeld)
+	case fencerv1.ErrorReason_ERROR_REASON_RING_NOT_FOUND:
+		return fmt.Errorf("client: %s: %w", st.Message(), ErrRingNotFound)
+	case fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT:
+		if md["cause"] == "rejoined" {
+			return fmt.Errorf("client: %s: %w: %w", st.Message(), ErrRingRejoined, ErrRingConflict)
+		}
+		return fmt.Errorf("client: %s: %w", st.Message(), ErrRingConflict)
 	case fencerv1.ErrorReason_ERROR_REASON_INVALID_TOKEN:
 		return &token.MalformedError{Field: md["token_field"], Input: md["input"], Reason: md["reason"]}
 	case fencerv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT:

@@ -60,6 +60,14 @@ func TestFromStatus(t *testing.T) {
 		{"permission", withInfo(codes.PermissionDenied, fencerv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED.Reason(), nil), ErrPermissionDenied, nil},
 		{"unauthenticated", withInfo(codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED.Reason(), nil), ErrUnauthenticated, nil},
 		{"compacted", withInfo(codes.OutOfRange, fencerv1.ErrorReason_ERROR_REASON_WATCH_COMPACTED.Reason(), nil), errWatchCompacted, nil},
+		{"ring not found", withInfo(codes.NotFound, fencerv1.ErrorReason_ERROR_REASON_RING_NOT_FOUND.Reason(), map[string]string{"ring": "r"}), ErrRingNotFound, nil},
+		{"ring conflict", withInfo(codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT.Reason(), map[string]string{"ring": "r"}), ErrRingConflict,
+			func(t *testing.T, err error) { require.NotErrorIs(t, err, ErrRingRejoined) }},
+		{"ring rejoined", withInfo(codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT.Reason(), map[string]string{"ring": "r", "cause": "rejoined"}), ErrRingRejoined,
+			func(t *testing.T, err error) { require.ErrorIs(t, err, ErrRingConflict) }},
+		{"not losing", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD.Reason(), map[string]string{"ring": "r", "cause": "not_losing"}), ErrNotLosing,
+			func(t *testing.T, err error) { require.NotErrorIs(t, err, token.ErrNotHeld) }},
+		{"not joined here", withInfo(codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD.Reason(), map[string]string{"ring": "r", "cause": "not_joined_here"}), ErrNotJoinedHere, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

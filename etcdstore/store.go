@@ -80,6 +80,21 @@ func (s *Store) Prefix() string { return s.prefix }
 
 func (s *Store) holderKey(name string) string { return holderkey.Key(s.prefix, name) }
 
+// HolderKey returns the etcd key of lease name's holder record, the key
+// whose create revision is the lease's current token's revision. For a
+// prefix of lease names (for example "ring:r:"), it is the prefix of the
+// holder keys of every lease whose name starts with it, for a Get or Watch
+// WithPrefix; HolderKey("") is the prefix of every holder key.
+func (s *Store) HolderKey(name string) string { return holderkey.Key(s.prefix, name) }
+
+// HolderOf reads kv, the holder key of lease name as seen in a Get or a
+// watch event: the lease's current token and the identity of its holder.
+// A value written by something other than fencer yields its raw text as
+// the holder and epoch 0.
+func HolderOf(name string, kv *mvccpb.KeyValue) (tok token.Token, holder string) {
+	return holderkey.Of(name, kv)
+}
+
 func (s *Store) epochKey(name string) string     { return s.prefix + "epochs/" + name }
 func (s *Store) fenceKey(resource string) string { return s.prefix + "fences/" + resource }
 

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -31,6 +32,13 @@ type Grants struct {
 	Write []string `json:"write,omitempty"`
 	// Resources are the external resources the principal may Advance.
 	Resources []string `json:"resources,omitempty"`
+	// Rings are the rings the principal may create, join, leave, release
+	// shards in, ask Owns of and read the status of. A ring grant covers
+	// the lease names of the ring's shards ("ring:<ring>:<shard>") as a
+	// lease grant would: their tokens are checked, released, listed and
+	// used in guarded writes like the principal's other leases (the keys
+	// written still need write grants).
+	Rings []string `json:"rings,omitempty"`
 }
 
 // Authorization grants each principal the names it may use, the way etcd's
@@ -56,6 +64,7 @@ type Authorization struct {
 //	    read: ["*"]
 //	    write: ["orders/*"]
 //	    resources: ["orders-db"]
+//	    rings: ["orders-shards"]
 type AuthorizationFile struct {
 	// Principals maps each principal to its grants.
 	Principals map[string]Grants `json:"principals"`
@@ -110,6 +119,7 @@ func NewAuthorization(principals map[string]Grants) (*Authorization, error) {
 			{"write", g.Write, &set.write},
 			{"read", append(append([]string(nil), g.Read...), g.Write...), &set.read},
 			{"resources", g.Resources, &set.resources},
+			{"rings", g.Rings, &set.rings},
 		} {
 			for _, s := range k.patterns {
 				pat, err := parsePattern(s)
@@ -125,7 +135,7 @@ func NewAuthorization(principals map[string]Grants) (*Authorization, error) {
 }
 
 type grantSet struct {
-	leases, read, write, resources []pattern
+	leases, read, write, resources, rings []pattern
 }
 
 // pattern is a parsed grant pattern: prefix holds when the pattern ended
@@ -163,12 +173,18 @@ func matchAny(patterns []pattern, name string) bool {
 }
 
 // Allowed reports whether principal may use name as a thing of kind:
-// "lease", "read", "write" or "resource". Any other kind is refused.
+// "lease", "read", "write", "resource" or "ring". Any other kind is
+// refused. A ring grant also allows the lease names of the ring's shards.
 func (a *Authorization) Allowed(principal, kind, name string) bool {
 	g := a.principals[principal]
 	switch kind {
 	case "lease":
+		if r, _, ok := ring.ParseShardLease(name); ok && matchAny(g.rings, r) {
+			return true
+		}
 		return matchAny(g.leases, name)
+	case "ring":
+		return matchAny(g.rings, name)
 	case "read":
 		return matchAny(g.read, name)
 	case "write":
@@ -226,6 +242,18 @@ func (a *Authorization) authorize(principal string, req any) error {
 		return need("read", r.GetKey())
 	case *fencerv1.TxnRequest:
 		return a.authorizeTxn(need, r)
+	case *fencerv1.CreateRingRequest:
+		return need("ring", r.GetRing())
+	case *fencerv1.JoinRingRequest:
+		return need("ring", r.GetRing())
+	case *fencerv1.ReleaseShardsRequest:
+		return need("ring", r.GetRing())
+	case *fencerv1.LeaveRingRequest:
+		return need("ring", r.GetRing())
+	case *fencerv1.OwnsRequest:
+		return need("ring", r.GetRing())
+	case *fencerv1.RingStatusRequest:
+		return need("ring", r.GetRing())
 	}
 	return nil
 }

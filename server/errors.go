@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -33,7 +34,33 @@ var (
 	ErrShuttingDown = errors.New("server: shutting down")
 	// errStoreUnavailable means etcd could not serve a request or watch.
 	errStoreUnavailable = errors.New("server: store unavailable")
+	// ErrRejoined ends a JoinRing stream when a newer JoinRing of the same
+	// session and ring replaces it (gRPC ABORTED).
+	ErrRejoined = errors.New("server: the member joined again through another JoinRing stream")
+	// ErrNotJoinedHere means a ReleaseShards or LeaveRing reached a server
+	// that does not run the member's JoinRing stream, which alone can hand
+	// off its shards.
+	ErrNotJoinedHere = errors.New("server: the member's JoinRing stream does not run on this server")
 )
+
+// ringError ties an error of package ring to the ring, and the member for
+// a member name taken, that the caller named: the metadata of
+// RING_NOT_FOUND and RING_CONFLICT.
+type ringError struct {
+	ring, member string
+	err          error
+}
+
+func (e *ringError) Error() string { return fmt.Sprintf("server: ring %q: %v", e.ring, e.err) }
+func (e *ringError) Unwrap() error { return e.err }
+
+// inRing ties err, if not nil, to ring and member (see ringError).
+func inRing(ringName, member string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &ringError{ring: ringName, member: member, err: err}
+}
 
 // fieldError ties an invalid value to the request field that carried it,
 // such as "compares[2].key".
@@ -128,7 +155,23 @@ func userMessage(err error) string {
 		}
 		return msg
 	}
+	if re, ok := errors.AsType[*ringError](err); ok {
+		switch {
+		case errors.Is(err, ring.ErrRingNotFound):
+			return fmt.Sprintf("ring %q not found: create it first (CreateRing)", re.ring)
+		case errors.Is(err, ring.ErrRingConflict) && re.member != "":
+			return fmt.Sprintf("member %q of ring %q is taken by another session", re.member, re.ring)
+		case errors.Is(err, ring.ErrRingConflict):
+			return fmt.Sprintf("ring %q exists with other shards", re.ring)
+		case errors.Is(err, ring.ErrNotLosing):
+			return fmt.Sprintf("ring %q: a shard this member owns is not being handed off, so it was not released: release only shards reported LOSING", re.ring)
+		case errors.Is(err, ErrNotJoinedHere):
+			return fmt.Sprintf("ring %q: the member's JoinRing stream does not run on this server: call it through the server of the stream, or join again", re.ring)
+		}
+	}
 	switch {
+	case errors.Is(err, ErrRejoined):
+		return "the member joined again through another JoinRing stream; this one ends"
 	case errors.Is(err, token.ErrNotHeld):
 		return "the lease is not held"
 	case errors.Is(err, ErrSessionNotFound), errors.Is(err, rpctypes.ErrLeaseNotFound):
@@ -153,6 +196,9 @@ func classify(err error) (codes.Code, fencerv1.ErrorReason, map[string]string) {
 	field := ""
 	if errors.As(err, &fe) {
 		field = fe.field
+	}
+	if code, reason, md, ok := classifyRing(err); ok {
+		return code, reason, md
 	}
 	switch {
 	case errors.As(err, &stale):
@@ -229,6 +275,34 @@ func classify(err error) (codes.Code, fencerv1.ErrorReason, map[string]string) {
 		}
 	}
 	return codes.Internal, fencerv1.ErrorReason_ERROR_REASON_INTERNAL, nil
+}
+
+// classifyRing picks the code, reason and metadata of the ring's errors.
+func classifyRing(err error) (codes.Code, fencerv1.ErrorReason, map[string]string, bool) {
+	md := map[string]string{}
+	if re, ok := errors.AsType[*ringError](err); ok {
+		md["ring"] = re.ring
+		if re.member != "" {
+			md["member"] = re.member
+		}
+	}
+	switch {
+	case errors.Is(err, ring.ErrRingNotFound):
+		delete(md, "member")
+		return codes.NotFound, fencerv1.ErrorReason_ERROR_REASON_RING_NOT_FOUND, md, true
+	case errors.Is(err, ring.ErrRingConflict):
+		return codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT, md, true
+	case errors.Is(err, ErrRejoined):
+		md["cause"] = "rejoined"
+		return codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT, md, true
+	case errors.Is(err, ring.ErrNotLosing):
+		md["cause"] = "not_losing"
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD, md, true
+	case errors.Is(err, ErrNotJoinedHere):
+		md["cause"] = "not_joined_here"
+		return codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD, md, true
+	}
+	return 0, 0, nil, false
 }
 
 // etcdClass is how the service reports one class of etcd error: a code, an

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -155,6 +156,8 @@ func TestEveryReasonIsClassified(t *testing.T) {
 		{errStoreUnavailable, fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE},
 		{ErrShuttingDown, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN},
 		{errors.New("something else"), fencerv1.ErrorReason_ERROR_REASON_INTERNAL},
+		{inRing("orders", "", fmt.Errorf("%w: %q", ring.ErrRingNotFound, "orders")), fencerv1.ErrorReason_ERROR_REASON_RING_NOT_FOUND},
+		{inRing("orders", "w1", fmt.Errorf("%w: member taken", ring.ErrRingConflict)), fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT},
 	} {
 		t.Run(tc.want.String(), func(t *testing.T) {
 			wrapped := fmt.Errorf("etcdstore: put: %w", tc.err)
@@ -182,6 +185,41 @@ func TestEveryReasonIsClassified(t *testing.T) {
 		case !produced[r] && !strings.Contains(doc, "reserved"):
 			t.Errorf("%s is neither produced by classify nor documented as reserved in fencer.proto", r)
 		}
+	}
+}
+
+// TestRingErrors: the ring's errors, with the ring and member the caller
+// named, map to their codes, reasons, metadata and messages.
+func TestRingErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		code   codes.Code
+		reason fencerv1.ErrorReason
+		md     map[string]string
+		msg    string
+	}{
+		{"not found", inRing("orders", "", fmt.Errorf("%w: %q", ring.ErrRingNotFound, "orders")), codes.NotFound, fencerv1.ErrorReason_ERROR_REASON_RING_NOT_FOUND,
+			map[string]string{"ring": "orders"}, `ring "orders" not found: create it first (CreateRing)`},
+		{"other shards", inRing("orders", "", ring.ErrRingConflict), codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
+			map[string]string{"ring": "orders"}, `ring "orders" exists with other shards`},
+		{"member taken", inRing("orders", "w1", ring.ErrRingConflict), codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
+			map[string]string{"ring": "orders", "member": "w1"}, `member "w1" of ring "orders" is taken by another session`},
+		{"rejoined", inRing("orders", "w1", ErrRejoined), codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
+			map[string]string{"ring": "orders", "member": "w1", "cause": "rejoined"}, "the member joined again through another JoinRing stream; this one ends"},
+		{"not losing", inRing("orders", "", fmt.Errorf("ring: release %q: %w", "3", ring.ErrNotLosing)), codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD,
+			map[string]string{"ring": "orders", "cause": "not_losing"}, `ring "orders": a shard this member owns is not being handed off, so it was not released: release only shards reported LOSING`},
+		{"not joined here", inRing("orders", "", ErrNotJoinedHere), codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD,
+			map[string]string{"ring": "orders", "cause": "not_joined_here"}, `ring "orders": the member's JoinRing stream does not run on this server: call it through the server of the stream, or join again`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := status.Convert(toStatus(tc.err))
+			require.Equal(t, tc.code, st.Code())
+			info := statusInfo(t, st)
+			require.Equal(t, tc.reason.Reason(), info.GetReason())
+			require.Equal(t, tc.md, info.GetMetadata())
+			require.Equal(t, tc.msg, st.Message())
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -36,6 +37,15 @@ func FuzzValidateRequests(f *testing.F) {
 	seed(&fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: "v1:1:2:a"}, HolderSessionId: 7, HolderSessionSecret: make([]byte, 32)})
 	seed(&fencerv1.WatchLeaseRequest{SessionId: 1, StartRevision: -1})
 	seed(&fencerv1.PutManyRequest{Puts: []*fencerv1.PutRequest{{Token: "v1:1:5:jobs", Key: "a", Value: []byte("v")}, {Token: "v1:1:5:jobs", Key: "b"}}})
+	seed(&fencerv1.AcquireRequest{Name: "ring:orders:7"})
+	seed(&fencerv1.CreateRingRequest{Ring: "orders", ShardCount: 16})
+	seed(&fencerv1.CreateRingRequest{Ring: "orders", Shards: []string{"eu", "us", "eu"}})
+	seed(&fencerv1.JoinRingRequest{Ring: "orders", SessionId: 7, Member: "worker-1", DrainSeconds: 30})
+	seed(&fencerv1.JoinRingRequest{Ring: "orders", TtlSeconds: 10})
+	seed(&fencerv1.ReleaseShardsRequest{Ring: "orders", SessionId: 7, Shards: []string{"1", "2"}})
+	seed(&fencerv1.LeaveRingRequest{Ring: "orders", SessionId: 7})
+	seed(&fencerv1.OwnsRequest{Ring: "orders", SessionId: 7, Shard: "3"})
+	seed(&fencerv1.RingStatusRequest{Ring: "Orders"})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		storeToken := func(tok token.Token) {
 			if err := tok.Validate(); err != nil {
@@ -94,6 +104,76 @@ func FuzzValidateRequests(f *testing.F) {
 			if in, err := validateRelease(&rel); err == nil && in.Token().IsZero() && rel.GetSessionId() <= 0 {
 				t.Fatalf("accepted release %v", &rel)
 			}
+		}
+		if acq.GetName() != "" && validateAcquire(&acq) == nil && strings.HasPrefix(acq.GetName(), ring.LeasePrefix) {
+			t.Fatalf("accepted acquisition of a ring's shard lease %q", acq.GetName())
+		}
+		ringOK := func(name string) {
+			if ring.ValidateRing(name) != nil {
+				t.Fatalf("accepted invalid ring %q", name)
+			}
+		}
+		shardOK := func(name string) {
+			if ring.ValidateShard(name) != nil {
+				t.Fatalf("accepted invalid shard %q", name)
+			}
+		}
+		var create fencerv1.CreateRingRequest
+		if proto.Unmarshal(b, &create) == nil {
+			if shards, err := validateCreateRing(&create); err == nil {
+				ringOK(create.GetRing())
+				if len(shards) < 1 || len(shards) > ring.MaxShards || (create.GetShardCount() != 0) == (len(create.GetShards()) != 0) {
+					t.Fatalf("accepted create of %d shards (count %d, %d named)", len(shards), create.GetShardCount(), len(create.GetShards()))
+				}
+				seen := map[string]bool{}
+				for _, sh := range shards {
+					shardOK(sh)
+					if seen[sh] {
+						t.Fatalf("accepted shard %q twice", sh)
+					}
+					seen[sh] = true
+				}
+			}
+		}
+		var join fencerv1.JoinRingRequest
+		if proto.Unmarshal(b, &join) == nil && validateJoinRing(&join) == nil {
+			ringOK(join.GetRing())
+			if join.GetMember() != "" && ring.ValidateMember(join.GetMember()) != nil {
+				t.Fatalf("accepted invalid member %q", join.GetMember())
+			}
+			if join.GetSessionId() < 0 || join.GetTtlSeconds() < 0 || join.GetTtlSeconds() > MaxTTLSeconds || (join.GetSessionId() > 0 && join.GetTtlSeconds() != 0) ||
+				join.GetDrainSeconds() < 0 || join.GetDrainSeconds() > MaxDrainSeconds {
+				t.Fatalf("accepted join %v", &join)
+			}
+		}
+		var rel2 fencerv1.ReleaseShardsRequest
+		if proto.Unmarshal(b, &rel2) == nil && validateReleaseShards(&rel2) == nil {
+			ringOK(rel2.GetRing())
+			if rel2.GetSessionId() <= 0 || len(rel2.GetShards()) < 1 || len(rel2.GetShards()) > MaxReleaseShards {
+				t.Fatalf("accepted release of shards %v", &rel2)
+			}
+			for _, sh := range rel2.GetShards() {
+				shardOK(sh)
+			}
+		}
+		var leave fencerv1.LeaveRingRequest
+		if proto.Unmarshal(b, &leave) == nil && validateLeaveRing(&leave) == nil {
+			ringOK(leave.GetRing())
+			if leave.GetSessionId() <= 0 {
+				t.Fatalf("accepted leave %v", &leave)
+			}
+		}
+		var owns fencerv1.OwnsRequest
+		if proto.Unmarshal(b, &owns) == nil && validateOwns(&owns) == nil {
+			ringOK(owns.GetRing())
+			shardOK(owns.GetShard())
+			if owns.GetSessionId() <= 0 {
+				t.Fatalf("accepted owns %v", &owns)
+			}
+		}
+		var rst fencerv1.RingStatusRequest
+		if proto.Unmarshal(b, &rst) == nil && validateRingStatus(&rst) == nil {
+			ringOK(rst.GetRing())
 		}
 		var w fencerv1.WatchLeaseRequest
 		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {

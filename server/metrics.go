@@ -29,6 +29,9 @@ type metrics struct {
 	manyPutsOK   prometheus.Counter // manyPuts' OK series
 	leaseWatches prometheus.Gauge
 	etcdUp       prometheus.Gauge
+	ringMembers  prometheus.Gauge
+	ringOwned    prometheus.Gauge
+	ringChanges  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -66,15 +69,35 @@ func newMetrics() *metrics {
 		etcdUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fencer_etcd_up", Help: "1 while the last readiness check found etcd answering linearizable reads, else 0.",
 		}),
+		ringMembers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fencer_server_ring_members", Help: "Ring members whose JoinRing stream this server runs.",
+		}),
+		ringOwned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fencer_server_ring_shards_owned", Help: "Shards owned by the ring members whose JoinRing stream this server runs.",
+		}),
+		ringChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fencer_server_ring_shard_changes_total", Help: "Shard changes reported to this server's JoinRing streams, by kind: gained, losing (a hand-off started), lost (handed off or ended otherwise).",
+		}, []string{"kind"}),
 	}
 	m.reg.MustRegister(m.grpc, m.sessions, m.acquisitions, m.keepalives, m.keepFails, m.lost, m.leasesLost, m.rejections, m.manyPuts, m.leaseWatches, m.etcdUp,
+		m.ringMembers, m.ringOwned, m.ringChanges,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, kind := range []string{ringGained, ringLosing, ringLost} {
+		m.ringChanges.WithLabelValues(kind) // present at 0, for rates
+	}
 	m.manyPutsOK = m.manyPuts.WithLabelValues(codes.OK.String())
 	for _, reason := range []string{keepAliveExpired, keepAliveEtcd} {
 		m.keepFails.WithLabelValues(reason) // present at 0, for rates and ratios
 	}
 	return m
 }
+
+// The kinds of fencer_server_ring_shard_changes_total.
+const (
+	ringGained = "gained"
+	ringLosing = "losing"
+	ringLost   = "lost"
+)
 
 // The reasons of fencer_server_keepalive_failures_total.
 const (

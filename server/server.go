@@ -120,6 +120,10 @@ type Server struct {
 	ended  *sessionWatch
 	// releasing: this server's releases, not to be recorded as losses
 	releasing releases
+	// members: the ring members whose JoinRing streams this server runs
+	members ringMembers
+	// ringShards: each ring's shards, as read once
+	ringShards ringShardSets
 
 	stop     chan struct{} // closed by Shutdown; ends the streams
 	stopOnce sync.Once

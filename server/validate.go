@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/fencer-dev/fencer/etcdstore"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -114,6 +116,9 @@ func validateAcquire(r *fencerv1.AcquireRequest) error {
 	if err := validateName("name", r.GetName()); err != nil {
 		return err
 	}
+	if err := notRingLease("name", r.GetName()); err != nil {
+		return err
+	}
 	switch ttl := r.GetTtlSeconds(); {
 	case r.GetSessionId() < 0:
 		return invalidArg("session_id", strconv.FormatInt(r.GetSessionId(), 10), "must not be negative")
@@ -156,7 +161,13 @@ func validateRelease(r *fencerv1.ReleaseRequest) (etcdstore.Checked, error) {
 			return etcdstore.Checked{}, err
 		}
 		c, err := etcdstore.CheckToken(tok)
-		return c, storeInput(err)
+		if err != nil {
+			return etcdstore.Checked{}, storeInput(err)
+		}
+		if err := notRingLease("token", tok.Lease); err != nil {
+			return etcdstore.Checked{}, err
+		}
+		return c, nil
 	case *fencerv1.ReleaseRequest_SessionId:
 		if id := r.GetHolderSessionId(); id != 0 {
 			return etcdstore.Checked{}, invalidArg("holder_session_id", strconv.FormatInt(id, 10), "must be 0 when session_id is set")
@@ -377,6 +388,138 @@ func validateWatchLease(r *fencerv1.WatchLeaseRequest) error {
 	}
 	if r.GetStartRevision() < 0 {
 		return invalidArg("start_revision", strconv.FormatInt(r.GetStartRevision(), 10), "must not be negative")
+	}
+	return nil
+}
+
+// Limits of the ring calls beyond package ring's (names, MaxShards).
+const (
+	// MaxReleaseShards is the most shards a ReleaseShards call may hand off.
+	MaxReleaseShards = 1000
+	// MaxDrainSeconds is the longest drain time a JoinRing may ask for.
+	MaxDrainSeconds = 600
+	// DefaultDrainSeconds is the drain time of a JoinRing with
+	// drain_seconds 0.
+	DefaultDrainSeconds = 5
+)
+
+// validateRing checks a ring name.
+func validateRing(field, name string) error {
+	return inField(field, ring.ValidateRing(name))
+}
+
+// validateCreateRing checks a CreateRingRequest and returns its shard
+// names: shard_count's "0" to "<shard_count-1>", or shards.
+func validateCreateRing(r *fencerv1.CreateRingRequest) ([]string, error) {
+	if err := validateRing("ring", r.GetRing()); err != nil {
+		return nil, err
+	}
+	count, shards := r.GetShardCount(), r.GetShards()
+	switch {
+	case count != 0 && len(shards) != 0:
+		return nil, invalidArg("shards", strconv.Itoa(len(shards))+" shards", "must be empty when shard_count is set")
+	case count == 0 && len(shards) == 0:
+		return nil, invalidArg("shard_count", "0", "one of shard_count or shards is required")
+	case count < 0 || count > ring.MaxShards:
+		return nil, invalidArg("shard_count", strconv.Itoa(int(count)), "must be 1 to "+strconv.Itoa(ring.MaxShards))
+	case len(shards) > ring.MaxShards:
+		return nil, invalidArg("shards", strconv.Itoa(len(shards))+" shards", "must be 1 to "+strconv.Itoa(ring.MaxShards)+" shards")
+	}
+	if count > 0 {
+		names := make([]string, count)
+		for i := range names {
+			names[i] = strconv.Itoa(i)
+		}
+		return names, nil
+	}
+	seen := make(map[string]bool, len(shards))
+	for i, s := range shards {
+		field := fmt.Sprintf("shards[%d]", i)
+		if err := inField(field, ring.ValidateShard(s)); err != nil {
+			return nil, err
+		}
+		if seen[s] {
+			return nil, invalidArg(field, s, "names a shard already listed")
+		}
+		seen[s] = true
+	}
+	return shards, nil
+}
+
+// validateJoinRing checks a JoinRingRequest.
+func validateJoinRing(r *fencerv1.JoinRingRequest) error {
+	if err := validateRing("ring", r.GetRing()); err != nil {
+		return err
+	}
+	switch ttl := r.GetTtlSeconds(); {
+	case r.GetSessionId() < 0:
+		return invalidArg("session_id", strconv.FormatInt(r.GetSessionId(), 10), "must not be negative")
+	case r.GetSessionId() > 0 && ttl != 0:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 when session_id is set")
+	case ttl < 0 || ttl > MaxTTLSeconds:
+		return invalidArg("ttl_seconds", strconv.FormatInt(ttl, 10), "must be 0 to "+strconv.Itoa(MaxTTLSeconds))
+	}
+	if m := r.GetMember(); m != "" {
+		if err := inField("member", ring.ValidateMember(m)); err != nil {
+			return err
+		}
+	}
+	if d := r.GetDrainSeconds(); d < 0 || d > MaxDrainSeconds {
+		return invalidArg("drain_seconds", strconv.FormatInt(d, 10), "must be 0 to "+strconv.Itoa(MaxDrainSeconds))
+	}
+	return nil
+}
+
+// validateReleaseShards checks a ReleaseShardsRequest.
+func validateReleaseShards(r *fencerv1.ReleaseShardsRequest) error {
+	if err := validateRing("ring", r.GetRing()); err != nil {
+		return err
+	}
+	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+		return err
+	}
+	shards := r.GetShards()
+	if n := len(shards); n == 0 || n > MaxReleaseShards {
+		return invalidArg("shards", strconv.Itoa(n)+" shards", fmt.Sprintf("must be 1 to %d shards", MaxReleaseShards))
+	}
+	for i, s := range shards {
+		if err := inField(fmt.Sprintf("shards[%d]", i), ring.ValidateShard(s)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateLeaveRing checks a LeaveRingRequest.
+func validateLeaveRing(r *fencerv1.LeaveRingRequest) error {
+	if err := validateRing("ring", r.GetRing()); err != nil {
+		return err
+	}
+	return validateSessionID("session_id", r.GetSessionId())
+}
+
+// validateOwns checks an OwnsRequest.
+func validateOwns(r *fencerv1.OwnsRequest) error {
+	if err := validateRing("ring", r.GetRing()); err != nil {
+		return err
+	}
+	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+		return err
+	}
+	return inField("shard", ring.ValidateShard(r.GetShard()))
+}
+
+// validateRingStatus checks a RingStatusRequest.
+func validateRingStatus(r *fencerv1.RingStatusRequest) error {
+	return validateRing("ring", r.GetRing())
+}
+
+// notRingLease refuses a lease name of a ring's shard in a call that
+// names leases directly (Acquire, Release of a token): only a ring's
+// members hold them, through JoinRing.
+func notRingLease(field, name string) error {
+	if strings.HasPrefix(name, ring.LeasePrefix) {
+		return invalidArg(field, name, "lease names starting with \""+ring.LeasePrefix+"\" belong to rings: join the ring (JoinRing) to hold its shards, and hand them off with ReleaseShards")
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/fencer-dev/fencer/etcdstore"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/ring"
 	"github.com/fencer-dev/fencer/token"
 )
 
@@ -179,14 +180,18 @@ func lostEvent(ev *clientv3.Event, id clientv3.LeaseID, store *etcdstore.Store) 
 // recordLoss writes the audit record of a loss the lease hub's shared
 // watch saw, once per loss whatever the number of streams watching, and
 // counts it; unless the loss is a release this server made, which has its
-// own record.
+// own record, or the end of a ring's shard, which the JoinRing stream of
+// its member records as a hand-off or a loss (recordBatch).
 func (s *Server) recordLoss(ev *clientv3.Event, msg *fencerv1.WatchLeaseResponse) {
 	if s.releasing.by(clientv3.LeaseID(ev.PrevKv.Lease), msg.GetToken()) {
 		return
 	}
+	tok, _ := token.Parse(msg.GetToken())
+	if _, _, ok := ring.ParseShardLease(tok.Lease); ok {
+		return
+	}
 	s.m.leasesLost.Inc()
 	holder := holderkey.Decode(ev.PrevKv.Value).Holder
-	tok, _ := token.Parse(msg.GetToken())
 	s.audit.LogAttrs(context.Background(), slog.LevelWarn, "lost", slog.String("principal", principalOfHolder(holder)), slog.String("holder", holder),
 		slog.String("lease", tok.Lease), slog.String("token", msg.GetToken()), slog.Int64("revision", msg.GetRevision()), slog.String("reason", msg.GetReason()))
 }

@@ -151,6 +151,14 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitNotFound, "the session has expired or was closed"}
 	case errors.Is(err, token.ErrNotHeld):
 		return failure{exitStale, "the lease is not held (acquire it again)"}
+	case errors.Is(err, client.ErrRingNotFound):
+		return failure{exitNotFound, "ring not found: create it first (fencer ring create NAME --shards N)"}
+	case errors.Is(err, client.ErrRingRejoined):
+		return failure{exitHeld, "the member joined the ring again through another process or connection with the same session"}
+	case errors.Is(err, client.ErrRingConflict):
+		return failure{exitHeld, "ring conflict: the ring exists with other shards, or the member name is taken by another session (choose another --member, or wait for its session to end)"}
+	case errors.Is(err, client.ErrNotLosing):
+		return failure{exitError, "the shard is not being handed off, so it was not released"}
 	case errors.Is(err, client.ErrUnauthenticated):
 		return failure{exitDenied, fmt.Sprintf("fencer at %s refused the credentials: set --auth-token-file (FENCER_AUTH_TOKEN_FILE, or the token in FENCER_AUTH_TOKEN), or --tls-cert and --tls-key", server)}
 	case errors.Is(err, client.ErrPermissionDenied):

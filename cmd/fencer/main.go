@@ -87,12 +87,15 @@ shown in the command's help. See docs/cli.md.
 			return bad
 		}
 		msg := err.Error()
+		if cmd.Name() == "join" && cmd.ArgsLenAtDash() == -1 {
+			msg += " (the command to run goes after --: fencer ring join NAME -- CMD [ARGS...])"
+		}
 		if cmd.Name() == "acquire" && cmd.ArgsLenAtDash() == -1 {
 			msg += " (the command to run goes after --: fencer acquire NAME -- CMD [ARGS...])"
 		}
 		return usagef("%s", msg)
 	})
-	root.AddGroup(&cobra.Group{ID: "lease", Title: "Leases:"}, &cobra.Group{ID: "data", Title: "Guarded data:"}, &cobra.Group{ID: "server", Title: "Server:"})
+	root.AddGroup(&cobra.Group{ID: "lease", Title: "Leases:"}, &cobra.Group{ID: "data", Title: "Guarded data:"}, &cobra.Group{ID: "ring", Title: "Rings:"}, &cobra.Group{ID: "server", Title: "Server:"})
 	for _, c := range []*cobra.Command{a.acquireCmd(), a.releaseCmd(), a.checkCmd(), a.statusCmd(), a.watchCmd(), a.advanceCmd()} {
 		c.GroupID = "lease"
 		root.AddCommand(c)
@@ -101,6 +104,9 @@ shown in the command's help. See docs/cli.md.
 		c.GroupID = "data"
 		root.AddCommand(c)
 	}
+	ring := a.ringCmd()
+	ring.GroupID = "ring"
+	root.AddCommand(ring)
 	for _, c := range []*cobra.Command{a.serveCmd(), a.healthCmd(), a.benchCmd(), a.demoCmd()} {
 		c.GroupID = "server"
 		root.AddCommand(c)

@@ -47,4 +47,5 @@ type Hooks struct {
 	Watch    func(from int64)                         // before each WatchLease call
 	Received func(*fencerv1.WatchLeaseResponse)       // a message from the watch has been applied
 	Check    func(context.Context, token.Token) error // instead of Client.Check, for the watch's checks
+	JoinRing func(ring string)                        // before each JoinRing call of a Ring that joins again
 }
