@@ -17,7 +17,8 @@ import uuid
 
 import fencer
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ring_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "ring_worker.py")
 
 
 def name(prefix):
@@ -28,8 +29,9 @@ class _Worker:
     """A ring_worker.py process and the JSON lines it prints."""
 
     def __init__(self, test, ring, member, ttl):
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))  # the fencer package this test imports
         self.proc = subprocess.Popen([sys.executable, WORKER, ring, member, str(ttl)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, env=env)
         test.addCleanup(self.stop)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
