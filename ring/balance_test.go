@@ -76,4 +76,15 @@ func TestBalanceAndMoves(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, st3.Unowned)
 	require.Len(t, st3.Members, 3)
+	for _, ms := range st3.Members {
+		n := 0
+		for _, s := range shards {
+			if left[s] == ms.Member {
+				n++
+			}
+		}
+		require.Equal(t, n, ms.Owned, "shards %s owns", ms.Member)
+		require.False(t, ms.Leaving)
+		require.NotEmpty(t, ms.Holder)
+	}
 }

@@ -132,7 +132,7 @@ func ReadStatus(ctx context.Context, st *etcdstore.Store, ring string) (Status, 
 	resp, err := st.Client().Txn(ctx).Then(
 		clientv3.OpGet(recordKey(st, ring)),
 		clientv3.OpGet(memberPrefix(st, ring), clientv3.WithPrefix()),
-		clientv3.OpGet(holderPrefix(st, ring), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(holderPrefix(st, ring), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return Status{}, fmt.Errorf("ring: read the status of %q: %w", ring, err)

@@ -42,7 +42,7 @@ func define(t testing.TB, st *etcdstore.Store, r string, n int) []string {
 // releases Losing shards at once when autoRelease is set.
 type tmember struct {
 	*ring.Member
-	sess        *etcdstore.Session
+	lease       clientv3.LeaseID
 	autoRelease bool
 
 	mu      sync.Mutex
@@ -55,15 +55,16 @@ type tmember struct {
 func join(t testing.TB, st *etcdstore.Store, r, name string, autoRelease bool, cfg ring.Config, opts ...etcdstore.SessionOption) *tmember {
 	t.Helper()
 	sess := fencertest.Session(t, st, opts...)
-	return joinOn(t, st, sess, r, name, autoRelease, cfg)
+	return joinWith(t, st, r, name, autoRelease, cfg, sess.LeaseID(), sess.Holder())
 }
 
-func joinOn(t testing.TB, st *etcdstore.Store, sess *etcdstore.Session, r, name string, autoRelease bool, cfg ring.Config) *tmember {
+// joinWith joins ring r as name on etcd lease id, as holder.
+func joinWith(t testing.TB, st *etcdstore.Store, r, name string, autoRelease bool, cfg ring.Config, id clientv3.LeaseID, holder string) *tmember {
 	t.Helper()
-	cfg.Ring, cfg.Member, cfg.Holder, cfg.LeaseID = r, name, sess.Holder(), sess.LeaseID()
+	cfg.Ring, cfg.Member, cfg.Holder, cfg.LeaseID = r, name, holder, id
 	m, err := ring.Join(fencertest.Context(t), st, cfg)
 	require.NoError(t, err)
-	tm := &tmember{Member: m, sess: sess, autoRelease: autoRelease, read: make(chan struct{})}
+	tm := &tmember{Member: m, lease: id, autoRelease: autoRelease, read: make(chan struct{})}
 	go tm.consume()
 	t.Cleanup(func() {
 		m.Close()
@@ -145,7 +146,7 @@ func waitAssigned(t testing.TB, st *etcdstore.Store, r string, shards []string, 
 	lease := map[string]clientv3.LeaseID{}
 	for _, m := range members {
 		names = append(names, m.Name())
-		lease[m.Name()] = m.sess.LeaseID()
+		lease[m.Name()] = m.lease
 	}
 	want := owners(shards, names)
 	var rev int64

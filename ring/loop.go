@@ -23,9 +23,6 @@ import (
 // maxInFlight bounds a member's acquisitions and releases in flight.
 const maxInFlight = 32
 
-// maxReady bounds the events the loop takes before it reconciles.
-const maxReady = 1024
-
 // retryDelay is how long a member waits before it tries again to acquire
 // or release a shard after an error etcd's watch will not resolve.
 const retryDelay = time.Second
@@ -285,58 +282,39 @@ func (s *state) loop(ctx context.Context) error {
 }
 
 // follow handles watch events, results and requests until the member
-// stops (its error) or a watch breaks (nil). It takes whatever is ready
-// (up to maxReady events) before it reconciles, so that a burst of events
-// costs one pass over the shards.
+// stops (its error) or a watch breaks (nil). It reconciles when no result
+// is waiting, so that a burst of results costs one pass over the shards
+// (a watch response carries its burst of events at once).
 func (s *state) follow(ctx context.Context, mw, hw clientv3.WatchChan, wake *clock.Timer) error {
 	for {
+		if len(s.results) == 0 {
+			if err := s.reconcile(ctx, wake); err != nil {
+				return err
+			}
+			s.flush(false)
+		}
 		var wakeC <-chan time.Time
 		if *wake != nil {
 			wakeC = (*wake).C()
 		}
-		for n, block := 0, true; n < maxReady; n++ {
-			var broken, none bool
-			var err error
-			if block {
-				select {
-				case <-ctx.Done():
-					return ErrClosed
-				case resp, ok := <-mw:
-					broken, err = s.memberEvents(resp, ok)
-				case resp, ok := <-hw:
-					broken = s.holderEvents(resp, ok)
-				case r := <-s.results:
-					err = s.handle(r)
-				case req := <-s.m.reqs:
-					s.request(req)
-				case <-wakeC:
-				}
-			} else {
-				select {
-				case resp, ok := <-mw:
-					broken, err = s.memberEvents(resp, ok)
-				case resp, ok := <-hw:
-					broken = s.holderEvents(resp, ok)
-				case r := <-s.results:
-					err = s.handle(r)
-				case req := <-s.m.reqs:
-					s.request(req)
-				default:
-					none = true
-				}
-			}
-			if err != nil || broken {
-				return err
-			}
-			if none {
-				break
-			}
-			block = false
+		var broken bool
+		var err error
+		select {
+		case <-ctx.Done():
+			return ErrClosed
+		case resp, ok := <-mw:
+			broken, err = s.memberEvents(resp, ok)
+		case resp, ok := <-hw:
+			broken = s.holderEvents(resp, ok)
+		case r := <-s.results:
+			err = s.handle(r)
+		case req := <-s.m.reqs:
+			s.request(req)
+		case <-wakeC:
 		}
-		if err := s.reconcile(ctx, wake); err != nil {
+		if err != nil || broken {
 			return err
 		}
-		s.flush(false)
 	}
 }
 

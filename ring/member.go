@@ -57,8 +57,10 @@ func (c Config) withDefaults() (Config, error) {
 	if err := ValidateMember(c.Member); err != nil {
 		return c, err
 	}
-	if err := token.ValidateName("holder", c.Holder); err != nil {
-		return c, err
+	if c.Holder == "" {
+		// Any text: the service's holder identities are
+		// "<principal>/<session>", and the holder is only ever a value.
+		return c, token.InvalidArgument("holder", c.Holder, "empty")
 	}
 	switch {
 	case c.LeaseID == 0:
@@ -126,8 +128,8 @@ type Change struct {
 // Batch is a group of changes delivered together by Updates, in order.
 type Batch struct {
 	// Snapshot is true for the first batch only: its changes are a Gained
-	// (and, for shards already being handed off, a Losing) for each shard
-	// the member holds, not changes to earlier batches.
+	// for each shard the member holds when it starts (the shards its
+	// session already held), not changes to earlier batches.
 	Snapshot bool
 	// Changes are the changes, in the order they happened.
 	Changes []Change

@@ -3,10 +3,11 @@ package ring
 import "sync"
 
 // outbox holds the batches the loop has produced and the reader has not
-// taken, merged into one, so that the loop never waits for the reader.
+// taken, so that the loop never waits for the reader: the snapshot, then
+// every later change merged into one batch.
 type outbox struct {
 	mu      sync.Mutex
-	pending *Batch
+	pending []Batch
 	closed  bool          // the loop has stopped: nothing more is put
 	signal  chan struct{} // capacity 1: something was put, or closed
 }
@@ -14,10 +15,11 @@ type outbox struct {
 // put adds b to what is pending.
 func (o *outbox) put(b Batch) {
 	o.mu.Lock()
-	if o.pending == nil {
-		o.pending = &b
+	if n := len(o.pending); n > 0 && !o.pending[n-1].Snapshot {
+		o.pending[n-1].Changes = append(o.pending[n-1].Changes, b.Changes...)
+		o.pending[n-1].Revision = b.Revision
 	} else {
-		*o.pending = merge(*o.pending, b)
+		o.pending = append(o.pending, b)
 	}
 	o.mu.Unlock()
 	o.poke()
@@ -38,46 +40,15 @@ func (o *outbox) poke() {
 	}
 }
 
-// take returns the pending batch, if any, and whether the outbox is
-// closed.
-func (o *outbox) take() (b *Batch, closed bool) {
+// take removes and returns the first pending batch (ok false if none),
+// and whether the outbox is closed.
+func (o *outbox) take() (b Batch, ok, closed bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	b, o.pending = o.pending, nil
-	return b, o.closed
-}
-
-// merge returns the batch that a followed by b amounts to. A snapshot
-// stays a snapshot of what is held after b's changes.
-func merge(a, b Batch) Batch {
-	if !a.Snapshot {
-		a.Changes = append(a.Changes, b.Changes...)
-		a.Revision = max(a.Revision, b.Revision)
-		return a
+	if len(o.pending) > 0 {
+		b, ok, o.pending = o.pending[0], true, o.pending[1:]
 	}
-	var order []string
-	held := map[string][]Change{}
-	for _, c := range append(a.Changes, b.Changes...) {
-		switch c.Kind {
-		case Gained:
-			if _, ok := held[c.Shard]; !ok {
-				order = append(order, c.Shard)
-			}
-			held[c.Shard] = []Change{c}
-		case Losing:
-			held[c.Shard] = append(held[c.Shard], c)
-		case Lost:
-			delete(held, c.Shard)
-		}
-	}
-	out := Batch{Snapshot: true, Revision: max(a.Revision, b.Revision)}
-	for _, s := range order {
-		if cs, ok := held[s]; ok {
-			out.Changes = append(out.Changes, cs...)
-			delete(held, s) // a shard gained, lost and gained again is listed once
-		}
-	}
-	return out
+	return b, ok, o.closed
 }
 
 // send delivers the outbox's batches on Updates until the outbox is
@@ -85,34 +56,25 @@ func merge(a, b Batch) Batch {
 func (m *Member) send() {
 	defer m.wg.Done()
 	defer close(m.updates)
-	var cur *Batch
 	for {
-		if cur == nil {
-			b, closed := m.out.take()
-			if b == nil && closed {
-				return
-			}
-			cur = b
-		}
-		var out chan<- Batch
-		var next Batch
-		if cur != nil {
-			out, next = m.updates, *cur
-		}
 		select {
-		case out <- next:
-			cur = nil
 		case <-m.out.signal:
-			if b, _ := m.out.take(); b != nil {
-				if cur == nil {
-					cur = b
-				} else {
-					merged := merge(*cur, *b)
-					cur = &merged
-				}
-			}
 		case <-m.abandon:
 			return
+		}
+		for {
+			b, ok, closed := m.out.take()
+			if !ok && closed {
+				return
+			}
+			if !ok {
+				break
+			}
+			select {
+			case m.updates <- b:
+			case <-m.abandon:
+				return
+			}
 		}
 	}
 }

@@ -32,6 +32,12 @@ run ./etcdstore 'BenchmarkGuardedPutFreshKey$' 2000x
 run ./etcdstore 'BenchmarkAcquireRelease$' 2000x
 run ./etcdstore 'BenchmarkAcquireReleaseCost$' 2000x
 run ./etcdstore 'BenchmarkLossDetection$' 500x
+# Rings: etcd writes/s in the steady state, N shards over 3 members beside one
+# etcd lease per shard, over 10 s; the time from a member's death to all its
+# shards re-owned. N is FENCER_RING_SHARDS (default 1,000; 10000 for the large
+# point).
+run ./ring 'BenchmarkSteadyWrites$' 1x
+run ./ring 'BenchmarkDeathReown$' 5x
 # Kubernetes, on the real kube-apiserver: fenced Update (first read from a
 # cache, or live) vs a plain conditional client.Update; the admission
 # policies' cost per update (policy.yaml, and with live-lease.yaml added) vs
