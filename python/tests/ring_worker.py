@@ -1,10 +1,11 @@
-"""A ring worker, run by test_ring as a process of its own (so that it can be
-killed with SIGKILL): it joins RING as MEMBER with a session of TTL
-seconds and, every 50 ms, writes "<RING>/<shard>" = MEMBER with the token
+"""A ring worker, run as a process of its own by test_ring (which kills it
+with SIGKILL) and by cmd/fencer's TestPythonRingRidesOutAServerRestart:
+it joins RING as MEMBER with a session of TTL seconds and, every 50 ms, writes "<RING>/<shard>" = MEMBER with the token
 of each shard it owns. It hands a shard off as soon as it is reported
 losing. It prints one JSON line per change, {"kind", "shard", "token"},
-one per shard token's first write, {"wrote", "token"}, and one per write
-refused as stale, {"stale", "token"}.
+one per shard token's first write (and first after a failure to reach
+the server), {"wrote", "token"}, and one per write refused as stale,
+{"stale", "token"}, or failed as unavailable, {"unavailable", "token"}.
 
 Environment: FENCER_SERVER. Usage: python3 ring_worker.py RING MEMBER TTL
 """
@@ -37,6 +38,10 @@ def main():
                         shard.put("%s/%s" % (ring_name, name), member)
                     except fencer.StaleError:
                         say(stale=name, token=shard.token)
+                        continue
+                    except fencer.UnavailableError:
+                        say(unavailable=name, token=shard.token)
+                        written.discard(shard.token)  # its next write is reported again
                         continue
                     if shard.token not in written:
                         written.add(shard.token)
