@@ -191,6 +191,36 @@ class RingTest(unittest.TestCase):
             self.assertEqual(self.a.get(key), b"w2")
         self.assertEqual([(m.member, m.owned) for m in self.a.ring_status(ring).members], [("w2", len(shards))])
 
+    def test_a_paused_worker_resumed_is_refused(self):
+        ring, shards, ttl = name("paused"), [str(i) for i in range(4)], 3
+        self.a.create_ring(ring, shard_count=len(shards))
+        w1 = _Worker(self, ring, "w1", ttl)
+        w1.until(self, wrote_all(shards), 30)
+        w1.proc.send_signal(signal.SIGSTOP)  # a GC pause, a frozen VM
+        self.addCleanup(w1.proc.send_signal, signal.SIGCONT)
+        w2 = _Worker(self, ring, "w2", ttl)
+        w2.until(self, wrote_all(shards), ttl + 30)
+        # w2 stops writing but keeps its shards (its session lives a TTL
+        # more): only w1 can write now, with its old tokens.
+        w2.proc.send_signal(signal.SIGKILL)
+        w1.proc.send_signal(signal.SIGCONT)
+        after = []
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                at, line = w1.lines.get(timeout=max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            after.append(line)
+        # It either writes first (refused: stale) or hears first that its
+        # session has ended (every shard lost); it never writes.
+        for l in after:
+            self.assertTrue("stale" in l or l.get("kind") == fencer.LOST, "the resumed worker printed %s" % after)
+        for s in shards:
+            self.assertEqual(self.a.get("%s/%s" % (ring, s)), b"w2")
+
 
 if __name__ == "__main__":
     unittest.main()
