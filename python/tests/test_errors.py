@@ -94,6 +94,14 @@ class ErrorReasonTest(unittest.TestCase):
                 self.assertEqual(err.code, code.name)
                 self.assertEqual(err.metadata, {"token": "v1:1:3:orders"})
 
+    def test_ring_errors_name_the_ring_and_member(self):
+        err = errors.from_rpc_error(_RpcError(grpc.StatusCode.ALREADY_EXISTS, "RING_CONFLICT", {"ring": "orders", "member": "w1"}))
+        self.assertIsInstance(err, errors.RingConflictError)
+        self.assertEqual((err.ring, err.member), ("orders", "w1"))
+        err = errors.from_rpc_error(_RpcError(grpc.StatusCode.NOT_FOUND, "RING_NOT_FOUND", {"ring": "orders"}))
+        self.assertIsInstance(err, errors.RingNotFoundError)
+        self.assertEqual(err.ring, "orders")
+
 
 if __name__ == "__main__":
     unittest.main()
