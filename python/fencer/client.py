@@ -7,9 +7,9 @@ keepalive thread, and guarded writes with their tokens.
         if lease.lost.is_set():
             ...                              # the server reported the lease gone
 
-A Client holds one session, opened by its first acquisition: an etcd lease
-that a keepalive thread renews every TTL/3, and that a watch thread follows
-so that a lease's `lost` event is set promptly when its holder key is
+A Client holds one session, opened by its first acquisition (or ring
+join): an etcd lease that a keepalive thread renews every TTL/3, and that a
+watch thread follows so that a lease's `lost` event is set promptly when its holder key is
 deleted or replaced. `lost` is advisory, like the Go client's Done: every
 write is fenced by etcd, not by the event. The session fails closed: when
 no renewal has succeeded within the TTL (measured on the monotonic clock),
@@ -156,7 +156,7 @@ class Client:
         self.ttl = int(ttl)
         self.timeout = timeout
         self._mu = threading.Lock()
-        self._open = threading.Lock()  # serializes the acquisition that opens the session
+        self._open = threading.Lock()  # serializes the acquisition (or join) that opens the session
         self._session_id = 0
         self._session_secret = b""  # proves a clean release; from the Acquire that opened the session
         self._held = {}  # name -> Lease

@@ -3,9 +3,9 @@ each shard held with a fencing token.
 
     with client.join("orders", member="worker-1") as ring:
         for change in ring.changes():
-            if change.kind == ring_module.GAINED:
+            if change.kind == fencer.GAINED:
                 change.shard.put("orders/%s/x" % change.shard.name, b"...")
-            elif change.kind == ring_module.LOSING:
+            elif change.kind == fencer.LOSING:
                 change.shard.release()      # stopped acting for it: hand it off
 
 Client.join makes the client's session a member of a ring and follows the
