@@ -9,8 +9,8 @@ keepalive thread, and guarded writes with their tokens.
 
 A Client holds one session, opened by its first acquisition (or ring
 join): an etcd lease that a keepalive thread renews every TTL/3, and that a
-watch thread follows so that a lease's `lost` event is set promptly when its holder key is
-deleted or replaced. `lost` is advisory, like the Go client's Done: every
+watch thread follows so that a lease's `lost` event is set promptly when
+its holder key is deleted or replaced. `lost` is advisory, like the Go client's Done: every
 write is fenced by etcd, not by the event. The session fails closed: when
 no renewal has succeeded within the TTL (measured on the monotonic clock),
 every lease is marked lost.
