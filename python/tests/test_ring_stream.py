@@ -11,6 +11,7 @@ from concurrent import futures
 import grpc
 
 import fencer
+from fencer import errors
 from fencer.v1 import fencer_pb2, fencer_pb2_grpc
 
 K = fencer_pb2.ShardChange
@@ -49,7 +50,6 @@ class _Script(fencer_pb2_grpc.FencerServiceServicer):
             return
         code, reason = end
         if reason:
-            from fencer import errors
             st = errors._Status(code=code.value[0], message=reason.lower())
             info = errors._ErrorInfo(reason=reason, domain=errors.DOMAIN)
             st.details.add(type_url="type.googleapis.com/google.rpc.ErrorInfo", value=info.SerializeToString())
