@@ -508,6 +508,26 @@ func (r *Ring) Owns(shard string) (token.Token, bool) {
 	return tok, ok
 }
 
+// CheckOwns asks the server whether the member owns shard now, and its
+// token: the server that runs the member's stream answers from memory,
+// another with one etcd read. Owns answers the same question without I/O
+// from what the Ring has been told; both may be stale by the time they
+// return, and a write is fenced by the token, never by either.
+func (r *Ring) CheckOwns(ctx context.Context, shard string) (token.Token, bool, error) {
+	resp, err := r.sess.c.rpc.Owns(ctx, &fencerv1.OwnsRequest{Ring: r.ring, SessionId: r.req.GetSessionId(), Shard: shard})
+	if err != nil {
+		return token.Token{}, false, fromStatus(err)
+	}
+	if !resp.GetOwned() {
+		return token.Token{}, false, nil
+	}
+	tok, err := token.Parse(resp.GetToken())
+	if err != nil {
+		return token.Token{}, false, fmt.Errorf("client: owns %q of ring %q: server sent %w", shard, r.ring, err)
+	}
+	return tok, true, nil
+}
+
 // Owned returns the shards the member owns, with their tokens (nothing
 // once the Ring has ended).
 func (r *Ring) Owned() map[string]token.Token {

@@ -38,6 +38,13 @@ run ./etcdstore 'BenchmarkLossDetection$' 500x
 # point).
 run ./ring 'BenchmarkSteadyWrites$' 1x
 run ./ring 'BenchmarkDeathReown$' 5x
+# Rings through the Go client: Ring.Owns (memory), the Owns RPC
+# (Ring.CheckOwns) and, as the baseline, Client.Check of the shard's token.
+run ./integration/client 'BenchmarkRingOwns$' 20000x
+# Rings through the binary: 3 fencer ring join processes over 10,000 shards,
+# sampled until settled: never two owners, all owned.
+echo "== FENCER_RING_JOIN_SHARDS=10000 go test -run '^TestRingJoinProcessesOwnEachShardOnce\$' ./cmd/fencer"
+FENCER_RING_JOIN_SHARDS=10000 go test -run '^TestRingJoinProcessesOwnEachShardOnce$' -count 1 -v ./cmd/fencer | grep -E '^(---|ok|FAIL|panic)|ring_join_processes' || true
 # Kubernetes, on the real kube-apiserver: fenced Update (first read from a
 # cache, or live) vs a plain conditional client.Update; the admission
 # policies' cost per update (policy.yaml, and with live-lease.yaml added) vs

@@ -38,7 +38,8 @@ const exitCodesHelp = `Exit codes:
   0    success
   1    any other error
   2    usage: bad flags, arguments, input or token
-  3    not found: no such key (get), the session is gone (watch, acquire)
+  3    not found: no such key (get), the session is gone (watch, acquire),
+       no such ring (ring)
   4    stale: the token is no longer current (check, put, delete, txn, advance)
   5    held: another holder holds the lease (acquire --wait=false, --wait-timeout)
        as the server said when the wait ended
@@ -47,9 +48,10 @@ const exitCodesHelp = `Exit codes:
        or for --reconnect-timeout (acquire, watch); a write may or may not
        have committed
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
-  9    lease lost while CMD ran (acquire): CMD was stopped
+  9    lease lost while CMD ran (acquire), or membership lost (ring join):
+       CMD was stopped
   10   the watchdog died while CMD ran (acquire): CMD was killed, the lease released
-  126  CMD could not be run (acquire); 127 CMD was not found
+  126  CMD could not be run (acquire, ring join); 127 CMD was not found
   128+N  interrupted by signal N (130 for SIGINT), e.g. while acquire waits
   Otherwise acquire exits with CMD's status (128+N if signal N ended it).`
 

@@ -297,8 +297,9 @@ type ringWorker struct {
 	argv []string
 	file string
 
-	losing map[string]time.Time // shards reported LOSING, by when they were
-	child  *ringChild           // nil while CMD does not run
+	losing  map[string]time.Time // shards reported LOSING, by when they were
+	child   *ringChild           // nil while CMD does not run
+	written []string             // the shards file's lines, as last written
 }
 
 // ringChild is one run of CMD.
@@ -405,6 +406,7 @@ func (w *ringWorker) shards() []string {
 // writeFile rewrites the shards file atomically.
 func (w *ringWorker) writeFile() error {
 	lines := w.shards()
+	w.written = lines
 	text := strings.Join(lines, "\n")
 	if text != "" {
 		text += "\n"
@@ -458,7 +460,12 @@ func (w *ringWorker) stopChild(sig syscall.Signal) error {
 
 // apply applies the settled changes: rewrite the file, then restart CMD
 // (releasing what it was losing once it has stopped) or signal it.
+// Changes that leave CMD's shards as they were (a shard lost after it
+// was released) change nothing.
 func (w *ringWorker) apply() error {
+	if slices.Equal(w.shards(), w.written) {
+		return nil
+	}
 	if w.sig != 0 {
 		if err := w.writeFile(); err != nil {
 			return err
@@ -471,10 +478,12 @@ func (w *ringWorker) apply() error {
 		// CMD's exit status on a restart is not fencer's: it goes on.
 		fmt.Fprintf(w.a.stderr, "fencer ring join: %s exited %d when stopped for a change\n", w.argv[0], childStatus(err))
 	}
-	w.releaseLosing()
+	// The file no longer lists the losing shards before they are
+	// released: no two members' files ever list one shard.
 	if err := w.writeFile(); err != nil {
 		return err
 	}
+	w.releaseLosing()
 	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.shards()))
 	return w.start()
 }

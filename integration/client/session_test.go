@@ -31,13 +31,13 @@ import (
 
 // service serves a store of its own on the shared etcd member, to
 // anonymous callers, and returns the store and a client of the server.
-func service(t *testing.T) (*etcdstore.Store, *client.Client) {
+func service(t testing.TB) (*etcdstore.Store, *client.Client) {
 	t.Helper()
 	svc := fencertest.Service(t, fencertest.WithStore(fencertest.SharedStore(t)))
 	return svc.Store, svc.Client
 }
 
-func newSession(t *testing.T, c *client.Client, opts ...client.SessionOption) *client.Session {
+func newSession(t testing.TB, c *client.Client, opts ...client.SessionOption) *client.Session {
 	t.Helper()
 	s, err := c.NewSession(opts...)
 	require.NoError(t, err)
