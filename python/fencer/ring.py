@@ -179,6 +179,17 @@ class Ring:
         with self._mu:
             return self._view.get(shard)
 
+    def check_owns(self, shard):
+        """Asks the server whether this member owns shard now, and returns
+        its token (a str), or None. The server that runs the member's
+        stream answers from memory, another with one etcd read. Like owns,
+        the answer may be stale when it arrives: a write is fenced by the
+        token, never by check_owns. A shard not of the ring raises
+        InvalidArgumentError."""
+        resp = self._client._call(self._client._stub.Owns,
+                                  fencer_pb2.OwnsRequest(ring=self.name, session_id=self.session_id, shard=shard))
+        return resp.token if resp.owned else None
+
     def shards(self):
         """Returns the names of the shards this member owns as far as it
         has heard, sorted."""

@@ -135,6 +135,8 @@ class RingTest(unittest.TestCase):
             if len(tokens) == len(shards):
                 break
         self.assertEqual(sorted(tokens), sorted(shards))
+        self.assertEqual(ra.check_owns("0"), tokens["0"])
+        self.assertEqual(ra.owns("0").token, tokens["0"])
 
         rb = self.b.join(ring, member="b", drain=30)
         self.addCleanup(rb.leave)
@@ -169,6 +171,9 @@ class RingTest(unittest.TestCase):
         self.assertEqual(set(ra.shards()) | set(rb.shards()), set(shards))
         self.assertFalse(set(ra.shards()) & set(rb.shards()))
         for s in lost:
+            self.assertIsNone(ra.check_owns(s))
+            self.assertIsNone(ra.owns(s))
+            self.assertEqual(rb.check_owns(s), gained[s].token)
             with self.assertRaises(fencer.StaleError) as cm:
                 self.a.put(tokens[s], "%s/%s" % (ring, s), b"a-late")
             self.assertEqual(cm.exception.newer_token, gained[s].token)
