@@ -15,7 +15,11 @@ import time
 import unittest
 import uuid
 
+import grpc
+
 import fencer
+from fencer.v1 import fencer_pb2_grpc
+from test_client import _CountingInterceptor  # the tests run by discover, from this directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ring_worker.py")
@@ -121,6 +125,47 @@ class RingTest(unittest.TestCase):
         self.assertEqual(self.a.ring_status(ring).members, [])
         with self.b.join(ring, member="dup") as rb:  # free once a has left
             self.assertEqual(rb.member, "dup")
+
+    def join_all(self, client, ring, n, member):
+        """Creates ring with n shards, joins it as member through client and
+        returns the Ring once it has gained every shard, and their tokens."""
+        client.create_ring(ring, shard_count=n)
+        r = client.join(ring, member=member)
+        self.addCleanup(r.leave)
+        tokens = {}
+        for c in r.changes(timeout=10):
+            self.assertEqual(c.kind, fencer.GAINED)
+            tokens[c.shard.name] = c.shard.token
+            if len(tokens) == n:
+                break
+        self.assertEqual(len(tokens), n)
+        return r, tokens
+
+    def test_a_member_at_rest_makes_no_call_but_its_keepalive(self):
+        calls = _CountingInterceptor()
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, calls))
+        r, tokens = self.join_all(self.a, name("rest"), 8, "m")
+        time.sleep(2 * self.a.ttl)  # 6 renewals at TTL/3
+        # One KeepAlive stream renews the session (and with it every
+        # shard); the member's stream and the session's watch stay open.
+        self.assertEqual(sorted(m.rsplit("/", 1)[1] for m in calls.calls),
+                         ["CreateRing", "JoinRing", "KeepAlive", "WatchLease"])
+        self.assertEqual({s: r.owns(s).token for s in r.shards()}, tokens)
+        for t in tokens.values():
+            self.a.check(t)
+
+    def test_a_broken_stream_is_reopened_with_nothing_changed(self):
+        calls = _CountingInterceptor(break_first="JoinRing", after=1.0)
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, calls))
+        r, tokens = self.join_all(self.a, name("broken"), 4, "m")
+        deadline = time.monotonic() + 10
+        while calls.count("JoinRing") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(calls.count("JoinRing"), 2, calls.calls)
+        self.assertEqual([(c.kind, c.shard.name) for c in r.changes(timeout=1)], [],
+                         "the reopened stream's snapshot was reported as changes")
+        self.assertEqual({s: r.owns(s).token for s in r.shards()}, tokens)
+        self.assertFalse(r.done.is_set())
 
     def test_a_join_moves_shards(self):
         ring, shards = name("moves"), [str(i) for i in range(16)]
