@@ -33,4 +33,16 @@
 // which lags etcd; a member whose session expired may believe it owns a
 // shard until it observes the expiry. Correctness comes from the store:
 // a write guarded by a shard's old token is refused once the shard moved.
+//
+// names.go holds the names and errors; define.go the ring record and
+// ReadStatus; keys.go the key layout and the member key's value; member.go
+// Join and the Member's methods; loop.go the member's loop; outbox.go the
+// delivery of Updates.
+//
+// # Imports
+//
+// ring is built on etcdstore's exported API, etcd's client and the
+// rendezvous hash: never etcd's server code, the Kubernetes client
+// libraries, proto, client, server or kubeadapter (internal/layout
+// enforces it).
 package ring

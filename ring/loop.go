@@ -58,12 +58,6 @@ type held struct {
 	releasing bool      // a release is in flight; Owns no longer reports it
 }
 
-// member is another (or this) member as the loop last saw its key.
-type member struct {
-	leaving bool
-	lease   int64
-}
-
 // state is the loop's state; only the loop goroutine touches it, after
 // Join's initial read.
 //
@@ -76,18 +70,19 @@ type member struct {
 type state struct {
 	m         *Member
 	clk       clock.Clock
-	shards    []string // sorted
-	members   map[string]member
+	shards    []string          // sorted
+	members   map[string]bool   // member name -> leaving
 	assign    map[string]string // shard -> owner over the active members
 	holders   map[string]token.Token
-	leases    map[string]int64 // shard -> etcd lease of its holder key
-	holderRev int64            // the holder keys are as of this revision
-	rev       int64            // the latest revision observed
+	holderRev int64 // the holder keys are as of this revision
+	rev       int64 // the latest revision observed
 	mine      map[string]*held
 	busy      map[string]bool      // an acquisition or release is in flight
 	waitRev   map[string]int64     // found held at this revision: wait for the watch to pass it
 	notBefore map[string]time.Time // failed: try again from then
 	inFlight  int
+	todo      map[string]bool // shards to look at when the loop next reconciles
+	all       bool            // look at every shard
 	leaving   bool
 	lim       *rate.Limiter
 	results   chan result
@@ -104,6 +99,7 @@ func newState(m *Member, shards []string) *state {
 		busy:      map[string]bool{},
 		waitRev:   map[string]int64{},
 		notBefore: map[string]time.Time{},
+		todo:      map[string]bool{},
 		lim:       rate.NewLimiter(rate.Limit(r), max(1, int(math.Ceil(r)))),
 		results:   make(chan result, maxInFlight),
 	}
@@ -126,11 +122,11 @@ func (s *state) read(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ring: read ring %q: %w", s.m.cfg.Ring, err)
 	}
-	s.members = map[string]member{}
+	s.members = map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		s.memberPut(kv)
 	}
-	s.holders, s.leases = map[string]token.Token{}, map[string]int64{}
+	s.holders = map[string]token.Token{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		s.holderPut(kv)
 	}
@@ -155,9 +151,9 @@ func (s *state) memberPut(kv *mvccpb.KeyValue) {
 		delete(s.members, name) // not a member this package wrote
 		return
 	}
-	s.members[name] = member{leaving: v.State == stateLeaving, lease: kv.Lease}
+	s.members[name] = v.State == stateLeaving
 	if name == s.m.cfg.Member && kv.Lease == int64(s.m.cfg.LeaseID) && v.State == stateLeaving {
-		s.leaving = true
+		s.leaving, s.all = true, true
 	}
 }
 
@@ -169,7 +165,8 @@ func (s *state) holderPut(kv *mvccpb.KeyValue) {
 		return
 	}
 	tok, _ := etcdstore.HolderOf(ShardLease(s.m.cfg.Ring, shard), kv)
-	s.holders[shard], s.leases[shard] = tok, kv.Lease
+	s.holders[shard] = tok
+	s.todo[shard] = true
 	if kv.Lease != int64(s.m.cfg.LeaseID) {
 		return
 	}
@@ -184,12 +181,12 @@ func (s *state) holderPut(kv *mvccpb.KeyValue) {
 // reassign computes every shard's owner over the active members.
 func (s *state) reassign() {
 	var active []rendezvous.Member
-	for name, mb := range s.members {
-		if !mb.leaving {
+	for name, leaving := range s.members {
+		if !leaving {
 			active = append(active, rendezvous.Member{Name: name})
 		}
 	}
-	s.assign = make(map[string]string, len(s.shards))
+	s.assign, s.all = make(map[string]string, len(s.shards)), true
 	for _, shard := range s.shards {
 		s.assign[shard], _ = rendezvous.Owner(shard, active)
 	}
@@ -375,7 +372,7 @@ func (s *state) holderEvents(resp clientv3.WatchResponse, ok bool) (broken bool)
 		}
 		shard := strings.TrimPrefix(string(ev.Kv.Key), holderPrefix(s.m.st, s.m.cfg.Ring))
 		delete(s.holders, shard)
-		delete(s.leases, shard)
+		s.todo[shard] = true
 		if h := s.mine[shard]; h != nil && ev.Kv.ModRevision > h.tok.Revision {
 			s.lose(shard)
 		}
@@ -387,6 +384,7 @@ func (s *state) holderEvents(resp clientv3.WatchResponse, ok bool) (broken bool)
 func (s *state) handle(r result) error {
 	s.inFlight--
 	delete(s.busy, r.shard)
+	s.todo[r.shard] = true
 	if r.acquire {
 		switch {
 		case r.err == nil:
@@ -413,6 +411,7 @@ func (s *state) handle(r result) error {
 // after a further retryDelay.
 func (s *state) unrelease(shard string, h *held) {
 	h.releasing = false
+	s.todo[shard] = true
 	h.deadline = s.clk.Now().Add(retryDelay)
 	s.m.setOwns(shard, h.tok, true)
 }
@@ -421,7 +420,7 @@ func (s *state) unrelease(shard string, h *held) {
 func (s *state) request(req any) {
 	switch req := req.(type) {
 	case leaveNote:
-		s.leaving = true
+		s.leaving, s.all = true, true
 	case releaseFailed:
 		for _, tok := range req.toks {
 			shard := strings.TrimPrefix(tok.Lease, ShardLease(s.m.cfg.Ring, ""))
@@ -451,12 +450,20 @@ func (s *state) request(req any) {
 	}
 }
 
-// reconcile starts what the state calls for: acquisitions of free shards
-// assigned to this member, Losing reports of held shards assigned
-// elsewhere (at the moves limit), and releases of those whose drain has
-// passed. It arms wake for the next deadline, or stops the member once
-// it has left.
+// reconcile starts what the state calls for, for the shards marked to
+// look at (todo): acquisitions of free shards assigned to this member,
+// Losing reports of held shards assigned elsewhere (at the moves limit),
+// and releases of those whose drain has passed. A shard that must wait
+// (for its drain, the moves limit, a retry, or a free slot when
+// maxInFlight are in flight) stays marked, and wake is armed for the next
+// deadline. It stops the member once it has left.
 func (s *state) reconcile(ctx context.Context, wake *clock.Timer) error {
+	if s.all {
+		for _, shard := range s.shards {
+			s.todo[shard] = true
+		}
+		s.all = false
+	}
 	now := s.clk.Now()
 	var next time.Time
 	later := func(t time.Time) {
@@ -465,48 +472,17 @@ func (s *state) reconcile(ctx context.Context, wake *clock.Timer) error {
 		}
 	}
 	limited := false
-	me := s.m.cfg.Member
-	for _, shard := range s.shards {
-		owner := s.assign[shard]
-		if h := s.mine[shard]; h != nil {
-			if h.releasing {
-				continue
+	for shard := range s.todo {
+		if s.inFlight >= maxInFlight {
+			break // a result will come, and reconcile again
+		}
+		delete(s.todo, shard)
+		if t, wait := s.visit(ctx, shard, now, &limited); wait {
+			s.todo[shard] = true
+			if !t.IsZero() {
+				later(t)
 			}
-			if !h.losing && (s.leaving || owner != me) && !limited {
-				if s.lim.AllowN(now, 1) {
-					h.losing, h.deadline = true, now.Add(s.m.cfg.Drain)
-					s.changes = append(s.changes, Change{Kind: Losing, Shard: shard, Token: h.tok, Drain: s.m.cfg.Drain})
-				} else {
-					r := s.lim.ReserveN(now, 1)
-					later(now.Add(r.DelayFrom(now)))
-					r.CancelAt(now)
-					limited = true
-				}
-			}
-			switch {
-			case !h.losing:
-			case now.Before(h.deadline):
-				later(h.deadline)
-			case s.inFlight < maxInFlight:
-				h.releasing = true
-				s.m.setOwns(shard, h.tok, false)
-				s.start(ctx, shard, false, h.tok)
-			}
-			continue
 		}
-		if owner != me || s.leaving || s.busy[shard] || s.inFlight >= maxInFlight {
-			continue
-		}
-		if _, taken := s.holders[shard]; taken || s.holderRev < s.waitRev[shard] {
-			continue
-		}
-		if t, ok := s.notBefore[shard]; ok && now.Before(t) {
-			later(t)
-			continue
-		}
-		delete(s.waitRev, shard)
-		delete(s.notBefore, shard)
-		s.start(ctx, shard, true, token.Token{})
 	}
 	if *wake != nil {
 		(*wake).Stop()
@@ -519,6 +495,49 @@ func (s *state) reconcile(ctx context.Context, wake *clock.Timer) error {
 		return s.deleteMemberKey(ctx)
 	}
 	return nil
+}
+
+// visit does what shard calls for, and reports whether it must be looked
+// at again, from when (zero: whenever the loop next reconciles).
+func (s *state) visit(ctx context.Context, shard string, now time.Time, limited *bool) (when time.Time, wait bool) {
+	me, owner := s.m.cfg.Member, s.assign[shard]
+	h := s.mine[shard]
+	switch {
+	case h != nil && h.releasing:
+		return time.Time{}, false
+	case h != nil && !h.losing && (s.leaving || owner != me):
+		if *limited {
+			return time.Time{}, true
+		}
+		if !s.lim.AllowN(now, 1) {
+			r := s.lim.ReserveN(now, 1)
+			defer r.CancelAt(now)
+			*limited = true
+			return now.Add(r.DelayFrom(now)), true
+		}
+		h.losing, h.deadline = true, now.Add(s.m.cfg.Drain)
+		s.changes = append(s.changes, Change{Kind: Losing, Shard: shard, Token: h.tok, Drain: s.m.cfg.Drain})
+		return h.deadline, true
+	case h != nil && h.losing && now.Before(h.deadline):
+		return h.deadline, true
+	case h != nil && h.losing:
+		h.releasing = true
+		s.m.setOwns(shard, h.tok, false)
+		s.start(ctx, shard, false, h.tok)
+		return time.Time{}, false
+	case h != nil || owner != me || s.leaving || s.busy[shard]:
+		return time.Time{}, false
+	}
+	if _, taken := s.holders[shard]; taken || s.holderRev < s.waitRev[shard] {
+		return time.Time{}, false // its deletion will mark it
+	}
+	if t, ok := s.notBefore[shard]; ok && now.Before(t) {
+		return t, true
+	}
+	delete(s.waitRev, shard)
+	delete(s.notBefore, shard)
+	s.start(ctx, shard, true, token.Token{})
+	return time.Time{}, false
 }
 
 // start acquires or releases shard in a goroutine of its own, which

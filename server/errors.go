@@ -54,10 +54,15 @@ type ringError struct {
 func (e *ringError) Error() string { return fmt.Sprintf("server: ring %q: %v", e.ring, e.err) }
 func (e *ringError) Unwrap() error { return e.err }
 
-// inRing ties err, if not nil, to ring and member (see ringError).
+// inRing ties err, if not nil, to ring and member (see ringError). An
+// error of package ring for a session that has ended is the service's
+// ErrSessionNotFound too.
 func inRing(ringName, member string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if errors.Is(err, token.ErrSessionExpired) && !errors.Is(err, ErrSessionNotFound) {
+		err = fmt.Errorf("%w: %w", ErrSessionNotFound, err)
 	}
 	return &ringError{ring: ringName, member: member, err: err}
 }

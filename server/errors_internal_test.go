@@ -209,6 +209,8 @@ func TestRingErrors(t *testing.T) {
 			map[string]string{"ring": "orders", "member": "w1", "cause": "rejoined"}, "the member joined again through another JoinRing stream; this one ends"},
 		{"not losing", inRing("orders", "", fmt.Errorf("ring: release %q: %w", "3", ring.ErrNotLosing)), codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD,
 			map[string]string{"ring": "orders", "cause": "not_losing"}, `ring "orders": a shard this member owns is not being handed off, so it was not released: release only shards reported LOSING`},
+		{"session ended", inRing("orders", "w1", fmt.Errorf("ring: leave: the member key is gone: %w", token.ErrSessionExpired)), codes.NotFound,
+			fencerv1.ErrorReason_ERROR_REASON_SESSION_NOT_FOUND, nil, "session not found: it has expired or was released"},
 		{"not joined here", inRing("orders", "", ErrNotJoinedHere), codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD,
 			map[string]string{"ring": "orders", "cause": "not_joined_here"}, `ring "orders": the member's JoinRing stream does not run on this server: call it through the server of the stream, or join again`},
 	} {

@@ -29,8 +29,9 @@ import (
 //   - A newer JoinRing of the same session and ring takes the old entry
 //     out, closes its replaced channel (the old handler then ends with
 //     ErrRejoined, ABORTED) and closes its Member, waiting for it to stop,
-//     before it joins anew: two loops of one member never run in one
-//     server.
+//     before it joins anew; JoinRings of one key take turns from there
+//     until the new member is registered (ringMembers.lock): two loops of
+//     one member never run in one server.
 //   - A member's shard count (the fencer_server_ring_shards_owned gauge)
 //     is changed only by its handler, from the batches it sends, and taken
 //     back off the gauge when the handler returns.
@@ -55,8 +56,38 @@ func (rm *ringMember) close() { rm.closeOnce.Do(rm.m.Close) }
 
 // ringMembers are the members whose JoinRing streams this server runs.
 type ringMembers struct {
-	mu sync.Mutex
-	m  map[ringKey]*ringMember
+	mu      sync.Mutex
+	m       map[ringKey]*ringMember
+	joining map[ringKey]chan struct{} // closed when the join of the key in progress is done
+}
+
+// lock waits until no other JoinRing of key is joining, and makes this
+// one the joining one, until unlock; it fails when ctx ends first.
+func (r *ringMembers) lock(ctx context.Context, key ringKey) (unlock func(), err error) {
+	for {
+		r.mu.Lock()
+		busy, ok := r.joining[key]
+		if !ok {
+			if r.joining == nil {
+				r.joining = map[ringKey]chan struct{}{}
+			}
+			done := make(chan struct{})
+			r.joining[key] = done
+			r.mu.Unlock()
+			return func() {
+				r.mu.Lock()
+				delete(r.joining, key)
+				r.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		r.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
 }
 
 // put registers rm for key and returns the member it replaces, if any.
@@ -325,6 +356,10 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 		memberName = defaultMember(p, id)
 	}
 	key := ringKey{id: id, ring: name}
+	unlock, err := s.members.lock(ctx, key)
+	if err != nil {
+		return err
+	}
 	replace(s.members.take(key))
 	drain := time.Duration(req.GetDrainSeconds()) * time.Second
 	if drain == 0 {
@@ -333,10 +368,12 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 	holder := holderName(p, id)
 	m, err := ring.Join(ctx, s.store, ring.Config{Ring: name, Member: memberName, Holder: holder, LeaseID: id, Drain: drain})
 	if err != nil {
+		unlock()
 		return inRing(name, memberName, err)
 	}
 	rm := &ringMember{m: m, name: m.Name(), principal: p, replaced: make(chan struct{})}
-	replace(s.members.put(key, rm))
+	replace(s.members.put(key, rm)) // nil: the lock kept other joins out
+	unlock()
 	s.m.ringMembers.Inc()
 	owned := 0
 	losing := map[string]bool{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -230,6 +231,12 @@ func TestRingJoinSnapshotAndGain(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, resp2.GetOwned())
 	require.Equal(t, tok.String(), resp2.GetToken())
+	// ReleaseShards and LeaveRing need the server of the member's stream.
+	_, err = rpc2.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "orders", SessionId: m.session()})
+	requireCode(t, err, codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD)
+	_, err = rpc2.ReleaseShards(ctx, &fencerv1.ReleaseShardsRequest{Ring: "orders", SessionId: m.session(), Shards: []string{"3"}})
+	requireCode(t, err, codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD)
+	require.Contains(t, status.Convert(err).Message(), "does not run on this server")
 
 	rs, err := rpc.RingStatus(ctx, &fencerv1.RingStatusRequest{Ring: "orders"})
 	require.NoError(t, err)
@@ -635,4 +642,52 @@ principals:
 	_, err = bobs.Put(ctx, &fencerv1.PutRequest{Token: tok, Key: "x", Value: []byte("v")})
 	denied(err)
 	requireNoKeysSince(t, st, before)
+}
+
+// The ring's writes have their audit records: the ring created, the
+// member joined and left, each shard acquired and handed off; a hand-off
+// is no loss, for the records and for fencer_server_leases_lost_total.
+func TestRingAuditRecords(t *testing.T) {
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
+	rec := newRecorder()
+	auth, err := server.NewBearerTokens(testTokens)
+	require.NoError(t, err)
+	addr, srv := serve(t, server.Config{Store: st, Authenticator: auth, Logger: slog.New(rec)})
+	// The server's holder-key watch, which would record losses, runs from
+	// the first passed readiness check.
+	require.Eventually(t, func() bool { return scrape(t, srv, "fencer_etcd_up") == 1 }, 10*time.Second, 10*time.Millisecond)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	_, err = rpc.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "audited", ShardCount: 2})
+	require.NoError(t, err)
+	_, err = rpc.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "audited", ShardCount: 2})
+	require.NoError(t, err)
+	requireRecords(t, rec.audit("create ring"), map[string]any{"principal": "alice", "ring": "audited", "shards": int64(2)})
+
+	m := join(t, rpc, &fencerv1.JoinRingRequest{Ring: "audited", Member: "w"}, true)
+	keepAlive(t, rpc, m.session())
+	owned := requirePartition(t, 2, m)
+	require.Len(t, owned, 2)
+	holder := rec.audit("join ring")[0]["holder"]
+	requireRecords(t, rec.audit("join ring"), map[string]any{"principal": "alice", "ring": "audited", "member": "w"})
+	require.True(t, strings.HasPrefix(holder.(string), "alice/"))
+	toks := m.ownedNow()
+	require.Eventually(t, func() bool { return len(rec.audit("acquire")) == 2 }, ringWait, 10*time.Millisecond)
+	for _, r := range rec.audit("acquire") {
+		shard := r["shard"].(string)
+		require.Equal(t, map[string]any{"principal": "alice", "lease": "ring:audited:" + shard, "token": toks[shard], "holder": holder, "ring": "audited"},
+			map[string]any{"principal": r["principal"], "lease": r["lease"], "token": r["token"], "holder": r["holder"], "ring": r["ring"]})
+	}
+
+	_, err = rpc.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "audited", SessionId: m.session()})
+	require.NoError(t, err)
+	require.NoError(t, m.ended("the stream after LeaveRing"))
+	requireRecords(t, rec.audit("leave ring"), map[string]any{"principal": "alice", "ring": "audited", "member": "w", "holder": holder})
+	require.Len(t, rec.audit("release"), 2)
+	for _, r := range rec.audit("release") {
+		require.Equal(t, toks[r["shard"].(string)], r["token"])
+	}
+	time.Sleep(200 * time.Millisecond) // what the holder-key watch would record comes by now
+	require.Empty(t, rec.audit("lost"))
+	require.Zero(t, scrape(t, srv, "fencer_server_leases_lost_total"))
 }
