@@ -94,8 +94,8 @@ class Shard(_Guarded):
         """Hands the shard off, saying that this member has stopped acting
         for it (ReleaseShards), and returns whether it was released now. It
         must have been reported LOSING: a shard the member still keeps
-        raises FencerError (FAILED_PRECONDITION) and stays. A handle the
-        member no longer owns releases nothing."""
+        raises NotHeldError (metadata["cause"] "not_losing") and stays. A
+        handle the member no longer owns releases nothing."""
         return self.ring.release(self) == 1
 
     def __repr__(self):
@@ -348,7 +348,8 @@ class Ring:
         that it has stopped acting for them, and returns how many were
         released. A shard the member no longer owns (or a Shard handle of
         an earlier acquisition) is skipped; one it owns but is not losing
-        raises FencerError (FAILED_PRECONDITION), as from the server."""
+        raises NotHeldError (metadata["cause"] "not_losing"), as the server
+        answers."""
         names = []
         with self._mu:
             for s in shards:

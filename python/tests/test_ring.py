@@ -180,6 +180,9 @@ class RingTest(unittest.TestCase):
             if len(tokens) == len(shards):
                 break
         self.assertEqual(sorted(tokens), sorted(shards))
+        with self.assertRaises(fencer.NotHeldError) as cm:
+            ra.owns("0").release()  # a shard not being handed off stays
+        self.assertEqual(cm.exception.metadata.get("cause"), "not_losing")
         self.assertEqual(ra.check_owns("0"), tokens["0"])
         self.assertEqual(ra.owns("0").token, tokens["0"])
 
