@@ -105,7 +105,17 @@ class Shard(_Guarded):
 class Ring:
     """A client's membership of a ring, made by Client.join; a context
     manager that leaves the ring. Its methods are safe to call from several
-    threads, but changes() has one reader."""
+    threads, but changes() has one reader. name, member and session_id are
+    fixed once join returns; done is set when the ring has ended, and error
+    then says why (None: the member left).
+
+    Invariants, under _mu: the view holds exactly the shards whose GAINED
+    has been queued and whose LOST has not; changes are queued in the
+    order they are applied, so a reader sees every shard's GAINED before
+    its LOSING and LOST; once done is set nothing more is queued, the view
+    is empty and _END is the queue's last item. Server calls (release,
+    leave) are made without _mu.
+    """
 
     def __init__(self, client, name, member, drain):
         self._client = client
