@@ -386,7 +386,8 @@ class Ring:
         other members stop counting it and it hands off every shard, and
         waits until the server has handed them off and ended the stream, at
         most timeout seconds (None: the drain time plus the client's
-        timeout). Leaving says the member has stopped acting for every
+        timeout; the server starts at most 100 hand-offs a second, so a
+        member of thousands of shards wants more). Leaving says the member has stopped acting for every
         shard, so each shard reported LOSING from then on is released at
         once, without waiting for its drain. Returns whether the member
         left within the bound; either way the ring is ended: every shard
