@@ -113,6 +113,14 @@ class RingTest(unittest.TestCase):
         status = self.a.ring_status(ring)
         self.assertEqual((status.shard_count, status.members, status.unowned), (3, [], 3))
 
+    def test_a_join_uses_the_session_of_the_clients_leases(self):
+        lease = self.a.acquire(name("lease"))
+        r, tokens = self.join_all(self.a, name("shared"), 2, "m")
+        self.assertEqual(r.session_id, self.a._session_id)
+        lease.put(lease.name + "/k", b"v")  # one keepalive keeps both
+        for t in tokens.values():
+            self.a.check(t)
+
     def test_a_member_name_is_held_by_one_session(self):
         ring = name("names")
         self.a.create_ring(ring, shard_count=2)
