@@ -19,7 +19,7 @@ import grpc
 
 import fencer
 from fencer.v1 import fencer_pb2_grpc
-from test_client import _CountingInterceptor  # the tests run by discover, from this directory
+from test_client import _CountingInterceptor, _CuttingInterceptor  # the tests run by discover, from this directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ring_worker.py")
@@ -174,6 +174,39 @@ class RingTest(unittest.TestCase):
                          "the reopened stream's snapshot was reported as changes")
         self.assertEqual({s: r.owns(s).token for s in r.shards()}, tokens)
         self.assertFalse(r.done.is_set())
+
+    def test_a_partitioned_member_fails_closed(self):
+        # a's streams (keepalive, ring, watch) are cut, as by a partition:
+        # its session ends on its own clock no later than etcd expires it,
+        # so a hears every shard LOST before b can gain one.
+        cut = _CuttingInterceptor()
+        self.a._stub = fencer_pb2_grpc.FencerServiceStub(grpc.intercept_channel(self.a._channel, cut))
+        ring = name("partition")
+        ra, tokens = self.join_all(self.a, ring, 4, "a")
+        cut.cut({"KeepAlive", "JoinRing", "WatchLease"})
+        cut_at = time.monotonic()
+        rb = self.b.join(ring, member="b")
+        self.addCleanup(rb.leave)
+        lost = {}
+        with self.assertRaises(fencer.SessionNotFoundError):
+            for c in ra.changes(timeout=3 * self.a.ttl):
+                self.assertEqual(c.kind, fencer.LOST, c)
+                lost[c.shard.name] = time.monotonic()
+        self.assertEqual(set(lost), set(tokens))
+        gained = {}
+        for c in rb.changes(timeout=3 * self.b.ttl):
+            self.assertEqual(c.kind, fencer.GAINED, c)
+            gained[c.shard.name] = time.monotonic()
+            rb.owns(c.shard.name).put("%s/%s" % (ring, c.shard.name), b"b")
+            if len(gained) == len(tokens):
+                break
+        self.assertEqual(set(gained), set(tokens))
+        self.assertLess(max(lost.values()), min(gained.values()), "b gained a shard before a heard it lost")
+        self.assertLessEqual(max(lost.values()) - cut_at, self.a.ttl + 1)
+        for s, t in tokens.items():
+            with self.assertRaises(fencer.StaleError):
+                self.b.put(t, "%s/%s" % (ring, s), b"a-late")  # a's token, replayed
+            self.assertEqual(self.b.get("%s/%s" % (ring, s)), b"b")
 
     def test_a_join_moves_shards(self):
         ring, shards = name("moves"), [str(i) for i in range(16)]
