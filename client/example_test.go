@@ -66,6 +66,57 @@ func Example() {
 	// a write after release is stale: true
 }
 
+// ExampleSession_JoinRing joins a ring of 4 shards as its only member,
+// so it comes to own them all, writes under a shard's token, and leaves,
+// handing each shard off as it is reported Losing.
+func ExampleSession_JoinRing() {
+	ctx := context.Background()
+	cc, err := grpc.NewClient(os.Getenv("FENCER_SERVER"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	c := client.New(cc)
+	if _, err := c.CreateRingCount(ctx, "example-shards", 4); err != nil { // shards "0" to "3"
+		log.Fatal(err)
+	}
+	sess, err := c.NewSession()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	ring, err := sess.JoinRing(ctx, "example-shards", client.WithMember("worker-1")) // opens the session
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ring.Close()
+	for gained := 0; gained < 4; {
+		if ch := <-ring.Changes(); ch.Kind == client.Gained {
+			gained++
+		}
+	}
+	tok, owned := ring.Owns("2") // from memory: no call
+	fmt.Println(owned, tok.Lease)
+	if _, err := c.Put(ctx, tok, "shards/2/state", []byte("done")); err != nil { // fenced by the shard's token
+		log.Fatal(err)
+	}
+
+	if err := ring.Leave(ctx); err != nil {
+		log.Fatal(err)
+	}
+	for ch := range ring.Changes() { // closed once everything is handed off
+		if ch.Kind == client.Losing { // stop acting for the shard, then let it go
+			if _, err := ring.Release(ctx, ch.Shard); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	fmt.Println(ring.Err())
+	// Output:
+	// true ring:example-shards:2
+	// client: left the ring
+}
+
 // TestMain runs the examples against a real fencer serve: in a fencer
 // checkout, it builds ../cmd/fencer from the root module, starts fencer
 // serve on an embedded etcd in a temporary directory and a free port, and

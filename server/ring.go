@@ -31,10 +31,13 @@ import (
 //     ErrRejoined, ABORTED) and closes its Member, waiting for it to stop,
 //     before it joins anew; JoinRings of one key take turns from there
 //     until the new member is registered (ringMembers.lock): two loops of
-//     one member never run in one server.
+//     one member never run in one server
+//     (TestRingJoinAgainReplacesTheStream,
+//     TestRingConcurrentJoinsOfOneSessionLeaveOneMember).
 //   - A member's shard count (the fencer_server_ring_shards_owned gauge)
 //     is changed only by its handler, from the batches it sends, and taken
-//     back off the gauge when the handler returns.
+//     back off the gauge when the handler returns
+//     (TestRingLeaveEndsTheStreamAfterLostOfAll).
 
 // ringKey names a running member: a session in a ring.
 type ringKey struct {

@@ -438,7 +438,9 @@ func TestRingLeaveEndsTheStreamAfterLostOfAll(t *testing.T) {
 		require.NoError(t, err)
 		return len(rs.GetMembers()) == 1 && rs.GetMembers()[0].GetMember() == "b" && rs.GetUnowned() == 0
 	}, ringWait, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return scrape(t, srv, "fencer_server_ring_members") == 1 }, ringWait, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return scrape(t, srv, "fencer_server_ring_members") == 1 && scrape(t, srv, "fencer_server_ring_shards_owned") == 12
+	}, ringWait, 10*time.Millisecond, "the gauges count b alone")
 }
 
 // A member whose session expires: its stream ends SESSION_NOT_FOUND, and
@@ -690,4 +692,62 @@ func TestRingAuditRecords(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // what the holder-key watch would record comes by now
 	require.Empty(t, rec.audit("lost"))
 	require.Zero(t, scrape(t, srv, "fencer_server_leases_lost_total"))
+}
+
+// JoinRings of one session and ring that race take turns: one stream
+// survives, each other ends ABORTED, and one member runs.
+func TestRingConcurrentJoinsOfOneSessionLeaveOneMember(t *testing.T) {
+	ctx := fencertest.Context(t)
+	st := fencertest.SharedStore(t)
+	addr, srv := startServer(t, st)
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	_, err := rpc.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "race", ShardCount: 4})
+	require.NoError(t, err)
+	first := join(t, rpc, &fencerv1.JoinRingRequest{Ring: "race", Member: "w"}, true)
+	keepAlive(t, rpc, first.session())
+	const n = 5
+	streams := make([]*ringStream, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := tryJoin(t, rpc, &fencerv1.JoinRingRequest{Ring: "race", Member: "w", SessionId: first.session()}, true)
+			if err == nil {
+				streams[i] = s
+			} else {
+				requireCode(t, err, codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT) // replaced before its snapshot
+			}
+		}()
+	}
+	wg.Wait()
+	requireCode(t, first.ended("the first stream"), codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT)
+	require.Eventually(t, func() bool {
+		running := 0
+		for _, s := range streams {
+			if s == nil {
+				continue
+			}
+			select {
+			case <-s.done:
+				requireCode(t, s.err, codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT)
+			default:
+				running++
+			}
+		}
+		return running == 1
+	}, ringWait, 10*time.Millisecond, "one stream survives")
+	require.Equal(t, 1.0, scrape(t, srv, "fencer_server_ring_members"))
+	var alive *ringStream
+	for _, s := range streams {
+		if s == nil {
+			continue
+		}
+		select {
+		case <-s.done:
+		default:
+			alive = s
+		}
+	}
+	requirePartition(t, 4, alive)
 }
