@@ -315,6 +315,15 @@ func (w *ringWorker) run(ctx context.Context) error {
 	if err := w.settle(ctx, changes); err != nil {
 		return err
 	}
+	switch {
+	case w.ring.Err() != nil:
+		return w.lost()
+	case ctx.Err() != nil: // interrupted before CMD started: hand the shards back
+		if err := w.leave(nil); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
 	if err := w.writeFile(); err != nil {
 		return err
 	}
@@ -546,17 +555,23 @@ func (w *ringWorker) release(shards []string) {
 }
 
 // leave hands every shard off (CMD has stopped) and returns status once
-// the Ring has ended.
+// the Ring has ended (nil for a nil status).
 func (w *ringWorker) leave(status *exitStatus) error {
 	if w.ring.Err() != nil {
 		return w.lost()
+	}
+	result := func() error {
+		if status == nil {
+			return nil // not a nil *exitStatus in an error
+		}
+		return status
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.a.conn.timeout)
 	err := w.ring.Leave(ctx)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(w.a.stderr, "fencer ring join: leave %s: %s (its shards are free when the session ends)\n", w.name, describe(err, w.a.conn.server, w.a.conn.secure()).msg)
-		return status
+		return result()
 	}
 	// CMD has stopped: release each shard as it is reported losing, until
 	// the server has handed everything off (the Ring ends), or for at
@@ -570,14 +585,14 @@ func (w *ringWorker) leave(status *exitStatus) error {
 				if errors.Is(w.ring.Err(), client.ErrRingLeft) {
 					fmt.Fprintf(w.a.stderr, "fencer ring join: left %s\n", w.name)
 				}
-				return status
+				return result()
 			}
 			if c.Kind == client.Losing {
 				w.release([]string{c.Shard})
 			}
 		case <-bound.C:
 			fmt.Fprintf(w.a.stderr, "fencer ring join: the hand-off of %s's shards did not end within %s; the server goes on with it\n", w.ring.Name(), w.drain()+w.a.conn.timeout)
-			return status
+			return result()
 		}
 	}
 }

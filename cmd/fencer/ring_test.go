@@ -258,3 +258,24 @@ func TestRingJoinProcessesOwnEachShardOnce(t *testing.T) {
 	}
 	t.Logf("ring_join_processes: %d shards over 3 processes settled in %s; %d samples, never two owners", n, time.Since(start).Round(time.Millisecond), samples)
 }
+
+// A signal while ring join waits for its shards to settle ends it before
+// CMD starts (128+N), and the member leaves the ring.
+func TestRingJoinInterruptedBeforeCMDStarts(t *testing.T) {
+	s := startServeProc(t)
+	code, _, stderr := s.fencer(nil, "ring", "create", "early", "--shards", "3")
+	require.Equal(t, 0, code, stderr)
+	log := filepath.Join(t.TempDir(), "a.log")
+	a := s.startFencer(nil, append([]string{"ring", "join", "early", "--member", "a", "--settle", "30s", "--"}, ringScript(log)...)...)
+	require.Eventually(t, func() bool {
+		st := ringStatusOf(t, s, "early")
+		return len(st.Members) == 1 && st.Members[0].Owned == 3
+	}, 20*time.Second, 20*time.Millisecond, "%s", a.stderr)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 128+int(syscall.SIGTERM), a.wait(t, 20*time.Second), a.stderr.String())
+	require.Nil(t, ringLog(t, log), "CMD never started")
+	require.Contains(t, a.stderr.String(), "fencer ring join: left early\n")
+	st := ringStatusOf(t, s, "early")
+	require.Empty(t, st.Members)
+	require.Equal(t, 3, st.Unowned)
+}
