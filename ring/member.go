@@ -151,12 +151,11 @@ type Member struct {
 	active  string // the member key's value while active
 	stop    context.CancelFunc
 	reqs    chan any // releaseReq, releaseDone, leaveNote: from callers to the loop
-	out     outbox
 	updates chan Batch
 	done    chan struct{} // closed when the loop has stopped
 	abandon chan struct{} // closed by Close: stop delivering batches
 	once    sync.Once
-	wg      sync.WaitGroup // the loop and the sender
+	wg      sync.WaitGroup // the member's goroutine
 
 	mu   sync.Mutex
 	owns map[string]token.Token
@@ -193,7 +192,6 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 		abandon: make(chan struct{}),
 		owns:    map[string]token.Token{},
 	}
-	m.out.signal = make(chan struct{}, 1)
 	if err := m.register(ctx); err != nil {
 		return nil, err
 	}
@@ -209,9 +207,8 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	m.stop = stop
-	m.wg.Add(2)
+	m.wg.Add(1)
 	go m.run(lctx, s)
-	go m.send()
 	return m, nil
 }
 
@@ -383,10 +380,12 @@ func (m *Member) Leave(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the member's loop and closes Updates at once. It keeps what
-// the member holds: the member key and the shards stay on the session,
-// which still owns them, until the session ends or a Join with the same
-// LeaseID takes them over. Close waits for the loop to stop; closing
+// Close stops the member's loop and closes Updates at once, dropping the
+// batches the reader has not taken. It keeps what the member holds: the
+// member key and the shards stay on the session, which still owns them,
+// until the session ends or a Join with the same LeaseID takes them over.
+// Close waits for the member's goroutine to end; call it even after the
+// member stopped by itself, unless Updates was read until closed. Closing
 // twice is harmless.
 func (m *Member) Close() {
 	m.once.Do(func() {

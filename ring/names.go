@@ -20,8 +20,10 @@ const (
 	// MaxShards is the most shards a ring may have.
 	MaxShards = 100000
 	// MaxRecordLen is the largest encoded ring record (its shard list as
-	// JSON), in bytes, so that it fits etcd's default request limit.
-	MaxRecordLen = 1 << 20
+	// JSON), in bytes: etcd's default request limit (1.5 MiB) less room
+	// for the rest of the request. MaxShards shards fit if their names
+	// average 12 bytes or less.
+	MaxRecordLen = 1536<<10 - 4<<10
 )
 
 // Errors of the package. Each is returned wrapped with the ring's name;
