@@ -1,0 +1,851 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/fencer-dev/fencer/client"
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// Red-team tests of rings, run against fencer serve (the binary) through
+// the Go client, raw gRPC and the CLI. Each asserts the safe outcome; a
+// failure is a hole.
+
+// rrConn is a connection to a fencer serve, as the Go client and as raw
+// gRPC, optionally with a bearer token.
+type rrConn struct {
+	c   *client.Client
+	raw fencerv1.FencerServiceClient
+}
+
+// rrDial connects to s, with bearer token bearer if it is not empty.
+func rrDial(t *testing.T, s *serveProc, bearer string) *rrConn {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if bearer != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(bearer, false)))
+	}
+	cc, err := grpc.NewClient(s.addr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	return &rrConn{c: client.New(cc), raw: fencerv1.NewFencerServiceClient(cc)}
+}
+
+// rrCtx is a context bounded for one test step.
+func rrCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// rrMember is a Go-client member of a ring whose changes are recorded
+// and, when autoRelease, released as soon as they are reported Losing.
+type rrMember struct {
+	name string
+	sess *client.Session
+	ring *client.Ring
+	mu   sync.Mutex
+	log  []client.RingChange
+	done chan struct{}
+}
+
+// rrJoin joins ring as member name through a new session of c with ttl,
+// following its changes until the test ends.
+func rrJoin(t *testing.T, c *client.Client, ring, name string, ttl time.Duration, autoRelease bool, opts ...client.RingOption) *rrMember {
+	t.Helper()
+	sess, err := c.NewSession(client.WithTTL(ttl))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close(context.Background()) })
+	r, err := sess.JoinRing(rrCtx(t), ring, append([]client.RingOption{client.WithMember(name), client.WithDrain(2 * time.Second)}, opts...)...)
+	require.NoError(t, err, name)
+	t.Cleanup(r.Close)
+	m := &rrMember{name: name, sess: sess, ring: r, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		for ch := range r.Changes() {
+			m.mu.Lock()
+			m.log = append(m.log, ch)
+			m.mu.Unlock()
+			if autoRelease && ch.Kind == client.Losing {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, _ = r.Release(ctx, ch.Shard)
+				cancel()
+			}
+		}
+	}()
+	return m
+}
+
+// gainedTokens returns every token m was ever told Gained, by shard.
+func (m *rrMember) gainedTokens() map[string][]token.Token {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string][]token.Token{}
+	for _, ch := range m.log {
+		if ch.Kind == client.Gained {
+			out[ch.Shard] = append(out[ch.Shard], ch.Token)
+		}
+	}
+	return out
+}
+
+// rrStale asserts that err is a stale-token refusal.
+func rrStale(t *testing.T, err error, msgAndArgs ...any) {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	require.True(t, errors.Is(err, token.ErrStale), "want stale, got %v %v", err, fmt.Sprint(msgAndArgs...))
+}
+
+// rrReleaseTok is a Release of tok, as anyone holding it may.
+func rrReleaseTok(tok string) *fencerv1.ReleaseRequest {
+	return &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: tok}}
+}
+
+// rrCode asserts that err is a gRPC error with code c.
+func rrCode(t *testing.T, err error, c codes.Code, msgAndArgs ...any) {
+	t.Helper()
+	require.Error(t, err, msgAndArgs...)
+	require.Equal(t, c, status.Code(err), "%v %v", err, fmt.Sprint(msgAndArgs...))
+}
+
+// rrValue reads key, "" when absent.
+func rrValue(t *testing.T, c *client.Client, key string) string {
+	t.Helper()
+	v, found, err := c.Get(rrCtx(t), key)
+	require.NoError(t, err)
+	if !found {
+		return ""
+	}
+	return string(v.Data)
+}
+
+// rrOwnedAll waits until members together own all n shards of ring, each
+// once, each member owns at least one (when there are several), and
+// the server reports none unowned.
+func rrOwnedAll(t *testing.T, c *client.Client, ring string, n int, members ...*rrMember) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		seen := map[string]int{}
+		for _, m := range members {
+			if len(members) > 1 && len(m.ring.Owned()) == 0 {
+				return false
+			}
+			for sh := range m.ring.Owned() {
+				seen[sh]++
+			}
+		}
+		if len(seen) != n {
+			return false
+		}
+		for _, k := range seen {
+			if k != 1 {
+				return false
+			}
+		}
+		st, err := c.RingStatus(rrCtx(t), ring)
+		return err == nil && st.Unowned == 0
+	}, 30*time.Second, 20*time.Millisecond, "ring %s never settled", ring)
+}
+
+// TestRedTeamRingShardLeaseIsNotAPlainLease: a ring's shard lease
+// (ring:<ring>:<shard>) cannot be acquired with a plain Acquire (owned or
+// not, ring created or not, through a session that is a member or not),
+// nor released with Release of its token; the member keeps it and its
+// token stays current.
+func TestRedTeamRingShardLeaseIsNotAPlainLease(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRing(ctx, "rt", "a", "b:c", "ring:x")
+	require.NoError(t, err)
+	m := rrJoin(t, cn.c, "rt", "w1", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "rt", 3, m)
+	tokA, ok := m.ring.Owns("a")
+	require.True(t, ok)
+
+	for _, name := range []string{"ring:rt:a", "ring:rt:b:c", "ring:rt:ring:x", "ring:rt:zzz", "ring:nope:0", "ring:", "ring:rt:"} {
+		_, err := cn.raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: name})
+		rrCode(t, err, codes.InvalidArgument, name)
+		// Through the member's own session.
+		_, err = cn.raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: name, SessionId: m.ring.SessionID()})
+		rrCode(t, err, codes.InvalidArgument, name)
+	}
+	// Names that look alike but are not the shard lease are plain leases
+	// and do not touch the shard.
+	for _, name := range []string{"Ring:rt:a", "ring-rt-a", "xring:rt:a"} {
+		r, err := cn.raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: name})
+		if err == nil {
+			_, _ = cn.raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: r.GetSessionId()}})
+		}
+	}
+	// Release of the shard's token, with or without the member's session.
+	_, err = cn.raw.Release(ctx, rrReleaseTok(tokA.String()))
+	rrCode(t, err, codes.InvalidArgument)
+	_, err = cn.raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: tokA.String()}, HolderSessionId: m.ring.SessionID()})
+	rrCode(t, err, codes.InvalidArgument)
+	_, err = cn.c.Release(ctx, tokA)
+	require.Error(t, err)
+
+	require.NoError(t, cn.c.Check(ctx, tokA), "the shard's token stopped being current")
+	got, ok, err := m.ring.CheckOwns(ctx, "a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, tokA, got)
+	// The token still fences writes.
+	_, err = cn.c.Put(ctx, tokA, "rt/a", []byte("w1"))
+	require.NoError(t, err)
+}
+
+// TestRedTeamRingMovedShardRefusesFormerOwner: a shard moved to a new
+// member by a join refuses every guarded call with the former owner's
+// token (Put, Delete, Txn, Advance, Check, a Txn whose compare would
+// fail, an empty Txn), however late, and keeps the new owner's write;
+// the former owner's token released by ReleaseShards stays stale after
+// it asks for the shard again.
+func TestRedTeamRingMovedShardRefusesFormerOwner(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "mv", 8)
+	require.NoError(t, err)
+	a := rrJoin(t, cn.c, "mv", "a", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "mv", 8, a)
+	old := a.ring.Owned()
+	for sh, tok := range old {
+		_, err := cn.c.Put(ctx, tok, "mv/"+sh, []byte("a"))
+		require.NoError(t, err)
+	}
+	b := rrJoin(t, cn.c, "mv", "b", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "mv", 8, a, b)
+	moved := b.ring.Owned()
+	require.NotEmpty(t, moved, "b gained nothing: the test needs a move")
+	for sh, tok := range moved {
+		_, err := cn.c.Put(ctx, tok, "mv/"+sh, []byte("b"), client.TakeOver())
+		require.NoError(t, err, sh)
+	}
+	for sh := range moved {
+		stale := old[sh]
+		key := "mv/" + sh
+		_, err := cn.c.Put(ctx, stale, key, []byte("late"))
+		rrStale(t, err, "put", sh)
+		_, err = cn.c.Put(ctx, stale, key, []byte("late"), client.TakeOver())
+		rrStale(t, err, "put take-over", sh)
+		_, err = cn.c.Put(ctx, stale, "mv/fresh-"+sh, []byte("late"))
+		rrStale(t, err, "put of a fresh key", sh)
+		_, err = cn.c.Delete(ctx, stale, key)
+		rrStale(t, err, "delete", sh)
+		err = cn.c.Advance(ctx, "mv-res-"+sh, stale)
+		rrStale(t, err, "advance", sh)
+		rrStale(t, cn.c.Check(ctx, stale), "check", sh)
+		put := &fencerv1.Op{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: key, Value: []byte("late")}}}
+		_, err = cn.c.Txn(ctx, stale, nil, []*fencerv1.Op{put}, []*fencerv1.Op{put})
+		rrStale(t, err, "txn", sh)
+		_, err = cn.c.Txn(ctx, stale, nil, nil, nil)
+		rrStale(t, err, "empty txn", sh)
+		// Raw Put with the stale token, as a retried request would be.
+		_, err = cn.raw.Put(ctx, &fencerv1.PutRequest{Token: stale.String(), Key: key, Value: []byte("late")})
+		require.Error(t, err)
+		require.Equal(t, "b", rrValue(t, cn.c, key), sh)
+		require.Equal(t, "", rrValue(t, cn.c, "mv/fresh-"+sh))
+		// The new owner's token is current, and greater.
+		require.NoError(t, cn.c.Check(ctx, moved[sh]))
+		c, err := moved[sh].Compare(stale)
+		require.NoError(t, err)
+		require.Positive(t, c, sh)
+	}
+	// Shards a kept are untouched, with their old tokens.
+	for sh, tok := range a.ring.Owned() {
+		require.Equal(t, old[sh], tok, sh)
+		require.NoError(t, cn.c.Check(ctx, tok))
+	}
+}
+
+// TestRedTeamRingReleaseShardsMisuse: ReleaseShards of a shard the
+// member owns and is not losing is refused and releases nothing; of
+// another member's shard, of an unknown shard, through another session
+// (of the same principal) or a session that is not a member, it releases
+// nothing; every owner keeps its shards and tokens.
+func TestRedTeamRingReleaseShardsMisuse(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "rel", 16)
+	require.NoError(t, err)
+	a := rrJoin(t, cn.c, "rel", "a", 10*time.Second, false)
+	b := rrJoin(t, cn.c, "rel", "b", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "rel", 16, a, b)
+	aOwn, bOwn := a.ring.Owned(), b.ring.Owned()
+	require.NotEmpty(t, aOwn)
+	require.NotEmpty(t, bOwn)
+	var aShard, bShard string
+	for sh := range aOwn {
+		aShard = sh
+	}
+	for sh := range bOwn {
+		bShard = sh
+	}
+
+	n, err := a.ring.Release(ctx, aShard)
+	require.ErrorIs(t, err, client.ErrNotLosing)
+	require.Zero(t, n)
+	n, _ = a.ring.Release(ctx, bShard)
+	require.Zero(t, n, "a released b's shard")
+	// Raw: a's session naming b's shard, b's session naming b's shard
+	// (from a's connection), an unknown shard, a non-member session.
+	for _, req := range []*fencerv1.ReleaseShardsRequest{
+		{Ring: "rel", SessionId: a.ring.SessionID(), Shards: []string{bShard}},
+		{Ring: "rel", SessionId: b.ring.SessionID(), Shards: []string{bShard}},
+		{Ring: "rel", SessionId: a.ring.SessionID(), Shards: []string{bShard, bShard, aShard}},
+		{Ring: "rel", SessionId: a.ring.SessionID(), Shards: []string{"nope"}},
+		{Ring: "rel", SessionId: 12345, Shards: []string{aShard}},
+		{Ring: "rel", SessionId: 0, Shards: []string{aShard}},
+		{Ring: "rel", SessionId: -1, Shards: []string{aShard}},
+		{Ring: "rel", SessionId: a.ring.SessionID()},
+		{Ring: "nope", SessionId: a.ring.SessionID(), Shards: []string{aShard}},
+	} {
+		r, err := cn.raw.ReleaseShards(ctx, req)
+		require.Zero(t, r.GetReleased(), "%v: %v", req, err)
+	}
+	// A session of the member's principal that is not a member.
+	other, err := cn.c.NewSession()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close(context.Background()) })
+	l, err := other.Acquire(ctx, "plain")
+	require.NoError(t, err)
+	_ = l
+	r, err := cn.raw.ReleaseShards(ctx, &fencerv1.ReleaseShardsRequest{Ring: "rel", SessionId: other.ID(), Shards: []string{aShard, bShard}})
+	require.Zero(t, r.GetReleased(), "%v", err)
+
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, aOwn, a.ring.Owned())
+	require.Equal(t, bOwn, b.ring.Owned())
+	for _, own := range []map[string]token.Token{aOwn, bOwn} {
+		for sh, tok := range own {
+			require.NoError(t, cn.c.Check(ctx, tok), sh)
+		}
+	}
+	st, err := cn.c.RingStatus(ctx, "rel")
+	require.NoError(t, err)
+	require.Zero(t, st.Unowned)
+}
+
+// TestRedTeamRingLeaveThenWrite: after LeaveRing has handed off every
+// shard, the member's tokens are refused, and the shards go to the other
+// member, whose writes stand. LeaveRing of another session of the same
+// principal, or of a session that is not a member, is refused or
+// changes nothing.
+func TestRedTeamRingLeaveThenWrite(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "lv", 6)
+	require.NoError(t, err)
+	a := rrJoin(t, cn.c, "lv", "a", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "lv", 6, a)
+	old := a.ring.Owned()
+	b := rrJoin(t, cn.c, "lv", "b", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "lv", 6, a, b)
+	old = a.ring.Owned()
+	require.NotEmpty(t, old)
+
+	// A LeaveRing naming a session that is not a member of the ring.
+	_, err = cn.raw.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "lv", SessionId: 999999})
+	require.Error(t, err)
+	_, err = cn.raw.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "nope", SessionId: a.ring.SessionID()})
+	require.Error(t, err)
+
+	require.NoError(t, a.ring.Leave(ctx))
+	select {
+	case <-a.ring.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("leave did not end the ring")
+	}
+	require.ErrorIs(t, a.ring.Err(), client.ErrRingLeft)
+	rrOwnedAll(t, cn.c, "lv", 6, b)
+	for sh, tok := range b.ring.Owned() {
+		_, err := cn.c.Put(ctx, tok, "lv/"+sh, []byte("b"), client.TakeOver())
+		require.NoError(t, err)
+	}
+	for sh, tok := range old {
+		_, err := cn.c.Put(ctx, tok, "lv/"+sh, []byte("a-late"), client.TakeOver())
+		rrStale(t, err, sh)
+		require.Equal(t, "b", rrValue(t, cn.c, "lv/"+sh))
+	}
+	// Leaving again, and joining again through the left session, do not
+	// revive the old tokens.
+	_, _ = cn.raw.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "lv", SessionId: a.ring.SessionID()})
+	for sh, tok := range old {
+		rrStale(t, cn.c.Check(ctx, tok), sh)
+	}
+}
+
+// TestRedTeamRingMemberNameTaken: a member name held by a live session
+// is refused to another session (RING_CONFLICT), whatever the drain or
+// TTL asked, and the holder keeps its shards and tokens.
+func TestRedTeamRingMemberNameTaken(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	cn2 := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "nm", 4)
+	require.NoError(t, err)
+	a := rrJoin(t, cn.c, "nm", "w", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "nm", 4, a)
+	old := a.ring.Owned()
+
+	for _, c := range []*rrConn{cn, cn2} {
+		sess, err := c.c.NewSession(client.WithTTL(3 * time.Second))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sess.Close(context.Background()) })
+		_, err = sess.JoinRing(ctx, "nm", client.WithMember("w"))
+		require.ErrorIs(t, err, client.ErrRingConflict)
+		stream, err := c.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "nm", Member: "w", TtlSeconds: 2, DrainSeconds: 600})
+		require.NoError(t, err)
+		_, err = stream.Recv()
+		rrCode(t, err, codes.AlreadyExists)
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, old, a.ring.Owned())
+	for sh, tok := range old {
+		require.NoError(t, cn.c.Check(ctx, tok), sh)
+	}
+	st, err := cn.c.RingStatus(ctx, "nm")
+	require.NoError(t, err)
+	require.Len(t, st.Members, 1)
+}
+
+// TestRedTeamRingSameSessionJoinedTwice: a second JoinRing of the same
+// session (from another connection) ends the first stream with
+// ABORTED; the member owns each shard once, and its tokens stay current
+// (one session holds them).
+func TestRedTeamRingSameSessionJoinedTwice(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	cn2 := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "tw", 4)
+	require.NoError(t, err)
+	s1, err := cn.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "tw", Member: "w", TtlSeconds: 10})
+	require.NoError(t, err)
+	first, err := s1.Recv()
+	require.NoError(t, err)
+	sid := first.GetSessionId()
+	require.NotZero(t, sid)
+	// Keep the session alive from this side.
+	ka, err := cn.raw.KeepAlive(ctx)
+	require.NoError(t, err)
+	go func() {
+		for {
+			if ka.Send(&fencerv1.KeepAliveRequest{SessionId: sid}) != nil {
+				return
+			}
+			if _, err := ka.Recv(); err != nil {
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	}()
+	s2, err := cn2.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "tw", SessionId: sid, Member: "w"})
+	require.NoError(t, err)
+	snap2, err := s2.Recv()
+	require.NoError(t, err)
+	require.True(t, snap2.GetSnapshot())
+	// The first stream ends ABORTED (after whatever it still had to say).
+	var endErr error
+	for endErr == nil {
+		_, endErr = s1.Recv()
+	}
+	rrCode(t, endErr, codes.Aborted)
+	// A second join under another name through the same session, in the
+	// same ring, must not make the session two members.
+	s3, err := cn2.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "tw", SessionId: sid, Member: "w-other"})
+	require.NoError(t, err)
+	_, err3 := s3.Recv()
+	t.Logf("join of the same session under another name: %v", err3)
+	st, err := cn.c.RingStatus(ctx, "tw")
+	require.NoError(t, err)
+	total := 0
+	for _, m := range st.Members {
+		total += m.Owned
+	}
+	require.LessOrEqual(t, total, 4, "%+v", st)
+}
+
+// TestRedTeamRingOneShardFiveMembersChurn: one shard, five members
+// joining, leaving and closing their sessions in turn, each writing the
+// shard's key with every token it is told Gained. Every successful
+// write's token is at least every earlier successful write's (by etcd
+// revision order), so a superseded member's write never lands after a
+// newer owner's; and once the churn stops the shard is owned.
+func TestRedTeamRingOneShardFiveMembersChurn(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "one", 1)
+	require.NoError(t, err)
+
+	type write struct {
+		rev int64
+		tok token.Token
+	}
+	var (
+		wmu    sync.Mutex
+		writes []write
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
+	)
+	// writer puts with tok in a loop until stop, recording successes.
+	writer := func(tok token.Token) {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rev, err := cn.c.Put(context.Background(), tok, "one/k", []byte(tok.String()), client.TakeOver())
+			if err == nil {
+				wmu.Lock()
+				writes = append(writes, write{rev, tok})
+				wmu.Unlock()
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	type live struct {
+		sess *client.Session
+		ring *client.Ring
+	}
+	join := func(name string, release bool) *live {
+		sess, err := cn.c.NewSession(client.WithTTL(3 * time.Second))
+		require.NoError(t, err)
+		r, err := sess.JoinRing(rrCtx(t), "one", client.WithMember(name), client.WithDrain(time.Second))
+		require.NoError(t, err)
+		go func() {
+			for ch := range r.Changes() {
+				switch ch.Kind {
+				case client.Gained:
+					wg.Add(1)
+					go writer(ch.Token)
+				case client.Losing:
+					if release {
+						_, _ = r.Release(context.Background(), ch.Shard)
+					}
+				}
+			}
+		}()
+		return &live{sess, r}
+	}
+	members := map[string]*live{}
+	names := []string{"m0", "m1", "m2", "m3", "m4"}
+	for i, n := range names {
+		members[n] = join(n, i%2 == 0)
+	}
+	deadline := time.Now().Add(12 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		n := names[i%len(names)]
+		m := members[n]
+		switch i % 3 {
+		case 0:
+			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = m.ring.Leave(lctx)
+			cancel()
+			<-m.ring.Done()
+			_ = m.sess.Close(context.Background())
+		case 1:
+			_ = m.sess.Close(context.Background())
+		case 2:
+			m.ring.Close()
+			_ = m.sess.Close(context.Background())
+		}
+		members[n] = join(n, i%2 == 1)
+		time.Sleep(300 * time.Millisecond)
+	}
+	// Let the last moves settle, then stop writing.
+	require.Eventually(t, func() bool {
+		st, err := cn.c.RingStatus(rrCtx(t), "one")
+		return err == nil && st.Unowned == 0
+	}, 20*time.Second, 50*time.Millisecond, "the shard stayed unowned with five live members")
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	for _, m := range members {
+		m.ring.Close()
+		_ = m.sess.Close(context.Background())
+	}
+
+	sort.Slice(writes, func(i, j int) bool { return writes[i].rev < writes[j].rev })
+	require.NotEmpty(t, writes)
+	owners := 1
+	for i := 1; i < len(writes); i++ {
+		c, err := writes[i].tok.Compare(writes[i-1].tok)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, c, 0, "a superseded token's write at revision %d (%s) landed after a newer token's at %d (%s)",
+			writes[i].rev, writes[i].tok, writes[i-1].rev, writes[i-1].tok)
+		if c > 0 {
+			owners++
+		}
+	}
+	t.Logf("%d writes by %d successive owners", len(writes), owners)
+	last := writes[len(writes)-1]
+	require.Equal(t, last.tok.String(), rrValue(t, cn.c, "one/k"))
+}
+
+// rrWriteFile writes content to dir/name and returns the path.
+func rrWriteFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+// TestRedTeamRingAuthorization: with bearer tokens and an authz file,
+// a principal without a grant of a ring is refused every ring call
+// naming it, and a principal granted the same ring cannot act through
+// another principal's session: join, release, leave, owns, nor write
+// with its shard tokens; nor take its member name. Nothing changes for
+// the victim.
+func TestRedTeamRingAuthorization(t *testing.T) {
+	dir := t.TempDir()
+	tokens := rrWriteFile(t, dir, "tokens", "alice-token-0123456789 alice\nbob-token-0123456789ab bob\n")
+	authz := rrWriteFile(t, dir, "authz.yaml", `principals:
+  alice:
+    leases: ["*"]
+    read: ["*"]
+    write: ["*"]
+    resources: ["*"]
+    rings: ["priv", "shared"]
+  bob:
+    leases: ["*"]
+    read: ["*"]
+    write: ["*"]
+    resources: ["*"]
+    rings: ["shared", "bobs"]
+`)
+	s := startServeProc(t, "--token-file", tokens, "--authz-file", authz)
+	alice := rrDial(t, s, "alice-token-0123456789")
+	bob := rrDial(t, s, "bob-token-0123456789ab")
+	ctx := rrCtx(t)
+	for _, r := range []string{"priv", "shared"} {
+		_, err := alice.c.CreateRingCount(ctx, r, 4)
+		require.NoError(t, err)
+	}
+	ap := rrJoin(t, alice.c, "priv", "a", 10*time.Second, true)
+	as := rrJoin(t, alice.c, "shared", "a", 10*time.Second, true)
+	rrOwnedAll(t, alice.c, "priv", 4, ap)
+	rrOwnedAll(t, alice.c, "shared", 4, as)
+	privOwn, sharedOwn := ap.ring.Owned(), as.ring.Owned()
+	var privShard string
+	for sh := range privOwn {
+		privShard = sh
+	}
+
+	// Bob, without a grant of priv.
+	_, err := bob.raw.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "priv", ShardCount: 4})
+	rrCode(t, err, codes.PermissionDenied)
+	_, err = bob.raw.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "priv2", ShardCount: 4})
+	rrCode(t, err, codes.PermissionDenied)
+	for _, req := range []*fencerv1.JoinRingRequest{
+		{Ring: "priv", Member: "b"},
+		{Ring: "priv", Member: "a"},
+		{Ring: "priv", SessionId: ap.ring.SessionID()},
+	} {
+		st, err := bob.raw.JoinRing(ctx, req)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		rrCode(t, err, codes.PermissionDenied, req)
+	}
+	_, err = bob.raw.ReleaseShards(ctx, &fencerv1.ReleaseShardsRequest{Ring: "priv", SessionId: ap.ring.SessionID(), Shards: []string{privShard}})
+	rrCode(t, err, codes.PermissionDenied)
+	_, err = bob.raw.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "priv", SessionId: ap.ring.SessionID()})
+	rrCode(t, err, codes.PermissionDenied)
+	_, err = bob.raw.Owns(ctx, &fencerv1.OwnsRequest{Ring: "priv", SessionId: ap.ring.SessionID(), Shard: privShard})
+	rrCode(t, err, codes.PermissionDenied)
+	_, err = bob.raw.RingStatus(ctx, &fencerv1.RingStatusRequest{Ring: "priv"})
+	rrCode(t, err, codes.PermissionDenied)
+	_, err = bob.raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: "ring:priv:" + privShard})
+	require.Error(t, err)
+
+	// Bob, granted shared as alice is: alice's session is not his.
+	st, err := bob.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "shared", SessionId: as.ring.SessionID()})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	rrCode(t, err, codes.PermissionDenied)
+	var sharedShard string
+	for sh := range sharedOwn {
+		sharedShard = sh
+	}
+	r, err := bob.raw.ReleaseShards(ctx, &fencerv1.ReleaseShardsRequest{Ring: "shared", SessionId: as.ring.SessionID(), Shards: []string{sharedShard}})
+	require.Error(t, err, "bob released alice's shard: %v", r)
+	_, err = bob.raw.LeaveRing(ctx, &fencerv1.LeaveRingRequest{Ring: "shared", SessionId: as.ring.SessionID()})
+	require.Error(t, err, "bob made alice's member leave")
+	_, err = bob.raw.Owns(ctx, &fencerv1.OwnsRequest{Ring: "shared", SessionId: as.ring.SessionID(), Shard: sharedShard})
+	t.Logf("bob's Owns through alice's session: %v", err)
+	// Bob taking alice's member name in shared is a conflict.
+	bsess, err := bob.c.NewSession(client.WithTTL(3 * time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = bsess.Close(context.Background()) })
+	_, err = bsess.JoinRing(ctx, "shared", client.WithMember("a"))
+	require.ErrorIs(t, err, client.ErrRingConflict)
+	// Bob writing with alice's shard tokens.
+	for sh, tok := range sharedOwn {
+		_, err := bob.c.Put(ctx, tok, "shared/"+sh, []byte("bob"), client.TakeOver())
+		require.Error(t, err, sh)
+		require.NotEqual(t, "bob", rrValue(t, alice.c, "shared/"+sh))
+		err = bob.c.Advance(ctx, "res-"+sh, tok)
+		require.Error(t, err, sh)
+		put := &fencerv1.Op{Op: &fencerv1.Op_Put{Put: &fencerv1.PutOp{Key: "shared/" + sh, Value: []byte("bob")}}}
+		_, err = bob.c.Txn(ctx, tok, nil, []*fencerv1.Op{put}, nil)
+		require.Error(t, err, sh)
+		_, err = bob.raw.Release(ctx, rrReleaseTok(tok.String()))
+		require.Error(t, err, sh)
+	}
+	for sh, tok := range privOwn {
+		_, err := bob.c.Put(ctx, tok, "priv/"+sh, []byte("bob"), client.TakeOver())
+		require.Error(t, err, sh)
+	}
+
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, privOwn, ap.ring.Owned())
+	require.Equal(t, sharedOwn, as.ring.Owned())
+	for _, own := range []map[string]token.Token{privOwn, sharedOwn} {
+		for sh, tok := range own {
+			require.NoError(t, alice.c.Check(ctx, tok), sh)
+		}
+	}
+	for sh := range sharedOwn {
+		require.Equal(t, "", rrValue(t, alice.c, "shared/"+sh))
+	}
+}
+
+// TestRedTeamRingBadInput: malformed CreateRing, JoinRing, ReleaseShards,
+// Owns and RingStatus requests are refused with INVALID_ARGUMENT (or
+// NOT_FOUND), create nothing and do not crash the server.
+func TestRedTeamRingBadInput(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	long := strings.Repeat("x", 129)
+	many := make([]string, 100001)
+	for i := range many {
+		many[i] = fmt.Sprint(i)
+	}
+	for i, req := range []*fencerv1.CreateRingRequest{
+		{Ring: "bad"},
+		{Ring: "bad", ShardCount: -1},
+		{Ring: "bad", ShardCount: 100001},
+		{Ring: "bad", ShardCount: 2, Shards: []string{"a"}},
+		{Ring: "bad", Shards: []string{"a", "a"}},
+		{Ring: "bad", Shards: []string{""}},
+		{Ring: "bad", Shards: []string{long}},
+		{Ring: "bad", Shards: []string{"a/b"}},
+		{Ring: "bad", Shards: []string{"a b"}},
+		{Ring: "bad", Shards: []string{"a\x00"}},
+		{Ring: "bad", Shards: []string{"a\n"}},
+		{Ring: "bad", Shards: []string{"a\u2028"}},
+		{Ring: "bad", Shards: many},
+		{Ring: "", ShardCount: 1},
+		{Ring: "Bad", ShardCount: 1},
+		{Ring: "bad:x", ShardCount: 1},
+		{Ring: "bad/x", ShardCount: 1},
+		{Ring: "-bad", ShardCount: 1},
+		{Ring: "bad.", ShardCount: 1},
+		{Ring: strings.Repeat("b", 64), ShardCount: 1},
+	} {
+		_, err := cn.raw.CreateRing(ctx, req)
+		require.Error(t, err, "case %d", i)
+		require.Contains(t, []codes.Code{codes.InvalidArgument, codes.ResourceExhausted}, status.Code(err), "case %d: %v", i, err)
+	}
+	for _, r := range []string{"bad", "bad.x"} {
+		_, err := cn.c.RingStatus(ctx, r)
+		require.ErrorIs(t, err, client.ErrRingNotFound)
+	}
+	_, err := cn.c.CreateRing(ctx, "ok", "s0", "s1", "\u00e9:\u4e2d")
+	require.NoError(t, err)
+	for i, req := range []*fencerv1.JoinRingRequest{
+		{Ring: "ok", DrainSeconds: 601},
+		{Ring: "ok", DrainSeconds: -1},
+		{Ring: "ok", TtlSeconds: -1},
+		{Ring: "ok", TtlSeconds: 3601},
+		{Ring: "ok", Member: "a/b"},
+		{Ring: "ok", Member: long},
+		{Ring: "ok", Member: "a b"},
+		{Ring: "ok", Member: "\x7f"},
+		{Ring: "OK"},
+		{Ring: ""},
+		{Ring: "nope"},
+		{Ring: "ok", SessionId: 424242},
+		{Ring: "ok", SessionId: -5},
+	} {
+		st, err := cn.raw.JoinRing(ctx, req)
+		if err == nil {
+			_, err = st.Recv()
+		}
+		require.Error(t, err, "join case %d", i)
+		require.Contains(t, []codes.Code{codes.InvalidArgument, codes.NotFound}, status.Code(err), "join case %d: %v", i, err)
+	}
+	st, err := cn.c.RingStatus(ctx, "ok")
+	require.NoError(t, err)
+	require.Empty(t, st.Members, "a refused join left a member")
+	require.Equal(t, 3, st.Unowned)
+
+	m := rrJoin(t, cn.c, "ok", "w", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "ok", 3, m)
+	tokE, ok := m.ring.Owns("\u00e9:\u4e2d")
+	require.True(t, ok)
+	_, err = cn.c.Put(ctx, tokE, "ok/e", []byte("v"))
+	require.NoError(t, err)
+	tooMany := make([]string, 1001)
+	for i := range tooMany {
+		tooMany[i] = "s0"
+	}
+	for i, req := range []*fencerv1.ReleaseShardsRequest{
+		{Ring: "ok", SessionId: m.ring.SessionID(), Shards: tooMany},
+		{Ring: "ok", SessionId: m.ring.SessionID(), Shards: []string{""}},
+		{Ring: "ok", SessionId: m.ring.SessionID(), Shards: []string{long}},
+		{Ring: "OK", SessionId: m.ring.SessionID(), Shards: []string{"s0"}},
+	} {
+		r, err := cn.raw.ReleaseShards(ctx, req)
+		require.Error(t, err, "release case %d", i)
+		require.Zero(t, r.GetReleased())
+	}
+	for i, req := range []*fencerv1.OwnsRequest{
+		{Ring: "ok", SessionId: m.ring.SessionID(), Shard: "nope"},
+		{Ring: "ok", SessionId: m.ring.SessionID(), Shard: ""},
+		{Ring: "ok", SessionId: 0, Shard: "s0"},
+		{Ring: "nope", SessionId: m.ring.SessionID(), Shard: "s0"},
+	} {
+		r, err := cn.raw.Owns(ctx, req)
+		require.False(t, r.GetOwned(), "owns case %d: %v", i, err)
+	}
+	_, err = cn.raw.RingStatus(ctx, &fencerv1.RingStatusRequest{Ring: "../x"})
+	rrCode(t, err, codes.InvalidArgument)
+	// The server is alive and the member unharmed.
+	require.Equal(t, 3, len(m.ring.Owned()))
+	for sh, tok := range m.ring.Owned() {
+		require.NoError(t, cn.c.Check(ctx, tok), sh)
+	}
+	select {
+	case err := <-s.exited:
+		t.Fatalf("fencer serve exited: %v: %s", err, s.log)
+	default:
+	}
+}
