@@ -849,3 +849,53 @@ func TestRedTeamRingBadInput(t *testing.T) {
 	default:
 	}
 }
+
+// TestRedTeamRingSessionRejoinedUnderAnotherName: a session that is
+// member w joins the same ring again under another name (w2), which
+// stops w's loop. Every shard must still be owned by a live member once
+// the moves are done: a shard that rendezvous hashing gives to w, whose
+// loop no longer runs while its session lives, would be owned by nobody
+// for as long as the session lives.
+func TestRedTeamRingSessionRejoinedUnderAnotherName(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "tw2", 8)
+	require.NoError(t, err)
+	w := rrJoin(t, cn.c, "tw2", "w", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "tw2", 8, w)
+	w2, err := cn.raw.JoinRing(ctx, &fencerv1.JoinRingRequest{Ring: "tw2", SessionId: w.ring.SessionID(), Member: "w2", DrainSeconds: 1})
+	require.NoError(t, err)
+	first, err := w2.Recv()
+	require.NoError(t, err, "the second join of the session under another name")
+	t.Logf("w2's snapshot: %v", first)
+	go func() {
+		for {
+			if _, err := w2.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	x := rrJoin(t, cn.c, "tw2", "x", 10*time.Second, true)
+	// Let every hand-off run (drains of 1 s and 2 s), then the ring must
+	// be, or soon become, fully owned.
+	time.Sleep(6 * time.Second)
+	var st client.RingStatus
+	ok := assertEventually(func() bool {
+		st, err = cn.c.RingStatus(rrCtx(t), "tw2")
+		return err == nil && st.Unowned == 0
+	}, 6*time.Second)
+	require.True(t, ok, "shards stayed unowned with every session live and streams open: %+v (x owns %d)", st, len(x.ring.Owned()))
+}
+
+// assertEventually polls cond every 50ms for up to d and reports whether
+// it became true.
+func assertEventually(cond func() bool, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
