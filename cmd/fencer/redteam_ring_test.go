@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -898,4 +899,141 @@ func assertEventually(cond func() bool, d time.Duration) bool {
 		}
 	}
 	return cond()
+}
+
+// rrWriterScript is a ring join CMD that records its pid in dir/pid and
+// then, until killed, puts key with the first token of its shards file,
+// appending "ok" or "refused" to dir/log for each attempt. With
+// ignoreTerm it ignores SIGTERM.
+func rrWriterScript(bin, dir, key, value string, ignoreTerm bool) []string {
+	trap := ""
+	if ignoreTerm {
+		trap = "trap '' TERM; "
+	}
+	return []string{"sh", "-c", trap + `echo $$ > ` + dir + `/pid; while :; do tok=$(head -n 1 "$FENCER_RING_SHARDS_FILE" | cut -d " " -f 2); ` +
+		`if [ -n "$tok" ] && ` + bin + ` put --token "$tok" ` + key + ` ` + value + ` >/dev/null 2>&1; then echo ok >> ` + dir + `/log; else echo refused >> ` + dir + `/log; fi; sleep 0.05; done`}
+}
+
+// rrPid waits for the pid a rrWriterScript recorded in dir.
+func rrPid(t *testing.T, dir string) int {
+	t.Helper()
+	var pid int
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "pid"))
+		if err != nil {
+			return false
+		}
+		_, err = fmt.Sscan(string(b), &pid)
+		return err == nil
+	}, 20*time.Second, 20*time.Millisecond)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
+}
+
+// rrCount counts the lines equal to word in dir/log.
+func rrCount(dir, word string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, "log"))
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if l == word {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRedTeamRingPausedMemberPastTTL: fencer ring join is stopped with
+// SIGSTOP past its TTL while its CMD keeps writing with the shard's
+// token. Once another member gains the shard and writes, the CMD's
+// writes are refused and the new owner's value stands; resumed with
+// SIGCONT, ring join stops its CMD and exits 9.
+func TestRedTeamRingPausedMemberPastTTL(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "pz", 1)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	a := s.startFencer(nil, append([]string{"ring", "join", "pz", "--member", "a", "--ttl", "2s", "--settle", "100ms", "--"},
+		rrWriterScript(s.bin, dir, "pz/k", "a", false)...)...)
+	pid := rrPid(t, dir)
+	require.Eventually(t, func() bool { return rrCount(dir, "ok") > 0 }, 20*time.Second, 20*time.Millisecond, "%s", a.stderr)
+
+	start := time.Now()
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }()
+	b := rrJoin(t, cn.c, "pz", "b", 10*time.Second, true)
+	var tokB token.Token
+	require.Eventually(t, func() bool {
+		var ok bool
+		tokB, ok = b.ring.Owns("0")
+		return ok
+	}, 15*time.Second, 20*time.Millisecond, "b never gained the paused member's shard")
+	_, err = cn.c.Put(ctx, tokB, "pz/k", []byte("b"))
+	require.NoError(t, err)
+	t.Logf("b wrote %s after the pause", time.Since(start).Round(time.Millisecond))
+	okBefore := rrCount(dir, "ok")
+	refusedBefore := rrCount(dir, "refused")
+	time.Sleep(1500 * time.Millisecond)
+	require.True(t, alive(pid), "the CMD of the paused member should still run (its fencer is stopped)")
+	require.Greater(t, rrCount(dir, "refused"), refusedBefore, "the paused member's CMD made no attempt")
+	require.Equal(t, okBefore, rrCount(dir, "ok"), "a write of the superseded member succeeded")
+	require.Equal(t, "b", rrValue(t, cn.c, "pz/k"))
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	require.Equal(t, rtExitLeaseLost, a.wait(t, 15*time.Second), a.stderr.String())
+	t.Logf("ring join exited %s after the pause", time.Since(start).Round(time.Millisecond))
+	require.Eventually(t, func() bool { return !alive(pid) }, 5*time.Second, 20*time.Millisecond, "the CMD outlived its lost session")
+	require.Equal(t, "b", rrValue(t, cn.c, "pz/k"))
+	require.NoError(t, cn.c.Check(ctx, tokB))
+}
+
+// TestRedTeamRingStubbornCMDOnChange: a ring join CMD that ignores
+// SIGTERM, writing with its shard's token, is restarted when another
+// member joins and takes the shard: it is killed after --grace, the new
+// owner gains the shard, and once the new owner has written, no write
+// of the old CMD lands.
+func TestRedTeamRingStubbornCMDOnChange(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "st", 1)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	a := s.startFencer(nil, append([]string{"ring", "join", "st", "--member", "a", "--grace", "1s", "--settle", "100ms", "--"},
+		rrWriterScript(s.bin, dir, "st/k", "a", true)...)...)
+	pid := rrPid(t, dir)
+	require.Eventually(t, func() bool { return rrCount(dir, "ok") > 0 }, 20*time.Second, 20*time.Millisecond, "%s", a.stderr)
+
+	// b takes the only shard only if rendezvous hashing gives it to b;
+	// try names until one does.
+	var b *rrMember
+	var tokB token.Token
+	for _, name := range []string{"b", "c", "d", "e", "f", "g"} {
+		m := rrJoin(t, cn.c, "st", name, 10*time.Second, true)
+		if assertEventually(func() bool {
+			var ok bool
+			tokB, ok = m.ring.Owns("0")
+			return ok
+		}, 12*time.Second) {
+			b = m
+			break
+		}
+		lctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = m.ring.Leave(lctx)
+		cancel()
+	}
+	require.NotNil(t, b, "no member gained the shard")
+	require.False(t, alive(pid), "the stubborn CMD still runs after its shard was handed off: %s", a.stderr)
+	_, err = cn.c.Put(ctx, tokB, "st/k", []byte("b"))
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	require.Equal(t, "b", rrValue(t, cn.c, "st/k"))
+	require.Contains(t, a.stderr.String(), "SIGKILL")
+	// a still runs as a member owning nothing.
+	select {
+	case <-a.exited:
+		t.Fatalf("ring join exited %d: %s", a.code, a.stderr)
+	default:
+	}
 }
