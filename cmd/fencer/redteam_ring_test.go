@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -700,6 +701,10 @@ func TestRedTeamRingAuthorization(t *testing.T) {
 	require.Error(t, err, "bob made alice's member leave")
 	_, err = bob.raw.Owns(ctx, &fencerv1.OwnsRequest{Ring: "shared", SessionId: as.ring.SessionID(), Shard: sharedShard})
 	t.Logf("bob's Owns through alice's session: %v", err)
+	_, err = bob.raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: as.ring.SessionID()}})
+	rrCode(t, err, codes.PermissionDenied, "bob revoked alice's member session")
+	_, err = bob.raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: ap.ring.SessionID()}})
+	rrCode(t, err, codes.PermissionDenied, "bob revoked alice's member session")
 	// Bob taking alice's member name in shared is a conflict.
 	bsess, err := bob.c.NewSession(client.WithTTL(3 * time.Second))
 	require.NoError(t, err)
@@ -837,6 +842,32 @@ func TestRedTeamRingBadInput(t *testing.T) {
 		r, err := cn.raw.Owns(ctx, req)
 		require.False(t, r.GetOwned(), "owns case %d: %v", i, err)
 	}
+	// Data keys named like fencer's own records are data keys: writing
+	// them leaves the shard's lease and the ring alone (checked below).
+	for _, key := range []string{"/fencer/holders/ring:ok:s0", "../holders/ring:ok:s0", "ring:ok:s0", "/fencer/rings/ok", "/fencer/epochs/ring:ok:s0"} {
+		_, err := cn.c.Put(ctx, tokE, key, []byte("x"), client.TakeOver())
+		require.NoError(t, err, key)
+	}
+	_, err = cn.c.Put(ctx, tokE, "", []byte("x"))
+	require.Error(t, err)
+	// A shard list over the ring record's limit (random names that do
+	// not compress) creates nothing and leaves the server serving.
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:+=!@#$%^&*()[]{}<>?,;~"
+	big := make([]string, 15000)
+	for i := range big {
+		b := make([]byte, 128)
+		for j := range b {
+			b[j] = alphabet[rnd.IntN(len(alphabet))]
+		}
+		big[i] = string(b)
+	}
+	_, err = cn.raw.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "big", Shards: big})
+	require.Error(t, err)
+	t.Logf("CreateRing of 15000 random 128-byte shards: %v", err)
+	_, err = cn.c.RingStatus(ctx, "big")
+	require.ErrorIs(t, err, client.ErrRingNotFound)
+
 	_, err = cn.raw.RingStatus(ctx, &fencerv1.RingStatusRequest{Ring: "../x"})
 	rrCode(t, err, codes.InvalidArgument)
 	// The server is alive and the member unharmed.
@@ -1178,4 +1209,75 @@ func TestRedTeamRingServerKilledDuringMoves(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	w.check(t)
+}
+
+// TestRedTeamRingBrokenStreamMemberKeepsItsShards: a member whose stream
+// is closed (its session still renewed) keeps its shards; a member that
+// joins meanwhile gains none of them, so no shard has two owners, and
+// the closed member's tokens stay current. When the session ends, the
+// other member gains them all, and the old tokens are refused.
+func TestRedTeamRingBrokenStreamMemberKeepsItsShards(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "br", 8)
+	require.NoError(t, err)
+	a := rrJoin(t, cn.c, "br", "a", 10*time.Second, true)
+	rrOwnedAll(t, cn.c, "br", 8, a)
+	old := a.ring.Owned()
+	a.ring.Close()
+	b := rrJoin(t, cn.c, "br", "b", 10*time.Second, true)
+	time.Sleep(3 * time.Second)
+	require.Empty(t, b.ring.Owned(), "b gained a shard that a, its stream closed, still holds")
+	for sh, tok := range old {
+		require.NoError(t, cn.c.Check(ctx, tok), sh)
+	}
+	require.NoError(t, a.sess.Close(ctx))
+	rrOwnedAll(t, cn.c, "br", 8, b)
+	for sh, tok := range old {
+		_, err := cn.c.Put(ctx, tok, "br/"+sh, []byte("a"))
+		rrStale(t, err, sh)
+	}
+}
+
+// TestRedTeamRingCLISameMemberTwice: a second fencer ring join with the
+// member name of a running one exits 5 without running its CMD, and the
+// first keeps its shards.
+func TestRedTeamRingCLISameMemberTwice(t *testing.T) {
+	s := startServeProc(t)
+	code, _, stderr := s.fencer(nil, "ring", "create", "dup", "--shards", "3")
+	require.Equal(t, 0, code, stderr)
+	dir := t.TempDir()
+	a := s.startFencer(nil, "ring", "join", "dup", "--member", "w", "--settle", "100ms", "--", "sh", "-c", "echo $$ > "+dir+"/pid; exec sleep 60")
+	rrPid(t, dir)
+	marker := filepath.Join(dir, "second-ran")
+	code, _, stderr = s.fencer(nil, "ring", "join", "dup", "--member", "w", "--", "sh", "-c", "touch "+marker)
+	require.Equal(t, 5, code, stderr)
+	_, err := os.Stat(marker)
+	require.True(t, os.IsNotExist(err), "the second member's CMD ran")
+	st := ringStatusOf(t, s, "dup")
+	require.Len(t, st.Members, 1)
+	require.Equal(t, 3, st.Members[0].Owned)
+	select {
+	case <-a.exited:
+		t.Fatalf("the first ring join exited %d: %s", a.code, a.stderr)
+	default:
+	}
+}
+
+// TestRedTeamRingShardListOverOneMiB: docs/service.md says a ring's
+// encoded shard list must fit in 1 MiB. A list of 10,000 shards of 128
+// bytes (1.28 MB of names alone) is over it and must create nothing.
+func TestRedTeamRingShardListOverOneMiB(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	shards := make([]string, 10000)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("%0128d", i)
+	}
+	_, err := cn.raw.CreateRing(ctx, &fencerv1.CreateRingRequest{Ring: "over", Shards: shards})
+	rrCode(t, err, codes.InvalidArgument, "a shard list of 1.28 MB was accepted")
+	_, err = cn.c.RingStatus(ctx, "over")
+	require.ErrorIs(t, err, client.ErrRingNotFound)
 }
