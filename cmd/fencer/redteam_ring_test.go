@@ -260,6 +260,11 @@ func TestRedTeamRingMovedShardRefusesFormerOwner(t *testing.T) {
 		rrStale(t, err, "txn", sh)
 		_, err = cn.c.Txn(ctx, stale, nil, nil, nil)
 		rrStale(t, err, "empty txn", sh)
+		for _, v := range []string{"b", "a", "x"} {
+			cmp := &fencerv1.Compare{Key: key, Target: fencerv1.Compare_TARGET_VALUE, Result: fencerv1.Compare_RESULT_EQUAL, Value: []byte(v)}
+			_, err = cn.c.Txn(ctx, stale, []*fencerv1.Compare{cmp}, []*fencerv1.Op{put}, []*fencerv1.Op{put}, client.TakeOver())
+			rrStale(t, err, "txn with a compare", sh, v)
+		}
 		// Raw Put with the stale token, as a retried request would be.
 		_, err = cn.raw.Put(ctx, &fencerv1.PutRequest{Token: stale.String(), Key: key, Value: []byte("late")})
 		require.Error(t, err)
@@ -786,6 +791,12 @@ func TestRedTeamRingBadInput(t *testing.T) {
 	}
 	_, err := cn.c.CreateRing(ctx, "ok", "s0", "s1", "\u00e9:\u4e2d")
 	require.NoError(t, err)
+	// A session of the caller's, not a member, for the join cases.
+	m0, err := cn.c.NewSession()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m0.Close(context.Background()) })
+	_, err = m0.Acquire(ctx, "plain-lease")
+	require.NoError(t, err)
 	for i, req := range []*fencerv1.JoinRingRequest{
 		{Ring: "ok", DrainSeconds: 601},
 		{Ring: "ok", DrainSeconds: -1},
@@ -800,6 +811,7 @@ func TestRedTeamRingBadInput(t *testing.T) {
 		{Ring: "nope"},
 		{Ring: "ok", SessionId: 424242},
 		{Ring: "ok", SessionId: -5},
+		{Ring: "ok", SessionId: m0.ID(), TtlSeconds: 5},
 	} {
 		st, err := cn.raw.JoinRing(ctx, req)
 		if err == nil {
@@ -1335,4 +1347,37 @@ func TestRedTeamRingSameMemberOnTwoServers(t *testing.T) {
 	require.Equal(t, bOwn, b.ring.Owned())
 	require.NoError(t, a.ring.Err())
 	require.NoError(t, b.ring.Err())
+}
+
+// TestRedTeamRingJoinKilledCMDIgnoresTERM: fencer ring join is killed
+// with SIGKILL while its CMD, which ignores SIGTERM, writes with its
+// shard's token. The CMD must not outlive it (docs/cli.md: the kernel's
+// parent-death signal ends CMD on Linux); the shard goes to another
+// member after the TTL, and the old token's writes are refused.
+func TestRedTeamRingJoinKilledCMDIgnoresTERM(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "kj", 1)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	a := s.startFencer(nil, append([]string{"ring", "join", "kj", "--member", "a", "--ttl", "2s", "--settle", "100ms", "--"},
+		rrWriterScript(s.bin, dir, "kj/k", "a", true)...)...)
+	pid := rrPid(t, dir)
+	require.Eventually(t, func() bool { return rrCount(dir, "ok") > 0 }, 20*time.Second, 20*time.Millisecond, "%s", a.stderr)
+	require.NoError(t, a.cmd.Process.Kill())
+	a.wait(t, 10*time.Second)
+	require.Eventually(t, func() bool { return !alive(pid) }, 3*time.Second, 20*time.Millisecond,
+		"the CMD, ignoring SIGTERM, outlived its killed fencer ring join")
+	b := rrJoin(t, cn.c, "kj", "b", 10*time.Second, true)
+	var tokB token.Token
+	require.Eventually(t, func() bool {
+		var ok bool
+		tokB, ok = b.ring.Owns("0")
+		return ok
+	}, 15*time.Second, 20*time.Millisecond)
+	_, err = cn.c.Put(ctx, tokB, "kj/k", []byte("b"))
+	require.NoError(t, err)
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, "b", rrValue(t, cn.c, "kj/k"))
 }
