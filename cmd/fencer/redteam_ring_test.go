@@ -1381,3 +1381,44 @@ func TestRedTeamRingJoinKilledCMDIgnoresTERM(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	require.Equal(t, "b", rrValue(t, cn.c, "kj/k"))
 }
+
+// TestRedTeamRingLargeSnapshotAfterRestart: a member owning 50,000
+// shards of a ring with a 63-byte name (both within the documented
+// limits: 100,000 shards, 63-byte ring names) rides out a fencer serve
+// restart. The reopened stream's snapshot lists every shard with its
+// token, about 4.8 MB; if it is sent as one message, past gRPC's default
+// 4 MiB receive limit, the Go client's Ring ends with RESOURCE_EXHAUSTED
+// while its session keeps holding every shard, and no joining member
+// could ever gain one while that session lives.
+func TestRedTeamRingLargeSnapshotAfterRestart(t *testing.T) {
+	const n = 50000
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	name := "b" + strings.Repeat("x", 62)
+	_, err := cn.c.CreateRingCount(ctx, name, n)
+	require.NoError(t, err)
+	m := rrJoin(t, cn.c, name, "w", 10*time.Second, true)
+	require.Eventually(t, func() bool { return len(m.ring.Owned()) == n }, 40*time.Second, 100*time.Millisecond)
+	s.stop()
+	s.start()
+	// Wait for the member's stream to be reopened on the new server.
+	require.Eventually(t, func() bool {
+		return strings.Contains(s.log.String(), `msg="join ring"`) || m.ring.Err() != nil
+	}, 30*time.Second, 50*time.Millisecond, "the member did not join again: %s", s.log)
+	var outcome string
+	require.Eventually(t, func() bool {
+		if err := m.ring.Err(); err != nil {
+			outcome = err.Error()
+			return true
+		}
+		if len(m.ring.Owned()) == n {
+			st, err := cn.c.RingStatus(rrCtx(t), name)
+			if err == nil && st.Unowned == 0 && len(st.Members) == 1 && st.Members[0].Owned == n {
+				return true
+			}
+		}
+		return false
+	}, 30*time.Second, 100*time.Millisecond)
+	require.NoError(t, m.ring.Err(), "the member's ring ended after the restart: %s", outcome)
+}
