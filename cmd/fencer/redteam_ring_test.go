@@ -1422,3 +1422,35 @@ func TestRedTeamRingLargeSnapshotAfterRestart(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond)
 	require.NoError(t, m.ring.Err(), "the member's ring ended after the restart: %s", outcome)
 }
+
+// TestRedTeamRingJoinManyShardsStartsCMD: fencer ring join of a ring of
+// 1,100 shards with 128-byte names (within the documented limits) must
+// run its CMD. $FENCER_RING_SHARDS, the shards comma-separated, is then
+// about 141 KB, over Linux's 128 KiB limit on one environment string, so
+// an exec that passes it fails with "argument list too long" and CMD
+// never runs. (A ring of 30,000 shards named "0" to "29999" fails the
+// same way.)
+func TestRedTeamRingJoinManyShardsStartsCMD(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	shards := make([]string, 1100)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("%0128d", i)
+	}
+	_, err := cn.c.CreateRing(ctx, "many", shards...)
+	require.NoError(t, err)
+	marker := filepath.Join(t.TempDir(), "started")
+	p := s.startFencer(nil, "ring", "join", "many", "--member", "w", "--settle", "100ms", "--", "sh", "-c",
+		`wc -l < "$FENCER_RING_SHARDS_FILE" > `+marker+`; exec sleep 60`)
+	// Started, or given up: ring join leaves when CMD cannot start.
+	require.Eventually(t, func() bool {
+		if _, err := os.Stat(marker); err == nil {
+			return true
+		}
+		st, err := cn.c.RingStatus(rrCtx(t), "many")
+		return err == nil && len(st.Members) == 1 && st.Members[0].Leaving
+	}, 30*time.Second, 50*time.Millisecond, "%s", p.stderr)
+	_, err = os.Stat(marker)
+	require.NoError(t, err, "CMD did not run: %s", p.stderr)
+}
