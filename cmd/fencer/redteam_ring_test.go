@@ -1454,3 +1454,73 @@ func TestRedTeamRingJoinManyShardsStartsCMD(t *testing.T) {
 	_, err = os.Stat(marker)
 	require.NoError(t, err, "CMD did not run: %s", p.stderr)
 }
+
+// TestRedTeamRingOneSessionTwoNamesOnTwoServers: two fencer serve
+// processes on one etcd. Member w joins through server 1; another
+// JoinRing through server 2 uses w's session (its id is all it takes:
+// the same principal, no session secret) under the name w2. Then two
+// members run for one session: no shard may be reported owned by both
+// at once, and the ring must settle, not hand its shards back and forth.
+func TestRedTeamRingOneSessionTwoNamesOnTwoServers(t *testing.T) {
+	ep := startEtcd(t)
+	s1 := startServeProc(t, "--etcd-endpoints", ep)
+	s2 := startServeProc(t, "--etcd-endpoints", ep)
+	c1, c2 := rrDial(t, s1, ""), rrDial(t, s2, "")
+	ctx := rrCtx(t)
+	_, err := c1.c.CreateRingCount(ctx, "nn", 8)
+	require.NoError(t, err)
+	w := rrJoin(t, c1.c, "nn", "w", 10*time.Second, true)
+	rrOwnedAll(t, c1.c, "nn", 8, w)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w2, err := c2.raw.JoinRing(sctx, &fencerv1.JoinRingRequest{Ring: "nn", SessionId: w.ring.SessionID(), Member: "w2", DrainSeconds: 1})
+	require.NoError(t, err)
+	var (
+		mu      sync.Mutex
+		w2Owns  = map[string]string{}
+		w2Gains int
+	)
+	go func() {
+		for {
+			m, err := w2.Recv()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			for _, ch := range m.GetChanges() {
+				switch ch.GetKind() {
+				case fencerv1.ShardChange_KIND_GAINED:
+					w2Owns[ch.GetShard()] = ch.GetToken()
+					w2Gains++
+				case fencerv1.ShardChange_KIND_LOST:
+					delete(w2Owns, ch.GetShard())
+				}
+			}
+			mu.Unlock()
+		}
+	}()
+	both := map[string]string{}
+	end := time.Now().Add(4 * time.Second)
+	for time.Now().Before(end) {
+		mu.Lock()
+		for sh, tok := range w.ring.Owned() {
+			if t2, ok := w2Owns[sh]; ok {
+				both[sh] = tok.String() + " and " + t2
+			}
+		}
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	var maxEpoch uint64
+	w.mu.Lock()
+	for _, ch := range w.log {
+		maxEpoch = max(maxEpoch, ch.Token.Epoch)
+	}
+	w.mu.Unlock()
+	mu.Lock()
+	gains := w2Gains
+	mu.Unlock()
+	t.Logf("in 4 s: w2 was told %d gains; the highest epoch w saw is %d", gains, maxEpoch)
+	require.Empty(t, both, "shards reported owned by two members at once")
+	require.Less(t, maxEpoch, uint64(10), "the shards were handed back and forth %d times", maxEpoch)
+}
