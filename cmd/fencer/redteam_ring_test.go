@@ -1524,3 +1524,16 @@ func TestRedTeamRingOneSessionTwoNamesOnTwoServers(t *testing.T) {
 	require.Empty(t, both, "shards reported owned by two members at once")
 	require.Less(t, maxEpoch, uint64(10), "the shards were handed back and forth %d times", maxEpoch)
 }
+
+// TestRedTeamRingShardsFilePrivate: the shards file that ring join gives
+// its CMD (shard tokens) is readable and replaceable by its user only:
+// the file is 0600 and its directory 0700.
+func TestRedTeamRingShardsFilePrivate(t *testing.T) {
+	s := startServeProc(t)
+	code, _, stderr := s.fencer(nil, "ring", "create", "priv", "--shards", "2")
+	require.Equal(t, 0, code, stderr)
+	code, stdout, stderr := s.fencer(nil, "ring", "join", "priv", "--member", "w", "--settle", "100ms", "--", "sh", "-c",
+		`stat -c %a "$FENCER_RING_SHARDS_FILE" "$(dirname "$FENCER_RING_SHARDS_FILE")"`)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, []string{"600", "700"}, strings.Fields(stdout))
+}
