@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The docs test: a shell block that a newcomer would paste, in the README
-// or docs/cli.md, is marked runnable by docMarker on the line before its
+// The docs test: a shell block that a newcomer would paste, in the README,
+// docs/cli.md or docs/ring.md, is marked runnable by docMarker on the line before its
 // ```console fence. Each line of the block that starts with "$ " is a
 // command (a line ending in a backslash continues it, and a here-document
 // runs to its terminator); the lines after it, up to the next command,
@@ -33,7 +33,7 @@ const docMarker = "<!-- fencer:run -->"
 
 // docsRun are the documents whose marked blocks TestDocs runs, from this
 // package's directory.
-var docsRun = []string{"../../README.md", "../../docs/cli.md"}
+var docsRun = []string{"../../README.md", "../../docs/cli.md", "../../docs/ring.md"}
 
 // docCommandBound bounds each command of a block; `make build` is the
 // slowest, a link on a loaded machine.
@@ -159,7 +159,7 @@ func TestDocsParse(t *testing.T) {
 		normalizeDocOutput([]string{"  0.012s  A  acquired", " 12.345s  B", "final 2.5s"}))
 }
 
-// TestDocs runs every marked block of the README and docs/cli.md (see
+// TestDocs runs every marked block of the README, docs/cli.md and docs/ring.md (see
 // docMarker) against a fencer serve of its own, on a fresh embedded etcd:
 // each command by sh -c exactly as written, in the repository's root,
 // with the built fencer first on PATH and FENCER_SERVER naming that

@@ -7,10 +7,10 @@ keepalive thread, and guarded writes with their tokens.
         if lease.lost.is_set():
             ...                              # the server reported the lease gone
 
-A Client holds one session, opened by its first acquisition: an etcd lease
-that a keepalive thread renews every TTL/3, and that a watch thread follows
-so that a lease's `lost` event is set promptly when its holder key is
-deleted or replaced. `lost` is advisory, like the Go client's Done: every
+A Client holds one session, opened by its first acquisition (or ring
+join): an etcd lease that a keepalive thread renews every TTL/3, and that a
+watch thread follows so that a lease's `lost` event is set promptly when
+its holder key is deleted or replaced. `lost` is advisory, like the Go client's Done: every
 write is fenced by etcd, not by the event. The session fails closed: when
 no renewal has succeeded within the TTL (measured on the monotonic clock),
 every lease is marked lost.
@@ -41,10 +41,9 @@ DEFAULT_SERVER = "127.0.0.1:7890"
 _KEEPALIVE = (10, 5)
 
 
-class Lease:
-    """One acquisition, held through the Client's session. token is fixed
-    for its lifetime; lost is set when the acquisition ends (released,
-    reported lost, or its session ended) and lost_reason says why."""
+class _Guarded:
+    """The guarded calls of one token, shared by Lease and ring.Shard: each
+    carries token, so etcd refuses it once the token is superseded."""
 
     def __init__(self, client, name, token):
         self._client = client
@@ -59,20 +58,26 @@ class Lease:
             self.lost.set()
 
     def put(self, key, value, take_over=False):
-        """Writes key with this lease's token; see Client.put."""
+        """Writes key with this token; see Client.put."""
         return self._client.put(self.token, key, value, take_over=take_over)
 
     def delete(self, key, take_over=False):
-        """Deletes key with this lease's token; see Client.delete."""
+        """Deletes key with this token; see Client.delete."""
         return self._client.delete(self.token, key, take_over=take_over)
 
     def txn(self, compares=(), success=(), failure=(), take_over=False):
-        """Runs a transaction with this lease's token; see Client.txn."""
+        """Runs a transaction with this token; see Client.txn."""
         return self._client.txn(self.token, compares, success, failure, take_over=take_over)
 
     def check(self):
         """Raises StaleError unless the token is still current."""
         self._client.check(self.token)
+
+
+class Lease(_Guarded):
+    """One acquisition, held through the Client's session. token is fixed
+    for its lifetime; lost is set when the acquisition ends (released,
+    reported lost, or its session ended) and lost_reason says why."""
 
     def release(self):
         """Releases the lease if its token is still current (a late release
@@ -151,7 +156,7 @@ class Client:
         self.ttl = int(ttl)
         self.timeout = timeout
         self._mu = threading.Lock()
-        self._open = threading.Lock()  # serializes the acquisition that opens the session
+        self._open = threading.Lock()  # serializes the acquisition (or join) that opens the session
         self._session_id = 0
         self._session_secret = b""  # proves a clean release; from the Acquire that opened the session
         self._held = {}  # name -> Lease
@@ -159,6 +164,7 @@ class Client:
         self._session_end = None
         self._threads = []
         self._watch_call = None
+        self._rings = {}  # name -> ring.Ring, while it follows its stream
 
     # -- calls ---------------------------------------------------------
 
@@ -217,6 +223,58 @@ class Client:
         req = fencer_pb2.ReleaseRequest(token=token, holder_session_id=self._session_id,
                                         holder_session_secret=self._session_secret)
         return self._call(self._stub.Release, req).released
+
+    # -- rings ---------------------------------------------------------
+
+    def create_ring(self, name, shards=None, shard_count=None):
+        """Creates ring name with either the shards named in shards or
+        shard_count shards named "0" to "<shard_count-1>", and returns
+        whether it was created: False when it existed with the same
+        shards, which changes nothing. A ring is immutable: one with
+        other shards raises RingConflictError; an invalid name, shard
+        list or count raises InvalidArgumentError; neither writes
+        anything."""
+        req = fencer_pb2.CreateRingRequest(ring=name)
+        if shards is not None:
+            req.shards.extend(shards)
+        if shard_count is not None:
+            req.shard_count = shard_count
+        return self._call(self._stub.CreateRing, req).created
+
+    def ring_status(self, name):
+        """Returns the fencer.ring.RingStatus of ring name, read at one etcd
+        revision; raises RingNotFoundError if it was never created."""
+        from fencer import ring
+
+        return ring.RingStatus._of(self._call(self._stub.RingStatus, fencer_pb2.RingStatusRequest(ring=name)))
+
+    def join(self, name, member=None, drain=5):
+        """Joins ring name as member (None: the session's holder identity)
+        through the client's session, opening one as acquire does if the
+        client has none, and returns the fencer.ring.Ring, a context
+        manager that leaves the ring. drain is how many seconds (0 to 600;
+        0 means 5) a shard reported losing waits for Shard.release before
+        it is released anyway. The member's first snapshot has been read
+        when join returns; it raises RingNotFoundError for a ring never
+        created, RingConflictError for a member name another session holds
+        in the ring, InvalidArgumentError for an invalid name, and
+        UnavailableError if the server does not answer within the client's
+        timeout. A client joins a ring once at a time (ValueError)."""
+        from fencer import ring
+
+        if int(drain) != drain or not 0 <= drain <= 600:
+            raise ValueError("drain must be a whole number of seconds from 0 to 600")
+        if self._closed.is_set():
+            raise errors.SessionNotFoundError("the client is closed")
+        if self._session_end is not None:
+            raise self._session_end
+        with self._mu:
+            if name in self._rings:
+                raise ValueError("this client is already a member of ring %r" % name)
+        if self._session_id:
+            return ring.Ring._join(self, name, member or "", int(drain), self._session_id)
+        with self._open:
+            return ring.Ring._join(self, name, member or "", int(drain), self._session_id)
 
     # -- leases --------------------------------------------------------
 
@@ -278,14 +336,18 @@ class Client:
         with self._mu:
             self._held[name] = lease
         if sid == 0:
-            # The server renewed the new session every TTL/3 while the call
-            # waited, so it expires no sooner than either bound (as in the
-            # Go client).
-            deadline = max(sent + resp.ttl_seconds, time.monotonic() + resp.ttl_seconds / 2.0)
-            self._session_id = resp.session_id
-            self._session_secret = resp.session_secret
-            self._start(resp.session_id, deadline, _revision(resp.token))
+            self._opened(resp.session_id, resp.session_secret, resp.ttl_seconds, sent, _revision(resp.token))
         return lease
+
+    def _opened(self, sid, secret, ttl, sent, from_rev):
+        """Adopts the session a call sent at sent (monotonic) opened, and
+        starts its keepalive and watch threads. The server renewed the new
+        session every TTL/3 while the call waited, so it expires no sooner
+        than either bound (as in the Go client)."""
+        deadline = max(sent + ttl, time.monotonic() + ttl / 2.0)
+        self._session_id = sid
+        self._session_secret = secret
+        self._start(sid, deadline, from_rev)
 
     def _wait_acquire(self, req, left, held, timeout):
         """Makes the waiting Acquire call, whose only deadline is left
@@ -311,13 +373,17 @@ class Client:
             self._threads.append(t)
 
     def _end(self, reason):
-        """Ends the session: every lease is lost with reason."""
+        """Ends the session: every lease and every ring's shard is lost
+        with reason."""
         with self._mu:
             if self._session_end is None:
                 self._session_end = errors.SessionNotFoundError(reason)
             held, self._held = self._held, {}
+            rings = list(self._rings.values())
         for lease in held.values():
             lease._lose(reason)
+        for r in rings:
+            r._finish(errors.SessionNotFoundError(reason))
         call = self._watch_call
         if call is not None:
             call.cancel()

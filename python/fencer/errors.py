@@ -59,6 +59,8 @@ WATCH_COMPACTED = reason_string(fencer_pb2.ERROR_REASON_WATCH_COMPACTED)
 STORE_UNAVAILABLE = reason_string(fencer_pb2.ERROR_REASON_STORE_UNAVAILABLE)
 SHUTTING_DOWN = reason_string(fencer_pb2.ERROR_REASON_SHUTTING_DOWN)
 INTERNAL = reason_string(fencer_pb2.ERROR_REASON_INTERNAL)
+RING_NOT_FOUND = reason_string(fencer_pb2.ERROR_REASON_RING_NOT_FOUND)
+RING_CONFLICT = reason_string(fencer_pb2.ERROR_REASON_RING_CONFLICT)
 
 
 def _messages():
@@ -215,6 +217,29 @@ class UnauthenticatedError(FencerError):
     """The server did not accept the credentials."""
 
 
+class RingNotFoundError(FencerError):
+    """The ring has not been created (Client.create_ring creates it);
+    metadata["ring"] names it."""
+
+    @property
+    def ring(self):
+        return self.metadata.get("ring", "")
+
+
+class RingConflictError(FencerError):
+    """The ring exists with other shards, or the member name is taken in
+    the ring by another session; metadata["ring"] names the ring, and
+    metadata["member"] a taken member name."""
+
+    @property
+    def ring(self):
+        return self.metadata.get("ring", "")
+
+    @property
+    def member(self):
+        return self.metadata.get("member", "")
+
+
 class UnavailableError(FencerError):
     """The server could not be reached, could not reach etcd, or is
     shutting down; retry. A write that failed so may or may not have
@@ -237,6 +262,8 @@ _BY_REASON = {
     fencer_pb2.ERROR_REASON_UNAUTHENTICATED: UnauthenticatedError,
     fencer_pb2.ERROR_REASON_STORE_UNAVAILABLE: UnavailableError,
     fencer_pb2.ERROR_REASON_SHUTTING_DOWN: UnavailableError,
+    fencer_pb2.ERROR_REASON_RING_NOT_FOUND: RingNotFoundError,
+    fencer_pb2.ERROR_REASON_RING_CONFLICT: RingConflictError,
 }
 
 

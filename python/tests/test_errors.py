@@ -81,6 +81,8 @@ class ErrorReasonTest(unittest.TestCase):
             ("WATCH_COMPACTED", grpc.StatusCode.OUT_OF_RANGE, errors.FencerError),
             ("STORE_UNAVAILABLE", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
             ("SHUTTING_DOWN", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
+            ("RING_NOT_FOUND", grpc.StatusCode.NOT_FOUND, errors.RingNotFoundError),
+            ("RING_CONFLICT", grpc.StatusCode.ALREADY_EXISTS, errors.RingConflictError),
             ("INTERNAL", grpc.StatusCode.INTERNAL, errors.FencerError),
             ("SOMETHING_NEWER", grpc.StatusCode.UNAVAILABLE, errors.UnavailableError),
             ("SOMETHING_NEWER", grpc.StatusCode.FAILED_PRECONDITION, errors.FencerError),
@@ -91,6 +93,14 @@ class ErrorReasonTest(unittest.TestCase):
                 self.assertEqual(err.reason, reason)
                 self.assertEqual(err.code, code.name)
                 self.assertEqual(err.metadata, {"token": "v1:1:3:orders"})
+
+    def test_ring_errors_name_the_ring_and_member(self):
+        err = errors.from_rpc_error(_RpcError(grpc.StatusCode.ALREADY_EXISTS, "RING_CONFLICT", {"ring": "orders", "member": "w1"}))
+        self.assertIsInstance(err, errors.RingConflictError)
+        self.assertEqual((err.ring, err.member), ("orders", "w1"))
+        err = errors.from_rpc_error(_RpcError(grpc.StatusCode.NOT_FOUND, "RING_NOT_FOUND", {"ring": "orders"}))
+        self.assertIsInstance(err, errors.RingNotFoundError)
+        self.assertEqual(err.ring, "orders")
 
 
 if __name__ == "__main__":
