@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,11 +40,18 @@ type rrConn struct {
 // rrDial connects to s, with bearer token bearer if it is not empty.
 func rrDial(t *testing.T, s *serveProc, bearer string) *rrConn {
 	t.Helper()
+	return rrDialAddr(t, s.addr, bearer)
+}
+
+// rrDialAddr connects to addr, with bearer token bearer if it is not
+// empty.
+func rrDialAddr(t *testing.T, addr, bearer string) *rrConn {
+	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if bearer != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(client.BearerToken(bearer, false)))
 	}
-	cc, err := grpc.NewClient(s.addr, opts...)
+	cc, err := grpc.NewClient(addr, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
 	return &rrConn{c: client.New(cc), raw: fencerv1.NewFencerServiceClient(cc)}
@@ -73,7 +81,11 @@ func rrJoin(t *testing.T, c *client.Client, ring, name string, ttl time.Duration
 	t.Helper()
 	sess, err := c.NewSession(client.WithTTL(ttl))
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = sess.Close(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = sess.Close(ctx)
+	})
 	r, err := sess.JoinRing(rrCtx(t), ring, append([]client.RingOption{client.WithMember(name), client.WithDrain(2 * time.Second)}, opts...)...)
 	require.NoError(t, err, name)
 	t.Cleanup(r.Close)
@@ -1542,4 +1554,56 @@ func TestRedTeamRingShardsFilePrivate(t *testing.T) {
 		`stat -c %a "$FENCER_RING_SHARDS_FILE" "$(dirname "$FENCER_RING_SHARDS_FILE")"`)
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, []string{"600", "700"}, strings.Fields(stdout))
+}
+
+// TestRedTeamRingPartitionedMemberFailsClosed: a Go-client member (TTL
+// 3 s) cut off from the server (its connection swallowing everything)
+// must stop reporting its shards owned, on its own clock, before another
+// member gains any of them (docs/ring.md says so of a partitioned
+// member; client.WithTTL says the session fails closed locally no later
+// than etcd drops its leases); and once the other member has gained
+// them, the cut-off member's tokens, used over a connection that still
+// works, are refused.
+func TestRedTeamRingPartitionedMemberFailsClosed(t *testing.T) {
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	_, err := cn.c.CreateRingCount(ctx, "cut", 4)
+	require.NoError(t, err)
+	bh := startBlackhole(t, s.addr, 0)
+	via := rrDialAddr(t, bh.ln.Addr().String(), "")
+	a := rrJoin(t, via.c, "cut", "a", 3*time.Second, false)
+	rrOwnedAll(t, cn.c, "cut", 4, a)
+	old := a.ring.Owned()
+	bh.cut.Store(true)
+	cutAt := time.Now()
+	var aLost atomic.Int64 // nanoseconds after the cut
+	go func() {
+		for len(a.ring.Owned()) > 0 {
+			time.Sleep(time.Millisecond)
+		}
+		aLost.Store(int64(time.Since(cutAt)))
+	}()
+	go func() {
+		<-a.sess.Done()
+		t.Logf("a's session ended %s after the cut: %v", time.Since(cutAt).Round(time.Millisecond), a.sess.Err())
+	}()
+	b := rrJoin(t, cn.c, "cut", "b", 10*time.Second, true)
+	var bGained time.Duration
+	require.Eventually(t, func() bool {
+		if len(b.ring.Owned()) > 0 {
+			bGained = time.Since(cutAt)
+			return true
+		}
+		return false
+	}, 15*time.Second, time.Millisecond)
+	lost := time.Duration(aLost.Load())
+	require.NotZero(t, lost, "b gained a shard %s after the cut while a still believed it owned shards", bGained)
+	require.Less(t, lost, bGained)
+	t.Logf("a lost its shards %s after the cut, b gained one %s after it", lost.Round(time.Millisecond), bGained.Round(time.Millisecond))
+	rrOwnedAll(t, cn.c, "cut", 4, b)
+	for sh, tok := range old {
+		_, err := cn.c.Put(ctx, tok, "cut/"+sh, []byte("a"))
+		rrStale(t, err, sh)
+	}
 }
