@@ -248,7 +248,7 @@ func (m *Member) register(ctx context.Context) error {
 		sessionIs = clientv3.Compare(clientv3.CreateRevision(m.sess), "=", 0)
 		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
 			if string(kvs[0].Value) != m.cfg.Member {
-				return fmt.Errorf("%w: the session is member %q of ring %q already, not %q", ErrRingConflict, kvs[0].Value, m.cfg.Ring, m.cfg.Member)
+				return &SessionJoinedError{Ring: m.cfg.Ring, Member: string(kvs[0].Value)}
 			}
 			sessionIs = clientv3.Compare(clientv3.ModRevision(m.sess), "=", kvs[0].ModRevision)
 		}

@@ -2,6 +2,7 @@ package ring
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/fencer-dev/fencer/token"
@@ -35,7 +36,8 @@ var (
 	// ErrRingNotFound means no ring of that name was defined.
 	ErrRingNotFound = errors.New("ring: not found")
 	// ErrRingConflict means a ring of that name exists with other shards,
-	// or a member name is taken by another session.
+	// a member name is taken by another session, or the session is a
+	// member of the ring under another name (*SessionJoinedError).
 	ErrRingConflict = errors.New("ring: conflict")
 	// ErrNotLosing means Release was asked to release a shard the member
 	// owns but has not reported Losing.
@@ -45,6 +47,21 @@ var (
 	// ErrClosed ends a Member that was closed (Close).
 	ErrClosed = errors.New("ring: member closed")
 )
+
+// SessionJoinedError reports a Join of a session that is a member of the
+// ring under another name: a session is a member of a ring under one name
+// at a time. It matches ErrRingConflict.
+type SessionJoinedError struct {
+	// Ring is the ring, Member the name the session is a member under.
+	Ring, Member string
+}
+
+func (e *SessionJoinedError) Error() string {
+	return fmt.Sprintf("ring: the session is member %q of ring %q already", e.Member, e.Ring)
+}
+
+// Is reports whether target is ErrRingConflict.
+func (e *SessionJoinedError) Is(target error) bool { return target == ErrRingConflict }
 
 // ShardLease returns the fencer lease name of shard in ring:
 // "ring:<ring>:<shard>". It does not validate its arguments.

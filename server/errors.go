@@ -161,6 +161,9 @@ func userMessage(err error) string {
 		return msg
 	}
 	if re, ok := errors.AsType[*ringError](err); ok {
+		if sj, ok := errors.AsType[*ring.SessionJoinedError](err); ok {
+			return fmt.Sprintf("the session is member %q of ring %q already: a session is a member of a ring under one name", sj.Member, re.ring)
+		}
 		switch {
 		case errors.Is(err, ring.ErrRingNotFound):
 			return fmt.Sprintf("ring %q not found: create it first (CreateRing)", re.ring)

@@ -205,6 +205,8 @@ func TestRingErrors(t *testing.T) {
 			map[string]string{"ring": "orders"}, `ring "orders" exists with other shards`},
 		{"member taken", inRing("orders", "w1", ring.ErrRingConflict), codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
 			map[string]string{"ring": "orders", "member": "w1"}, `member "w1" of ring "orders" is taken by another session`},
+		{"session joined as another", inRing("orders", "w2", &ring.SessionJoinedError{Ring: "orders", Member: "w1"}), codes.AlreadyExists, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
+			map[string]string{"ring": "orders", "member": "w2"}, `the session is member "w1" of ring "orders" already: a session is a member of a ring under one name`},
 		{"rejoined", inRing("orders", "w1", ErrRejoined), codes.Aborted, fencerv1.ErrorReason_ERROR_REASON_RING_CONFLICT,
 			map[string]string{"ring": "orders", "member": "w1", "cause": "rejoined"}, "the member joined again through another JoinRing stream; this one ends"},
 		{"not losing", inRing("orders", "", fmt.Errorf("ring: release %q: %w", "3", ring.ErrNotLosing)), codes.FailedPrecondition, fencerv1.ErrorReason_ERROR_REASON_LEASE_NOT_HELD,

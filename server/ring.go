@@ -364,11 +364,18 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 	if err != nil {
 		return err
 	}
-	replace(s.members.take(key))
-	drain := time.Duration(req.GetDrainSeconds()) * time.Second
-	if drain == 0 {
-		drain = DefaultDrainSeconds * time.Second
+	if old := s.members.get(key); old != nil && old.name != memberName {
+		// A session is a member of a ring under one name (package ring
+		// refuses another): keep the running member and its stream.
+		unlock()
+		return inRing(name, memberName, &ring.SessionJoinedError{Ring: name, Member: old.name})
 	}
+	drain, err := s.ringDrain(ctx, id, req.GetDrainSeconds())
+	if err != nil {
+		unlock()
+		return err
+	}
+	replace(s.members.take(key))
 	holder := holderName(p, id)
 	m, err := ring.Join(ctx, s.store, ring.Config{Ring: name, Member: memberName, Holder: holder, LeaseID: id, Drain: drain})
 	if err != nil {
@@ -454,6 +461,25 @@ func splitRingMessage(msg *fencerv1.JoinRingResponse) []*fencerv1.JoinRingRespon
 	}
 	out[len(out)-1].Changes = all[from:]
 	return out
+}
+
+// ringDrain is how long a member's LOSING shard stays held without
+// ReleaseShards: the drain_seconds asked (or DefaultDrainSeconds), but no
+// less than the session's TTL plus a second. A member cut off from this
+// server cannot hear its LOSING, and stops acting on its session's local
+// deadline, at most a TTL after its last renewal: its view of the shard
+// then ends before its successor's begins (the second is for its timer,
+// late on a loaded machine).
+func (s *Server) ringDrain(ctx context.Context, id clientv3.LeaseID, asked int64) (time.Duration, error) {
+	drain := time.Duration(asked) * time.Second
+	if drain == 0 {
+		drain = DefaultDrainSeconds * time.Second
+	}
+	ttl, err := s.cli.TimeToLive(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("server: the session's TTL: %w: %w", errStoreUnavailable, err)
+	}
+	return max(drain, time.Duration(ttl.GrantedTTL+1)*time.Second), nil
 }
 
 // memberStopped is how a JoinRing stream ends when its member has

@@ -2874,7 +2874,10 @@ type JoinRingRequest struct {
 	// worker that joins again under its old name gets its old shards back.
 	Member string `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
 	// drain_seconds is how long a LOSING shard waits for ReleaseShards
-	// before it is released anyway, 0 to 600; 0 means 5.
+	// before it is released anyway, 0 to 600; 0 means 5. It is never less
+	// than the session's TTL plus one second: a member cut off from the
+	// server cannot hear its LOSING, and its session ends on the client's
+	// deadline first, so two members never both believe they own a shard.
 	DrainSeconds  int64 `protobuf:"varint,5,opt,name=drain_seconds,json=drainSeconds,proto3" json:"drain_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
