@@ -641,3 +641,15 @@ func TestAcquireOnNoEtcdLeaseIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, etcdstore.Status{Name: "forever"}, status)
 }
+
+func TestHolderKeyAndHolderOf(t *testing.T) {
+	ctx, st, s, l := holding(t, "ring:r:s1")
+	resp, err := st.Client().Get(ctx, st.HolderKey("ring:r:"), clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	require.Equal(t, st.HolderKey("ring:r:s1"), string(resp.Kvs[0].Key))
+	tok, holder := etcdstore.HolderOf("ring:r:s1", resp.Kvs[0])
+	require.Equal(t, l.Token(), tok)
+	require.Equal(t, s.Holder(), holder)
+	require.Equal(t, st.HolderKey(""), st.HolderKey("x")[:len(st.HolderKey(""))])
+}

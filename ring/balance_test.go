@@ -59,6 +59,9 @@ func TestBalanceAndMoves(t *testing.T) {
 	require.NoError(t, c.Leave(fencertest.Context(t)))
 	fencertest.WaitClosed(t, c.Done(), 20*time.Second, "c's leave")
 	require.ErrorIs(t, c.Err(), ring.ErrLeft)
+	<-c.read // Updates closed after the last Lost
+	require.Len(t, c.changes(ring.Losing), len(c.changes(ring.Gained)))
+	require.Len(t, c.changes(ring.Lost), len(c.changes(ring.Gained)))
 	rev5 := waitAssigned(t, st, r, shards, []*tmember{a, b, d}, 20*time.Second)
 	left := owners(shards, []string{"a", "b", "d"})
 	var fromC []string

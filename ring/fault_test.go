@@ -136,9 +136,11 @@ func TestFaultStaleMember(t *testing.T) {
 		regs[s].read(2)
 	}
 
-	lease.paused.Store(true) // c's process freezes past its TTL
+	// c's process freezes past its TTL: its loop stops reacting (Close
+	// keeps what it holds) and its session is no longer renewed.
+	c.Close()
+	lease.paused.Store(true)
 	waitAssigned(t, st, r, shards, []*tmember{a, b}, 30*time.Second)
-	fencertest.WaitClosed(t, c.Done(), 10*time.Second, "c sees its session end")
 
 	var wg sync.WaitGroup
 	for _, s := range victims {
@@ -203,5 +205,43 @@ func TestFaultLeaderChange(t *testing.T) {
 	for _, m := range ms {
 		require.NoError(t, m.Err())
 	}
+	j.verdict(t)
+}
+
+// TestFaultPartition, on a 3-member etcd cluster: the etcd member that a
+// ring member talks to is cut off from the others. Its session cannot be
+// renewed and expires, the other ring members take its shards, and when
+// the partition heals, the cut-off member reads the ring again, finds its
+// member key gone and stops, reporting every shard lost.
+func TestFaultPartition(t *testing.T) {
+	cl := fencertest.Cluster(t, 3)
+	cut := (cl.Leader(t) + 1) % 3
+	var majority []string
+	for i, ep := range cl.Endpoints() {
+		if i != cut {
+			majority = append(majority, ep)
+		}
+	}
+	// a, b and the test talk to the majority side only, c to the cut member.
+	st := fencertest.StoreOn(t, majority, etcdstore.WithPrefix("/partition/"))
+	stC := fencertest.StoreOn(t, cl.Endpoints()[cut:cut+1], etcdstore.WithPrefix("/partition/"))
+	const r = "partition"
+	shards := define(t, st, r, 100)
+	j := newJudge(t, st, r)
+	a := join(t, st, r, "a", true, ring.Config{})
+	b := join(t, st, r, "b", true, ring.Config{})
+	j.judged("a", a)
+	j.judged("b", b)
+	c := join(t, stC, r, "c", false, ring.Config{}, etcdstore.WithTTL(3*time.Second))
+	waitAssigned(t, st, r, shards, []*tmember{a, b, c}, 30*time.Second)
+
+	cl.Partition(cut)
+	waitAssigned(t, st, r, shards, []*tmember{a, b}, 30*time.Second)
+	require.NoError(t, c.Err(), "c cannot tell its session ended while it is cut off")
+	cl.Heal()
+	fencertest.WaitClosed(t, c.Done(), 30*time.Second, "c stops once it reads the ring again")
+	require.ErrorIs(t, c.Err(), token.ErrSessionExpired)
+	<-c.read
+	require.Len(t, c.changes(ring.Lost), len(c.changes(ring.Gained)))
 	j.verdict(t)
 }

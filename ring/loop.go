@@ -78,7 +78,6 @@ type state struct {
 	rev       int64 // the latest revision observed
 	mine      map[string]*held
 	busy      map[string]bool      // an acquisition or release is in flight
-	waitRev   map[string]int64     // found held at this revision: wait for the watch to pass it
 	notBefore map[string]time.Time // failed: try again from then
 	inFlight  int
 	todo      map[string]bool // shards to look at when the loop next reconciles
@@ -97,7 +96,6 @@ func newState(m *Member, shards []string) *state {
 		shards:    shards,
 		mine:      map[string]*held{},
 		busy:      map[string]bool{},
-		waitRev:   map[string]int64{},
 		notBefore: map[string]time.Time{},
 		todo:      map[string]bool{},
 		lim:       rate.NewLimiter(rate.Limit(r), max(1, int(math.Ceil(r)))),
@@ -167,13 +165,10 @@ func (s *state) holderPut(kv *mvccpb.KeyValue) {
 	tok, _ := etcdstore.HolderOf(ShardLease(s.m.cfg.Ring, shard), kv)
 	s.holders[shard] = tok
 	s.todo[shard] = true
-	if kv.Lease != int64(s.m.cfg.LeaseID) {
-		return
+	if h := s.mine[shard]; h != nil && h.tok != tok {
+		s.lose(shard)
 	}
-	if h := s.mine[shard]; h == nil || h.tok != tok {
-		if h != nil {
-			s.lose(shard)
-		}
+	if kv.Lease == int64(s.m.cfg.LeaseID) && s.mine[shard] == nil {
 		s.gain(shard, tok)
 	}
 }
@@ -395,7 +390,11 @@ func (s *state) handle(r result) error {
 		case errors.Is(r.err, rpctypes.ErrLeaseNotFound):
 			return s.errExpired("lease not found")
 		case errors.Is(r.err, token.ErrHeldByAnother), errors.Is(r.err, token.ErrLockDelay):
-			s.waitRev[r.shard] = r.heldAt
+			if r.heldAt > s.holderRev {
+				// Its key existed at heldAt, which the watch has yet to
+				// pass: an event of that key will mark the shard again.
+				delete(s.todo, r.shard)
+			}
 		default: // the member key is not active, or etcd failed
 			s.notBefore[r.shard] = s.clk.Now().Add(retryDelay)
 		}
@@ -528,13 +527,12 @@ func (s *state) visit(ctx context.Context, shard string, now time.Time, limited 
 	case h != nil || owner != me || s.leaving || s.busy[shard]:
 		return time.Time{}, false
 	}
-	if _, taken := s.holders[shard]; taken || s.holderRev < s.waitRev[shard] {
+	if _, taken := s.holders[shard]; taken {
 		return time.Time{}, false // its deletion will mark it
 	}
 	if t, ok := s.notBefore[shard]; ok && now.Before(t) {
 		return t, true
 	}
-	delete(s.waitRev, shard)
 	delete(s.notBefore, shard)
 	s.start(ctx, shard, true, token.Token{})
 	return time.Time{}, false

@@ -1,11 +1,13 @@
 package ring
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -92,6 +94,8 @@ const (
 	// Losing: the shard is assigned to another member. The member still
 	// holds it; it should finish or abandon its work on the shard and
 	// call Release, or the shard is released after the change's Drain.
+	// It is released even if it is assigned back to the member meanwhile;
+	// the member then acquires it again, with a new token.
 	Losing
 	// Lost: the member no longer holds the shard; writes guarded by the
 	// change's Token are refused from now on (or soon will be, when the
@@ -195,6 +199,12 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 	}
 	s := newState(m, shards)
 	if err := s.read(ctx); err != nil {
+		// Take the member key back, so no shard is assigned to a member
+		// that runs no loop; if this fails too, it expires with the session.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retryDelay)
+		defer cancel()
+		_, _ = st.Client().Txn(dctx).If(clientv3.Compare(clientv3.LeaseValue(m.key), "=", int64(cfg.LeaseID))).
+			Then(clientv3.OpDelete(m.key)).Commit()
 		return nil, err
 	}
 	lctx, stop := context.WithCancel(context.Background())
@@ -262,7 +272,7 @@ func (m *Member) Updates() <-chan Batch { return m.updates }
 
 // Owns returns the shard's token if the member holds shard, from memory:
 // it is true from the Gained change until the member starts to release
-// the shard (before the release is sent) or observes its loss. It may
+// the shard (before the release is sent), observes its loss, or stops. It may
 // still be true for a while after the session expired unobserved, which
 // is why writes must be guarded by the token, not by Owns.
 func (m *Member) Owns(shard string) (token.Token, bool) {
@@ -276,8 +286,9 @@ func (m *Member) Owns(shard string) (token.Token, bool) {
 // reported Losing, at once, so their new owners can acquire them, and
 // returns how many it released. Shards the member does not hold are
 // skipped. If one of them is held but not Losing, it releases none and
-// returns an error wrapping ErrNotLosing. ctx bounds the releases; a
-// release that ctx cut short is retried after the shard's drain.
+// returns an error wrapping ErrNotLosing. ctx bounds the releases; the
+// shards whose release failed (ctx ended, etcd failed) are held again, and
+// the loop releases them a second later.
 func (m *Member) Release(ctx context.Context, shards ...string) (int, error) {
 	req := releaseReq{shards: shards, reply: make(chan releaseReply, 1)}
 	if err := m.ask(ctx, req); err != nil {
@@ -292,20 +303,38 @@ func (m *Member) Release(ctx context.Context, shards ...string) (int, error) {
 	if rep.err != nil {
 		return 0, rep.err
 	}
-	n := 0
-	for i, tok := range rep.toks {
-		ok, err := m.st.ReleaseOn(ctx, tok, m.cfg.LeaseID)
-		if err != nil {
-			// The loop learns of a release from its watch, and here of
-			// those that failed or were not sent: it holds them again.
-			_ = m.ask(context.WithoutCancel(ctx), releaseFailed{toks: rep.toks[i:]})
-			return n, fmt.Errorf("ring: release %s: %w", tok, err)
-		}
-		if ok {
-			n++
-		}
+	var (
+		released atomic.Int64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failed   []token.Token
+		first    error
+	)
+	slots := make(chan struct{}, maxInFlight)
+	for _, tok := range rep.toks {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			ok, err := m.st.ReleaseOn(ctx, tok, m.cfg.LeaseID)
+			switch {
+			case err != nil:
+				mu.Lock()
+				failed, first = append(failed, tok), cmp.Or(first, err)
+				mu.Unlock()
+			case ok:
+				released.Add(1)
+			}
+		}()
 	}
-	return n, nil
+	wg.Wait()
+	if len(failed) > 0 {
+		// The loop learns of the releases from its watch, and here of
+		// those that failed: it holds them again.
+		_ = m.ask(context.WithoutCancel(ctx), releaseFailed{toks: failed})
+		return int(released.Load()), fmt.Errorf("ring: release %d of %d shards of %q: %w", len(failed), len(rep.toks), m.cfg.Ring, first)
+	}
+	return int(released.Load()), nil
 }
 
 // ask sends req to the loop, or returns why it cannot.
@@ -347,11 +376,11 @@ func (m *Member) Leave(ctx context.Context) error {
 			return fmt.Errorf("ring: leave %q: the member key is gone: %w", m.cfg.Ring, token.ErrSessionExpired)
 		}
 	}
-	err = m.ask(ctx, leaveNote{})
-	if errors.Is(err, ErrLeft) {
-		return nil
+	// The loop also learns of it from its watch: tell it sooner.
+	if err := m.ask(ctx, leaveNote{}); err != nil && !errors.Is(err, ErrLeft) && ctx.Err() == nil {
+		return err
 	}
-	return err
+	return nil
 }
 
 // Close stops the member's loop and closes Updates at once. It keeps what

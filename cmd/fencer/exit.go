@@ -42,7 +42,8 @@ const exitCodesHelp = `Exit codes:
        no such ring (ring)
   4    stale: the token is no longer current (check, put, delete, txn, advance)
   5    held: another holder holds the lease (acquire --wait=false, --wait-timeout)
-       as the server said when the wait ended
+       as the server said when the wait ended; a ring with other shards, or a
+       member name taken (ring)
   6    permission denied: credentials refused, or not allowed to use the name
   7    unavailable: the server (or its etcd) could not be reached in time,
        or for --reconnect-timeout (acquire, watch); a write may or may not

@@ -282,7 +282,7 @@ func (a *app) ringJoin(ctx context.Context, f ringJoinFlags, sig syscall.Signal,
 	}
 	defer os.RemoveAll(dir)
 	w := &ringWorker{a: a, f: f, sig: sig, ring: r, sess: sess, name: name, argv: argv,
-		file: filepath.Join(dir, "shards"), losing: map[string]time.Time{}}
+		file: filepath.Join(dir, "shards"), losing: map[string]time.Time{}, released: map[string]bool{}}
 	return w.run(ctx)
 }
 
@@ -297,9 +297,10 @@ type ringWorker struct {
 	argv []string
 	file string
 
-	losing  map[string]time.Time // shards reported LOSING, by when they were
-	child   *ringChild           // nil while CMD does not run
-	written []string             // the shards file's lines, as last written
+	losing   map[string]time.Time // shards reported LOSING and not yet released, by when they were
+	released map[string]bool      // shards released and not yet reported LOST
+	child    *ringChild           // nil while CMD does not run
+	written  []string             // the shards file's lines, as last written
 }
 
 // ringChild is one run of CMD.
@@ -315,10 +316,19 @@ func (w *ringWorker) run(ctx context.Context) error {
 	if err := w.settle(ctx, changes); err != nil {
 		return err
 	}
+	switch {
+	case w.ring.Err() != nil:
+		return w.lost()
+	case ctx.Err() != nil: // interrupted before CMD started: hand the shards back
+		if err := w.leave(nil); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
 	if err := w.writeFile(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w.a.stderr, "fencer ring join: joined %s as %s, owning %d shards\n", w.name, w.ring.Name(), len(w.shards()))
+	fmt.Fprintf(w.a.stderr, "fencer ring join: joined %s as %s, owning %d shards\n", w.name, w.ring.Name(), len(w.written))
 	if err := w.start(); err != nil {
 		return err
 	}
@@ -387,15 +397,17 @@ func (w *ringWorker) note(c client.RingChange) {
 		w.losing[c.Shard] = time.Now()
 	case client.Gained, client.Lost:
 		delete(w.losing, c.Shard)
+		delete(w.released, c.Shard)
 	}
 }
 
 // shards returns the shards CMD may act for: owned and not being handed
-// off, sorted, with their tokens.
+// off (losing, or released until the Ring reports them lost), sorted,
+// with their tokens.
 func (w *ringWorker) shards() []string {
 	var out []string
 	for shard, tok := range w.ring.Owned() {
-		if _, losing := w.losing[shard]; !losing {
+		if _, losing := w.losing[shard]; !losing && !w.released[shard] {
 			out = append(out, shard+" "+tok.String())
 		}
 	}
@@ -421,10 +433,10 @@ func (w *ringWorker) writeFile() error {
 	return nil
 }
 
-// start starts CMD with the current shards.
+// start starts CMD with the shards of the file as last written.
 func (w *ringWorker) start() error {
 	var names []string
-	for _, l := range w.shards() {
+	for _, l := range w.written {
 		shard, _, _ := strings.Cut(l, " ")
 		names = append(names, shard)
 	}
@@ -484,7 +496,7 @@ func (w *ringWorker) apply() error {
 		return err
 	}
 	w.releaseLosing()
-	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.shards()))
+	fmt.Fprintf(w.a.stderr, "fencer ring join: restarting %s with %d shards\n", w.argv[0], len(w.written))
 	return w.start()
 }
 
@@ -540,23 +552,30 @@ func (w *ringWorker) release(shards []string) {
 		}
 		for _, s := range shards[:n] {
 			delete(w.losing, s)
+			w.released[s] = true
 		}
 		shards = shards[n:]
 	}
 }
 
 // leave hands every shard off (CMD has stopped) and returns status once
-// the Ring has ended.
+// the Ring has ended (nil for a nil status).
 func (w *ringWorker) leave(status *exitStatus) error {
 	if w.ring.Err() != nil {
 		return w.lost()
+	}
+	result := func() error {
+		if status == nil {
+			return nil // not a nil *exitStatus in an error
+		}
+		return status
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.a.conn.timeout)
 	err := w.ring.Leave(ctx)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(w.a.stderr, "fencer ring join: leave %s: %s (its shards are free when the session ends)\n", w.name, describe(err, w.a.conn.server, w.a.conn.secure()).msg)
-		return status
+		return result()
 	}
 	// CMD has stopped: release each shard as it is reported losing, until
 	// the server has handed everything off (the Ring ends), or for at
@@ -570,14 +589,14 @@ func (w *ringWorker) leave(status *exitStatus) error {
 				if errors.Is(w.ring.Err(), client.ErrRingLeft) {
 					fmt.Fprintf(w.a.stderr, "fencer ring join: left %s\n", w.name)
 				}
-				return status
+				return result()
 			}
 			if c.Kind == client.Losing {
 				w.release([]string{c.Shard})
 			}
 		case <-bound.C:
 			fmt.Fprintf(w.a.stderr, "fencer ring join: the hand-off of %s's shards did not end within %s; the server goes on with it\n", w.ring.Name(), w.drain()+w.a.conn.timeout)
-			return status
+			return result()
 		}
 	}
 }

@@ -52,6 +52,37 @@ func lastStart(t *testing.T, log string) ([]string, bool) {
 	return nil, false
 }
 
+// eventually waits up to 20 seconds for cond, and fails the test with
+// what describes the state at the end if it does not hold by then.
+func eventually(t *testing.T, cond func() bool, what func() string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 20s: %s", what())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// requireConsistentStarts checks that each start in a ringScript log
+// had as many shards in $FENCER_RING_SHARDS as lines in the shards file.
+func requireConsistentStarts(t *testing.T, log string) {
+	t.Helper()
+	for _, line := range ringLog(t, log) {
+		rest, ok := strings.CutPrefix(line, "start ")
+		if !ok {
+			continue
+		}
+		list, count, _ := strings.Cut(rest, " ")
+		n := 0
+		if list != "" {
+			n = len(strings.Split(list, ","))
+		}
+		require.Equal(t, strconv.Itoa(n), strings.TrimSpace(count), "%s: %q", log, line)
+	}
+}
+
 // ringStatusOf runs fencer ring status -o json.
 func ringStatusOf(t *testing.T, s *serveProc, ring string) ringStatusView {
 	t.Helper()
@@ -76,15 +107,15 @@ func TestRingJoinRunsRestartsAndLeaves(t *testing.T) {
 	all := []string{"0", "1", "2", "3", "4", "5", "6", "7"}
 
 	a := s.startFencer(nil, append([]string{"ring", "join", "jobs", "--member", "a", "--settle", "300ms", "--"}, ringScript(logA)...)...)
-	require.Eventually(t, func() bool {
+	eventually(t, func() bool {
 		shards, running := lastStart(t, logA)
 		return running && slices.Equal(shards, all)
-	}, 20*time.Second, 20*time.Millisecond, "a starts with every shard: %v\n%s", ringLog(t, logA), a.stderr)
+	}, func() string { return fmt.Sprintf("a starts with every shard: %v\n%s", ringLog(t, logA), a.stderr) })
 	require.Equal(t, []string{"start 0,1,2,3,4,5,6,7 8"}, ringLog(t, logA), "the shards file has a line per shard")
 
 	b := s.startFencer(nil, append([]string{"ring", "join", "jobs", "--member", "b", "--settle", "300ms", "--"}, ringScript(logB)...)...)
 	var sa, sb []string
-	require.Eventually(t, func() bool {
+	eventually(t, func() bool {
 		var ra, rb bool
 		sa, ra = lastStart(t, logA)
 		sb, rb = lastStart(t, logB)
@@ -93,8 +124,12 @@ func TestRingJoinRunsRestartsAndLeaves(t *testing.T) {
 		}
 		both := slices.Sorted(slices.Values(append(slices.Clone(sa), sb...)))
 		return slices.Equal(both, all)
-	}, 20*time.Second, 20*time.Millisecond, "a and b share the shards\na: %v\nb: %v\n%s\n%s", ringLog(t, logA), ringLog(t, logB), a.stderr, b.stderr)
+	}, func() string {
+		return fmt.Sprintf("a and b share the shards\na: %v\nb: %v\n%s\n%s", ringLog(t, logA), ringLog(t, logB), a.stderr, b.stderr)
+	})
 	require.Contains(t, ringLog(t, logA), "stop", "a was stopped before it was restarted with fewer shards")
+	requireConsistentStarts(t, logA)
+	requireConsistentStarts(t, logB)
 	require.Contains(t, a.stderr.String(), "fencer ring join: restarting sh with ")
 	st := ringStatusOf(t, s, "jobs")
 	require.Len(t, st.Members, 2)
@@ -106,11 +141,12 @@ func TestRingJoinRunsRestartsAndLeaves(t *testing.T) {
 	require.Equal(t, 0, a.wait(t, 20*time.Second), a.stderr.String())
 	require.Contains(t, a.stderr.String(), "fencer ring join: left jobs\n")
 	require.Equal(t, "stop", ringLog(t, logA)[len(ringLog(t, logA))-1])
-	require.Eventually(t, func() bool {
+	eventually(t, func() bool {
 		shards, running := lastStart(t, logB)
 		return running && slices.Equal(shards, all)
-	}, 20*time.Second, 20*time.Millisecond, "b takes every shard: %v\n%s", ringLog(t, logB), b.stderr)
+	}, func() string { return fmt.Sprintf("b takes every shard: %v\n%s", ringLog(t, logB), b.stderr) })
 
+	requireConsistentStarts(t, logB)
 	code, stdout, stderr = s.fencer(nil, "ring", "status", "jobs")
 	require.Equal(t, 0, code, stderr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
@@ -132,13 +168,13 @@ func TestRingJoinSignalsOnChange(t *testing.T) {
 	script := `echo "start $FENCER_RING_SHARDS" >> ` + log + `; trap 'echo "hup $(cut -d " " -f 1 "$FENCER_RING_SHARDS_FILE" | tr "\n" ,)" >> ` + log +
 		`' HUP; trap 'exit 0' TERM; while :; do sleep 0.05; done`
 	a := s.startFencer(nil, "ring", "join", "sig", "--member", "a", "--settle", "300ms", "--drain", "1s", "--on-change", "signal=HUP", "--", "sh", "-c", script)
-	require.Eventually(t, func() bool { return slices.Equal(ringLog(t, log), []string{"start 0,1,2,3,4,5"}) }, 20*time.Second, 20*time.Millisecond,
-		"%v\n%s", ringLog(t, log), a.stderr)
+	eventually(t, func() bool { return slices.Equal(ringLog(t, log), []string{"start 0,1,2,3,4,5"}) },
+		func() string { return fmt.Sprintf("%v\n%s", ringLog(t, log), a.stderr) })
 	b := s.startFencer(nil, "ring", "join", "sig", "--member", "b", "--settle", "300ms", "--", "sh", "-c", "exec sleep 60")
-	require.Eventually(t, func() bool {
+	eventually(t, func() bool {
 		st := ringStatusOf(t, s, "sig")
 		return len(st.Members) == 2 && st.Members[1].Owned > 0 && st.Unowned == 0
-	}, 20*time.Second, 20*time.Millisecond, "b gains shards once a's drain passes\n%s\n%s", a.stderr, b.stderr)
+	}, func() string { return fmt.Sprintf("b gains shards once a's drain passes\n%s\n%s", a.stderr, b.stderr) })
 	lines := ringLog(t, log)
 	require.Equal(t, "start 0,1,2,3,4,5", lines[0], "CMD was not restarted")
 	require.Greater(t, len(lines), 1, "CMD got SIGHUP")
@@ -154,7 +190,7 @@ func TestRingJoinExitsWhenTheSessionIsLost(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	log := filepath.Join(t.TempDir(), "a.log")
 	a := s.startFencer(nil, append([]string{"ring", "join", "jobs", "--ttl", "2s", "--settle", "100ms", "--"}, ringScript(log)...)...)
-	require.Eventually(t, func() bool { _, running := lastStart(t, log); return running }, 20*time.Second, 20*time.Millisecond, "%s", a.stderr)
+	eventually(t, func() bool { _, running := lastStart(t, log); return running }, func() string { return a.stderr.String() })
 	s.stop()
 	require.Equal(t, exitLeaseLost, a.wait(t, 20*time.Second), a.stderr.String())
 	require.Contains(t, a.stderr.String(), "membership of ring jobs lost: the session ended")
@@ -257,4 +293,25 @@ func TestRingJoinProcessesOwnEachShardOnce(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("ring_join_processes: %d shards over 3 processes settled in %s; %d samples, never two owners", n, time.Since(start).Round(time.Millisecond), samples)
+}
+
+// A signal while ring join waits for its shards to settle ends it before
+// CMD starts (128+N), and the member leaves the ring.
+func TestRingJoinInterruptedBeforeCMDStarts(t *testing.T) {
+	s := startServeProc(t)
+	code, _, stderr := s.fencer(nil, "ring", "create", "early", "--shards", "3")
+	require.Equal(t, 0, code, stderr)
+	log := filepath.Join(t.TempDir(), "a.log")
+	a := s.startFencer(nil, append([]string{"ring", "join", "early", "--member", "a", "--settle", "30s", "--"}, ringScript(log)...)...)
+	eventually(t, func() bool {
+		st := ringStatusOf(t, s, "early")
+		return len(st.Members) == 1 && st.Members[0].Owned == 3
+	}, func() string { return a.stderr.String() })
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 128+int(syscall.SIGTERM), a.wait(t, 20*time.Second), a.stderr.String())
+	require.Nil(t, ringLog(t, log), "CMD never started")
+	require.Contains(t, a.stderr.String(), "fencer ring join: left early\n")
+	st := ringStatusOf(t, s, "early")
+	require.Empty(t, st.Members)
+	require.Equal(t, 3, st.Unowned)
 }
