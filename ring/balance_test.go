@@ -54,6 +54,9 @@ func TestBalanceAndMoves(t *testing.T) {
 		require.Equal(t, 1, dels[s], "releases of %s", s)
 	}
 	require.Len(t, d.changes(ring.Gained), len(changed))
+	puts, dels = keyEvents(t, st, st.Prefix()+"ringmembers/"+r+"/", rev3, rev4)
+	require.Equal(t, map[string]int{"d": 1}, puts, "the only member-key write is d's join")
+	require.Empty(t, dels)
 
 	// c leaves: only its shards move.
 	require.NoError(t, c.Leave(fencertest.Context(t)))

@@ -27,9 +27,9 @@ func TestDeath(t *testing.T) {
 				c = join(t, st, r, "c", false, ring.Config{})
 			} else {
 				// A lease nobody keeps alive: it expires after its TTL.
-				lease, err := st.Client().Grant(ctx, 5)
+				lease, err := st.Client().Grant(ctx, 8)
 				require.NoError(t, err)
-				c = joinWith(t, st, r, "c", false, ring.Config{}, lease.ID, "mortal")
+				c = joinWith(t, st, r, "c", false, ring.Config{}, lease.ID, "principal/000000000000002a") // the service's form
 			}
 			waitAssigned(t, st, r, shards, []*tmember{a, b, c}, 20*time.Second)
 			var victim string

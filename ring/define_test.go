@@ -2,6 +2,8 @@ package ring_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,23 @@ func TestDefine(t *testing.T) {
 	got, err := ring.Shards(ctx, st, "orders")
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", "c"}, got)
+
+	many := make([]string, ring.MaxShards)
+	for i := range many {
+		many[i] = fmt.Sprintf("shard-%06d", i) // 12 bytes
+	}
+	created, err = ring.Define(ctx, st, "many", many)
+	require.NoError(t, err)
+	require.True(t, created)
+	got, err = ring.Shards(ctx, st, "many")
+	require.NoError(t, err)
+	require.Equal(t, many, got)
+	long := slices.Clone(many)
+	for i := range 1000 {
+		long[i] = fmt.Sprintf("%0100d", i) // 88 bytes more each
+	}
+	_, err = ring.Define(ctx, st, "long", long)
+	require.ErrorIs(t, err, token.ErrInvalidArgument, "over MaxRecordLen")
 
 	s, err := ring.ReadStatus(ctx, st, "orders")
 	require.NoError(t, err)
@@ -85,6 +104,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"join no lease", func() error { c := cfg("r", "m2"); c.LeaseID = 0; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
 		{"join no holder", func() error { c := cfg("r", "m2"); c.Holder = ""; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
 		{"join negative drain", func() error { c := cfg("r", "m2"); c.Drain = -1; _, err := ring.Join(ctx, st, c); return err }, token.ErrInvalidArgument},
+		{"join huge holder", func() error {
+			c := cfg("r", "m2")
+			c.Holder = strings.Repeat("h", 513)
+			_, err := ring.Join(ctx, st, c)
+			return err
+		}, token.ErrInvalidArgument},
 		{"join taken member", func() error { _, err := ring.Join(ctx, st, cfg("r", taken.Name())); return err }, ring.ErrRingConflict},
 		{"join on a dead lease", func() error {
 			c := cfg("r", "m2")

@@ -36,8 +36,8 @@
 //
 // names.go holds the names and errors; define.go the ring record and
 // ReadStatus; keys.go the key layout and the member key's value; member.go
-// Join and the Member's methods; loop.go the member's loop; outbox.go the
-// delivery of Updates.
+// Join and the Member's methods; loop.go the member's loop, which also
+// delivers Updates.
 //
 // # Imports
 //

@@ -115,7 +115,7 @@ func TestFaultStaleMember(t *testing.T) {
 	shards := define(t, st, r, 30)
 	a := join(t, st, r, "a", true, ring.Config{})
 	b := join(t, st, r, "b", true, ring.Config{})
-	lease := grantPausable(t, st, 2)
+	lease := grantPausable(t, st, 4)
 	c := joinWith(t, st, r, "c", false, ring.Config{}, lease.id, "frozen")
 	waitAssigned(t, st, r, shards, []*tmember{a, b, c}, 30*time.Second)
 
@@ -232,7 +232,7 @@ func TestFaultPartition(t *testing.T) {
 	b := join(t, st, r, "b", true, ring.Config{})
 	j.judged("a", a)
 	j.judged("b", b)
-	c := join(t, stC, r, "c", false, ring.Config{}, etcdstore.WithTTL(3*time.Second))
+	c := join(t, stC, r, "c", false, ring.Config{}, etcdstore.WithTTL(5*time.Second))
 	waitAssigned(t, st, r, shards, []*tmember{a, b, c}, 30*time.Second)
 
 	cl.Partition(cut)

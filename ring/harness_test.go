@@ -174,7 +174,13 @@ func waitAssigned(t testing.TB, st *etcdstore.Store, r string, shards []string, 
 // in (from, to], per shard.
 func holderEvents(t testing.TB, st *etcdstore.Store, r string, from, to int64) (puts, dels map[string]int) {
 	t.Helper()
-	p := st.HolderKey(ring.ShardLease(r, ""))
+	return keyEvents(t, st, st.HolderKey(ring.ShardLease(r, "")), from, to)
+}
+
+// keyEvents returns the PUT and DELETE events of the keys under prefix p
+// in (from, to], per key less p.
+func keyEvents(t testing.TB, st *etcdstore.Store, p string, from, to int64) (puts, dels map[string]int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(fencertest.Context(t))
 	defer cancel()
 	puts, dels = map[string]int{}, map[string]int{}

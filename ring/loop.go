@@ -85,7 +85,8 @@ type state struct {
 	leaving   bool
 	lim       *rate.Limiter
 	results   chan result
-	changes   []Change
+	changes   []Change // since the last flush
+	out       []Batch  // queued for the reader of Updates
 }
 
 func newState(m *Member, shards []string) *state {
@@ -210,18 +211,36 @@ func (m *Member) setOwns(shard string, tok token.Token, owns bool) {
 	}
 }
 
-// flush hands the changes so far to the outbox.
+// flush queues the changes so far for the reader of Updates: the
+// snapshot is a batch of its own, and later changes merge into one batch
+// until the reader takes it.
 func (s *state) flush(snapshot bool) {
 	if len(s.changes) == 0 && !snapshot {
 		return
 	}
-	s.m.out.put(Batch{Snapshot: snapshot, Changes: s.changes, Revision: s.rev})
+	if n := len(s.out); n > 0 && !snapshot && !s.out[n-1].Snapshot {
+		s.out[n-1].Changes = append(s.out[n-1].Changes, s.changes...)
+		s.out[n-1].Revision = s.rev
+	} else {
+		s.out = append(s.out, Batch{Snapshot: snapshot, Changes: s.changes, Revision: s.rev})
+	}
 	s.changes = nil
 }
 
-// run is the member's loop.
+// offer returns what the loop's select offers the reader: Updates and the
+// first queued batch, or a nil channel when nothing is queued.
+func (s *state) offer() (chan<- Batch, Batch) {
+	if len(s.out) == 0 {
+		return nil, Batch{}
+	}
+	return s.m.updates, s.out[0]
+}
+
+// run is the member's goroutine: the loop, then the delivery of the last
+// batches until the reader has taken them or Close abandons them.
 func (m *Member) run(ctx context.Context, s *state) {
 	defer m.wg.Done()
+	defer close(m.updates)
 	s.flush(true)
 	err := s.loop(ctx)
 	m.stop()
@@ -236,8 +255,15 @@ func (m *Member) run(ctx context.Context, s *state) {
 	m.err = err
 	clear(m.owns)
 	m.mu.Unlock()
-	m.out.close()
 	close(m.done)
+	for len(s.out) > 0 {
+		select {
+		case m.updates <- s.out[0]:
+			s.out = s.out[1:]
+		case <-m.abandon:
+			return
+		}
+	}
 }
 
 // drainWorkers waits for the acquisitions and releases in flight, whose
@@ -291,9 +317,12 @@ func (s *state) follow(ctx context.Context, mw, hw clientv3.WatchChan, wake *clo
 		}
 		var broken bool
 		var err error
+		out, next := s.offer()
 		select {
 		case <-ctx.Done():
 			return ErrClosed
+		case out <- next:
+			s.out = s.out[1:]
 		case resp, ok := <-mw:
 			broken, err = s.memberEvents(resp, ok)
 		case resp, ok := <-hw:

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,7 +34,8 @@ type Config struct {
 	// ValidateMember). A member name is taken by one session at a time.
 	Ring, Member string
 	// Holder is the holder identity written into the shard holder keys:
-	// the session's.
+	// the session's (the service's are "<principal>/<session id>"), 1 to
+	// MaxHolderLen bytes of UTF-8.
 	Holder string
 	// LeaseID is the member's session, an etcd lease that the caller
 	// granted and keeps alive: Join never keeps it alive. The member key
@@ -59,12 +61,9 @@ func (c Config) withDefaults() (Config, error) {
 	if err := ValidateMember(c.Member); err != nil {
 		return c, err
 	}
-	if c.Holder == "" {
-		// Any text: the service's holder identities are
-		// "<principal>/<session>", and the holder is only ever a value.
-		return c, token.InvalidArgument("holder", c.Holder, "empty")
-	}
 	switch {
+	case c.Holder == "" || len(c.Holder) > MaxHolderLen || !utf8.ValidString(c.Holder):
+		return c, token.InvalidArgument("holder", c.Holder, "want 1 to 512 bytes of UTF-8")
 	case c.LeaseID == 0:
 		return c, token.InvalidArgument("lease id", "0", "not an etcd lease")
 	case c.Drain < 0:
@@ -151,12 +150,11 @@ type Member struct {
 	active  string // the member key's value while active
 	stop    context.CancelFunc
 	reqs    chan any // releaseReq, releaseDone, leaveNote: from callers to the loop
-	out     outbox
 	updates chan Batch
 	done    chan struct{} // closed when the loop has stopped
 	abandon chan struct{} // closed by Close: stop delivering batches
 	once    sync.Once
-	wg      sync.WaitGroup // the loop and the sender
+	wg      sync.WaitGroup // the member's goroutine
 
 	mu   sync.Mutex
 	owns map[string]token.Token
@@ -193,7 +191,6 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 		abandon: make(chan struct{}),
 		owns:    map[string]token.Token{},
 	}
-	m.out.signal = make(chan struct{}, 1)
 	if err := m.register(ctx); err != nil {
 		return nil, err
 	}
@@ -209,9 +206,8 @@ func Join(ctx context.Context, st *etcdstore.Store, cfg Config) (*Member, error)
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	m.stop = stop
-	m.wg.Add(2)
+	m.wg.Add(1)
 	go m.run(lctx, s)
-	go m.send()
 	return m, nil
 }
 
@@ -383,10 +379,12 @@ func (m *Member) Leave(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the member's loop and closes Updates at once. It keeps what
-// the member holds: the member key and the shards stay on the session,
-// which still owns them, until the session ends or a Join with the same
-// LeaseID takes them over. Close waits for the loop to stop; closing
+// Close stops the member's loop and closes Updates at once, dropping the
+// batches the reader has not taken. It keeps what the member holds: the
+// member key and the shards stay on the session, which still owns them,
+// until the session ends or a Join with the same LeaseID takes them over.
+// Close waits for the member's goroutine to end; call it even after the
+// member stopped by itself, unless Updates was read until closed. Closing
 // twice is harmless.
 func (m *Member) Close() {
 	m.once.Do(func() {

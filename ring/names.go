@@ -17,11 +17,16 @@ const (
 	MaxRingLen = 63
 	// MaxShardLen is the longest shard or member name, in bytes.
 	MaxShardLen = 128
+	// MaxHolderLen is the longest holder identity (Config.Holder), in
+	// bytes.
+	MaxHolderLen = 512
 	// MaxShards is the most shards a ring may have.
 	MaxShards = 100000
 	// MaxRecordLen is the largest encoded ring record (its shard list as
-	// JSON), in bytes, so that it fits etcd's default request limit.
-	MaxRecordLen = 1 << 20
+	// JSON), in bytes: etcd's default request limit (1.5 MiB) less room
+	// for the rest of the request. MaxShards shards fit if their names
+	// average 12 bytes or less.
+	MaxRecordLen = 1536<<10 - 4<<10
 )
 
 // Errors of the package. Each is returned wrapped with the ring's name;

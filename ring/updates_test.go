@@ -15,13 +15,12 @@ import (
 // keeps the shards on the session, and joining again on it takes them over
 // without a write, reported in one 10,000-shard snapshot.
 func TestUpdatesAndRejoin(t *testing.T) {
-	ctx := fencertest.Context(t)
 	st := fencertest.SharedStore(t)
 	const r = "updates"
 	shards := define(t, st, r, 10000)
 	sess := fencertest.Session(t, st)
 	cfg := ring.Config{Ring: r, Member: "a", Holder: sess.Holder(), LeaseID: sess.LeaseID()}
-	m, err := ring.Join(ctx, st, cfg)
+	m, err := ring.Join(fencertest.Context(t), st, cfg)
 	require.NoError(t, err)
 	defer m.Close()
 	tm := &tmember{Member: m, lease: sess.LeaseID()}
@@ -47,7 +46,7 @@ func TestUpdatesAndRejoin(t *testing.T) {
 	_, owns := m.Owns(shards[0])
 	require.False(t, owns)
 
-	again, err := ring.Join(ctx, st, cfg)
+	again, err := ring.Join(fencertest.Context(t), st, cfg)
 	require.NoError(t, err)
 	defer again.Close()
 	snap := <-again.Updates()
