@@ -138,7 +138,9 @@ func WithMember(name string) RingOption {
 
 // WithDrain sets how long a shard reported Losing waits for Release
 // before it is released anyway: 0 (the server's default, 5s) to 10
-// minutes, in whole seconds (rounded up).
+// minutes, in whole seconds (rounded up). The server never drains for
+// less than the session's TTL plus a second, so that a member cut off
+// from it has stopped on its own deadline before the shard moves.
 func WithDrain(d time.Duration) RingOption {
 	return func(r *fencerv1.JoinRingRequest) { r.DrainSeconds = int64((d + time.Second - 1) / time.Second) }
 }

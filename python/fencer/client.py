@@ -253,8 +253,9 @@ class Client:
         through the client's session, opening one as acquire does if the
         client has none, and returns the fencer.ring.Ring, a context
         manager that leaves the ring. drain is how many seconds (0 to 600;
-        0 means 5) a shard reported losing waits for Shard.release before
-        it is released anyway. The member's first snapshot has been read
+        0 means 5; never less than the session's TTL plus one) a shard
+        reported losing waits for Shard.release before it is released
+        anyway. The member's first snapshot has been read
         when join returns; it raises RingNotFoundError for a ring never
         created, RingConflictError for a member name another session holds
         in the ring, InvalidArgumentError for an invalid name, and

@@ -138,7 +138,7 @@ class Ring:
         following the stream."""
         r = cls(client, name, member, drain)
         sent = time.monotonic()
-        call, first = r._open(sid)
+        call, batches, first = r._open(sid)
         if sid == 0:
             client._opened(first.session_id, first.session_secret, first.ttl_seconds, sent, first.revision)
         r.session_id = first.session_id or sid
@@ -149,14 +149,15 @@ class Ring:
                 raise ValueError("this client is already a member of ring %r" % name)
             client._rings[name] = r
         r._apply(first)
-        t = threading.Thread(target=r._follow, args=(call,), daemon=True, name="fencer-ring-" + name)
+        t = threading.Thread(target=r._follow, args=(batches,), daemon=True, name="fencer-ring-" + name)
         t.start()
         client._threads.append(t)
         return r
 
     def _open(self, sid):
-        """Opens a JoinRing stream through session sid and returns it with
-        its first message, which must come within the client's timeout."""
+        """Opens a JoinRing stream through session sid and returns it, its
+        batches (_batches) and the first batch, which must come within the
+        client's timeout."""
         req = fencer_pb2.JoinRingRequest(ring=self.name, session_id=sid, member=self.member,
                                          drain_seconds=self._drain)
         if sid == 0:
@@ -168,8 +169,9 @@ class Ring:
         timer = threading.Timer(c.timeout, lambda: (expired.append(True), call.cancel()))
         timer.daemon = True
         timer.start()
+        batches = _batches(call)
         try:
-            return call, next(call)
+            return call, batches, next(batches)
         except grpc.RpcError as e:
             if expired:
                 raise errors.UnavailableError("no answer from fencer to JoinRing within %gs" % c.timeout,
@@ -284,16 +286,16 @@ class Ring:
 
     # -- the stream ----------------------------------------------------
 
-    def _follow(self, call):
+    def _follow(self, batches):
         """Follows the member's stream until the ring ends; a failure of the
         follower itself ends the ring rather than leave it silent."""
         try:
-            self._follow_stream(call)
+            self._follow_stream(batches)
         except Exception as e:
             self._finish(errors.FencerError("following ring %s failed: %r" % (self.name, e)))
             raise
 
-    def _follow_stream(self, call):
+    def _follow_stream(self, batches):
         """Reads the member's stream, and reopens it through the session
         after UNAVAILABLE with jittered backoff (50 ms doubling to 5 s),
         until it ends: with OK once the member has left, or with another
@@ -302,7 +304,7 @@ class Ring:
         c = self._client
         while True:
             try:
-                for resp in call:
+                for resp in batches:
                     if resp.snapshot:
                         retry.reset()
                         if self._leaving:
@@ -331,6 +333,7 @@ class Ring:
                     return
                 call = c._stub.JoinRing(req, metadata=c._md)
                 self._call = call
+                batches = _batches(call)
 
     def _finish(self, err):
         """Ends the ring (once): every shard still in the view is LOST,
@@ -418,3 +421,20 @@ class Ring:
     def __exit__(self, *exc):
         self.leave()
         return False
+
+
+def _batches(call):
+    """Yields the batches of a JoinRing stream: each message, or the
+    messages of a batch the server split (more set on all but its last),
+    joined into the first. A stream that ends inside a batch drops it."""
+    batch = None
+    for resp in call:
+        if batch is None:
+            batch = resp
+        else:
+            batch.changes.extend(resp.changes)
+            batch.revision = resp.revision
+        if not resp.more:
+            batch.more = False
+            yield batch
+            batch = None

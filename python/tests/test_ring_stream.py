@@ -113,6 +113,24 @@ class RingStreamTest(unittest.TestCase):
         self.assertIsNone(ring.owns("a"))
         self.assertEqual([(j.session_id, j.member, j.ttl_seconds) for j in script.joins], [(0, "m", 60), (7, "m", 0)])
 
+    def test_a_split_batch_is_applied_whole(self):
+        # The server splits a batch over 1 MiB: the reopened stream's
+        # snapshot comes in two messages (more on the first), and b, in
+        # the second part, must not be reported lost in between.
+        first = fencer_pb2.JoinRingResponse(snapshot=True, member="m", session_id=7, ttl_seconds=60, revision=5,
+                                            changes=[change(K.KIND_GAINED, "a", "v1:1:5:ring:r:a"),
+                                                     change(K.KIND_GAINED, "b", "v1:1:6:ring:r:b")])
+        part1 = fencer_pb2.JoinRingResponse(snapshot=True, member="m", session_id=7, revision=9, more=True,
+                                            changes=[change(K.KIND_GAINED, "a", "v1:1:5:ring:r:a")])
+        part2 = fencer_pb2.JoinRingResponse(snapshot=True, revision=9,
+                                            changes=[change(K.KIND_GAINED, "b", "v1:1:6:ring:r:b"),
+                                                     change(K.KIND_GAINED, "c", "v1:1:9:ring:r:c")])
+        script, client = self.serve([([first], (grpc.StatusCode.UNAVAILABLE, None)), ([part1, part2], None)])
+        ring = client.join("r", member="m")
+        self.assertEqual(self.take(ring, 3), [
+            ("gained", "a", "v1:1:5:ring:r:a"), ("gained", "b", "v1:1:6:ring:r:b"), ("gained", "c", "v1:1:9:ring:r:c")])
+        self.assertEqual(ring.shards(), ["a", "b", "c"])
+
     def test_losing_then_lost(self):
         first = fencer_pb2.JoinRingResponse(snapshot=True, member="m", session_id=7, ttl_seconds=60,
                                             changes=[change(K.KIND_GAINED, "a", "v1:1:5:ring:r:a")])
