@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,7 +103,11 @@ func rr2Session(t *testing.T, c *client.Client, ttl time.Duration) *client.Sessi
 	t.Helper()
 	sess, err := c.NewSession(client.WithTTL(ttl))
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = sess.Close(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = sess.Close(ctx)
+	})
 	_, err = sess.Acquire(rrCtx(t), fmt.Sprintf("rr2-open-%d", time.Now().UnixNano()))
 	require.NoError(t, err)
 	require.NotZero(t, sess.ID())
@@ -420,4 +428,140 @@ func TestRedTeamRing2SnapshotCutMidBatch(t *testing.T) {
 	require.Zero(t, lost, "shards reported Lost after a snapshot cut mid-batch")
 	require.Equal(t, int64(n), minOwned.Load(), "the member owned fewer than every shard during the cut snapshots")
 	require.Len(t, m.ring.Owned(), n)
+}
+
+// rr2BigRing creates ring with n shards of 128-byte names, so that a
+// batch of every shard is about 2 MB, over the 1 MiB a JoinRing message
+// carries.
+func rr2BigRing(t *testing.T, c *client.Client, ring string, n int) {
+	t.Helper()
+	shards := make([]string, n)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("%0128d", i)
+	}
+	_, err := c.CreateRing(rrCtx(t), ring, shards...)
+	require.NoError(t, err)
+}
+
+// TestRedTeamRing2PeerDiesManyGained: member d owns every shard of a ring
+// of 11,000 shards with 128-byte names; Go-client member a joins and d is
+// cut off (its session's keepalive and stream swallowed), so its session
+// expires and a is told GAINED of about 11,000 shards at once (about
+// 2 MB of changes). a must end owning every shard, each told GAINED
+// once, none Lost, its ring running.
+func TestRedTeamRing2PeerDiesManyGained(t *testing.T) {
+	const n = 11000
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	ctx := rrCtx(t)
+	rr2BigRing(t, cn.c, "die", n)
+	bh := startBlackhole(t, s.addr, 0)
+	via := rrDialAddr(t, bh.ln.Addr().String(), "")
+	dSess := rr2Session(t, via.c, 2*time.Second)
+	_, err := rr2Follow(ctx, via.raw, &fencerv1.JoinRingRequest{Ring: "die", SessionId: dSess.ID(), Member: "d", DrainSeconds: 1})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := cn.c.RingStatus(rrCtx(t), "die")
+		return err == nil && st.Unowned == 0
+	}, 40*time.Second, 100*time.Millisecond, "d never owned every shard")
+	a := rrJoin(t, cn.c, "die", "a", 10*time.Second, true)
+	bh.cut.Store(true)
+	require.Eventually(t, func() bool { return len(a.ring.Owned()) == n || a.ring.Err() != nil }, 40*time.Second, 50*time.Millisecond,
+		"a owns %d of %d", len(a.ring.Owned()), n)
+	require.NoError(t, a.ring.Err())
+	time.Sleep(500 * time.Millisecond)
+	a.mu.Lock()
+	gained, lost := map[string]int{}, 0
+	for _, ch := range a.log {
+		switch ch.Kind {
+		case client.Gained:
+			gained[ch.Shard]++
+		case client.Lost:
+			lost++
+		}
+	}
+	a.mu.Unlock()
+	require.Zero(t, lost)
+	require.Len(t, gained, n)
+	for sh, k := range gained {
+		require.Equal(t, 1, k, "shard %s told GAINED %d times", sh, k)
+	}
+	require.Len(t, a.ring.Owned(), n)
+}
+
+// rr2PyWorker is a Python member: it joins ring as p, prints "ready" once
+// it owns n shards, and on a line on stdin prints how many LOST it was
+// told, how many shards it owns, and its ring's error.
+const rr2PyWorker = `
+import os, sys, threading, fencer
+ring, n = sys.argv[1], int(sys.argv[2])
+c = fencer.Client(timeout=20)
+r = c.join(ring, member="p", drain=1)
+lost = []
+def follow():
+    for ch in r.changes():
+        if ch.kind == fencer.LOST:
+            lost.append(ch.shard.name)
+threading.Thread(target=follow, daemon=True).start()
+import time
+end = time.monotonic() + 60
+while len(r.shards()) < n and time.monotonic() < end:
+    time.sleep(0.05)
+print("ready" if len(r.shards()) == n else "owns %d" % len(r.shards()), flush=True)
+sys.stdin.readline()
+print("lost=%d owned=%d error=%s" % (len(lost), len(r.shards()), r.error), flush=True)
+os._exit(0)
+`
+
+// TestRedTeamRing2PythonSnapshotCutMidBatch: a Python member gains every
+// shard of a ring of 11,000 shards with 128-byte names (about 2 MB of
+// GAINED, split across messages), then its connection is dropped and the
+// reopened stream is cut after 1.5 MiB of what the server sends, in the
+// middle of the split snapshot, twice. It must never be told a shard
+// LOST, and must end owning every shard with no error.
+func TestRedTeamRing2PythonSnapshotCutMidBatch(t *testing.T) {
+	requirePython(t, "grpc", "google.protobuf")
+	const n = 11000
+	s := startServeProc(t)
+	cn := rrDial(t, s, "")
+	rr2BigRing(t, cn.c, "pycut", n)
+	p := startCutter(t, s.addr, 3<<19)
+	pyDir, err := filepath.Abs("../../python")
+	require.NoError(t, err)
+	cmd := exec.Command(python, "-c", rr2PyWorker, "pycut", fmt.Sprint(n))
+	cmd.Env = cleanEnv("FENCER_SERVER="+p.ln.Addr().String(), "PYTHONPATH="+pyDir, "PYTHONDONTWRITEBYTECODE=1")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() string {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "the Python member ended: %s", stderr.String())
+			return l
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the Python member said nothing: %s", stderr.String())
+			return ""
+		}
+	}
+	require.Equal(t, "ready", next(), stderr.String())
+	p.cuts.Store(2)
+	p.drop()
+	require.Eventually(t, func() bool { return p.cuts.Load() < 0 }, 20*time.Second, 20*time.Millisecond, "the client did not reconnect three times")
+	time.Sleep(2 * time.Second)
+	_, err = io.WriteString(stdin, "report\n")
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("lost=0 owned=%d error=None", n), next(), stderr.String())
 }
