@@ -296,6 +296,7 @@ func TestRedTeamRing2StreamCutKeepaliveRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return len(a.held()) == 4 }, 10*time.Second, 20*time.Millisecond)
 	bh.cut.Store(true)
+	cutAt := time.Now()
 	b := rrJoin(t, cn.c, "ka", "b", 10*time.Second, true)
 	var both map[string]string
 	ok := assertEventually(func() bool {
@@ -313,7 +314,7 @@ func TestRedTeamRing2StreamCutKeepaliveRuns(t *testing.T) {
 		t.Logf("a's session ended: %v", sess.Err())
 	default:
 	}
-	require.False(t, ok, "b was told GAINED of %v while a, its session alive and its stream cut, had heard no LOSING", both)
+	require.False(t, ok, "%s after the cut, b was told GAINED of %v while a, its session alive and its stream cut, had heard no LOSING", time.Since(cutAt).Round(100*time.Millisecond), both)
 }
 
 // rr2Cutter is a TCP proxy to a server whose server-to-client copy of
