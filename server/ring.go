@@ -282,7 +282,7 @@ func (s *Server) JoinRing(req *fencerv1.JoinRingRequest, stream fencerv1.FencerS
 		first.TtlSeconds, first.SessionSecret = ttl, secret
 		// Until the client has the session's id, the server renews it;
 		// if the call fails before, the session is the call's alone.
-		stopRenewing := s.renew(ctx, id, ttl)
+		stopRenewing := s.renew(ctx, id, ttl, nil)
 		defer stopRenewing()
 		sent := false
 		err = s.joinRing(ctx, stream, req, p, id, first, func() {
@@ -302,35 +302,6 @@ func (s *Server) revoke(id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, _ = s.cli.Revoke(ctx, id)
-}
-
-// renew renews session id every ttl/3 seconds until stop is called or ctx
-// ends: for a session a call opened, whose client cannot renew it yet.
-func (s *Server) renew(ctx context.Context, id clientv3.LeaseID, ttl int64) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(time.Duration(ttl) * time.Second / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
-					s.m.keepAliveFailed(ctx, err)
-				}
-			}
-		}
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			cancel()
-			<-done
-		})
-	}
 }
 
 // joinRing runs the JoinRing stream of session id of principal p: it

@@ -209,22 +209,10 @@ func (s *Server) waitFree(ctx context.Context, name string, rev int64, id client
 		}
 	}()
 	if keepAlive > 0 {
-		go func() {
-			t := time.NewTicker(time.Duration(keepAlive) * time.Second / 3)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
-						s.m.keepAliveFailed(ctx, err)
-						cancel(fmt.Errorf("server: renew session while waiting: %w", err))
-						return
-					}
-				}
-			}
-		}()
+		stop := s.renew(ctx, id, keepAlive, func(err error) {
+			cancel(fmt.Errorf("server: renew session while waiting: %w", err))
+		})
+		defer stop()
 	}
 	if err := s.store.WaitFree(ctx, name, rev); err != nil {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -233,6 +221,40 @@ func (s *Server) waitFree(ctx context.Context, name string, rev int64, id client
 		return err
 	}
 	return nil
+}
+
+// renew renews session id every ttl/3 seconds until stop is called or ctx
+// ends, for a session a call opened or is waiting on, whose client cannot
+// renew it yet. A failed renewal is counted and passed to failed, if not
+// nil; renewing goes on until ctx ends (failed may end it).
+func (s *Server) renew(ctx context.Context, id clientv3.LeaseID, ttl int64, failed func(error)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Duration(ttl) * time.Second / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if _, err := s.cli.KeepAliveOnce(ctx, id); err != nil && ctx.Err() == nil {
+					s.m.keepAliveFailed(ctx, err)
+					if failed != nil {
+						failed(err)
+					}
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
 }
 
 // KeepAlive implements FencerService.KeepAlive.
