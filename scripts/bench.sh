@@ -41,7 +41,7 @@ echo "== FENCER_RING_BENCH_SHARDS=10000"
 FENCER_RING_BENCH_SHARDS=10000 run ./ring 'BenchmarkSteadyWrites$' 1x
 FENCER_RING_BENCH_SHARDS=10000 run ./ring 'BenchmarkDeathReown$' 3x
 # Rings through the Go client: Ring.Owns (memory), the Owns RPC
-# (Ring.CheckOwns) and, as the baseline, Client.Check of the shard's token.
+# (Ring.CheckOwns) and, for scale, Client.Check of the shard's token.
 run ./integration/client 'BenchmarkRingOwns$' 20000x
 # Rings through the binary: 3 fencer ring join processes over 10,000 shards,
 # sampled until settled: never two owners, all owned.
