@@ -15,10 +15,16 @@ import (
 	"github.com/fsnotify/fsnotify"
 )
 
-// pollInterval is how often Start reads the files whatever the watch
-// reports, for changes it cannot see (a file reached through a symlink
-// into another directory, a file system without events).
-const pollInterval = 10 * time.Second
+const (
+	// pollInterval is how often Start reads the files whatever the watch
+	// reports, for changes it cannot see (a file reached through a
+	// symlink into another directory, a file system without events).
+	pollInterval = 10 * time.Second
+	// settle is how long Start waits after the last event before it
+	// reads the files, so that a pair replaced one file after the other
+	// is read once, whole.
+	settle = 100 * time.Millisecond
+)
 
 // Reloader holds the certificate of a certificate file and a key file,
 // and while Start runs puts each new pair in force as it appears.
@@ -30,10 +36,10 @@ const pollInterval = 10 * time.Second
 //
 // What it does not guarantee: a connection already established keeps the
 // certificate it was made with; a handshake that starts while a reload
-// runs may present either pair; a pair written in two steps (the
-// certificate, then the key) is in force only once both are written, and
-// the step between them is logged as a failure. It neither checks expiry
-// nor verifies the certificate against any CA.
+// runs may present either pair; a pair whose files are replaced more
+// than 0.1 s apart is logged as a failure between the two (the
+// certificate in force stays). It neither checks expiry nor verifies the
+// certificate against any CA.
 //
 // A Reloader is safe for concurrent use.
 type Reloader struct {
@@ -79,9 +85,9 @@ func (r *Reloader) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certi
 
 // Start follows the files until ctx ends, and returns nil then. It
 // watches the directories that hold them, so that a file renamed over
-// them or a swapped symlink is seen as well as a rewrite, reads the pair
-// again on every event there, and also every 10 seconds. It fails if a
-// directory cannot be watched.
+// them or a swapped symlink is seen as well as a rewrite, and reads the
+// pair again 0.1 s after the last event there, and also every 10 seconds.
+// It fails if a directory cannot be watched.
 func (r *Reloader) Start(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -95,13 +101,15 @@ func (r *Reloader) Start(ctx context.Context) error {
 	}
 	poll := time.NewTicker(r.poll)
 	defer poll.Stop()
-	// A change between New and Add would otherwise wait for the poll.
-	r.follow()
+	quiet := time.NewTimer(settle) // a change between New and Add would otherwise wait for the poll
+	defer quiet.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-w.Events:
+			quiet.Reset(settle)
+		case <-quiet.C:
 			r.follow()
 		case <-poll.C:
 			r.follow()
