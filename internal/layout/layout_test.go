@@ -87,11 +87,12 @@ func rules() []rule {
 		{pkg: root + "/kubeadapter/internal/leasefake", owns: "the fake Lease clientset of their unit tests: a harness, with no fencer package of its own", forbid: []string{"go.etcd.io", "sigs.k8s.io/controller-runtime"}, only: []string{}},
 		{pkg: root + "/fencertest", owns: "the public test kit: etcd, stores, clusters, the service, Supersede", forbid: cat(kube, fencer("kubeadapter"))},
 		{pkg: root + "/ring", owns: "rings: a fixed set of shards divided among members by rendezvous hashing, each shard a fencer lease, on etcdstore's exported API", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
+		{pkg: root + "/internal/etcdcmp", owns: "the etcd compares of the hot paths, built in place, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto", "token"))},
 		{pkg: root + "/internal/holderkey", owns: "the holder key's layout, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "ring", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "mcr", "cmd/...", "deploy", "internal/holderkey", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "ring", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "mcr", "cmd/...", "deploy", "internal/holderkey", "internal/etcdcmp", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
