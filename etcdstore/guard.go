@@ -8,6 +8,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/etcdcmp"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
@@ -41,11 +42,11 @@ func (s *Store) Guard(tok token.Token) ([]clientv3.Cmp, error) {
 // guard is Guard for a valid token.
 func (s *Store) guard(tok token.Token) []clientv3.Cmp {
 	if mutant.On(mutant.EpochCompareDropped) {
-		return []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(s.holderKey(tok.Lease)), "=", tok.Revision)}
+		return []clientv3.Cmp{etcdcmp.CreateRevisionIs(s.holderKey(tok.Lease), tok.Revision)}
 	}
 	return []clientv3.Cmp{
-		createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
-		valueIs(s.epochKey(tok.Lease), formatEpoch(tok.Epoch)),
+		etcdcmp.CreateRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+		etcdcmp.ValueIs(s.epochKey(tok.Lease), formatEpoch(tok.Epoch)),
 	}
 }
 
@@ -221,7 +222,7 @@ func (s *Store) ReleaseChecked(ctx context.Context, c Checked, id clientv3.Lease
 func (s *Store) release(ctx context.Context, tok token.Token, id clientv3.LeaseID, cond ...clientv3.Cmp) (bool, error) {
 	cmps, ops := s.guard(tok), []clientv3.Op{clientv3.OpDelete(s.holderKey(tok.Lease))}
 	if id != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(s.holderKey(tok.Lease)), "=", int64(id)))
+		cmps = append(cmps, etcdcmp.LeaseIs(s.holderKey(tok.Lease), id))
 		ops = append(ops, clientv3.OpDelete(s.delayKey(tok.Lease)))
 	}
 	if mutant.On(mutant.ReleaseAnyHolder) {

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/etcdcmp"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -255,18 +256,18 @@ func (s *Store) acquireOps(id clientv3.LeaseID, holder, name string, lockDelay t
 	hk, ek, dk, ck := s.holderKey(name), s.epochKey(name), s.delayKey(name), s.claimKey(name)
 	epoch := seen.value + 1
 	cmps := append([]clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(hk), "=", 0),
-		clientv3.Compare(clientv3.ModRevision(ek), "=", seen.modRev),
-		clientv3.Compare(clientv3.ModRevision(dk), "=", mark.modRev),
+		etcdcmp.CreateRevisionIs(hk, 0),
+		etcdcmp.ModRevisionIs(ek, seen.modRev),
+		etcdcmp.ModRevisionIs(dk, mark.modRev),
 	}, cond...)
 	if mark.present {
 		// The delay has passed: its claim was started (the marker names
 		// it) and etcd has expired it. An unstarted delay never passes.
 		cmps = append(cmps,
-			clientv3.Compare(clientv3.Value(dk), "=", encodeMarker(mark.delay, mark.claim)),
-			clientv3.Compare(clientv3.Version(ck), "=", 0))
+			etcdcmp.ValueIs(dk, encodeMarker(mark.delay, mark.claim)),
+			etcdcmp.VersionIs(ck, 0))
 		if mark.claim == 0 {
-			cmps = append(cmps, clientv3.Compare(clientv3.Version(ck), ">", 0))
+			cmps = append(cmps, etcdcmp.VersionAbove(ck, 0))
 		}
 	}
 	then := []clientv3.Op{

@@ -9,6 +9,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/fencer-dev/fencer/internal/etcdcmp"
 	"github.com/fencer-dev/fencer/internal/mutant"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -273,13 +274,13 @@ func (w *keyWrite) txn() ([]clientv3.Cmp, []clientv3.Op) {
 		return s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
 	case w.isMine && !w.takeOver:
 		return []clientv3.Cmp{
-			createRevisionIs(s.holderKey(tok.Lease), tok.Revision),
-			valueIs(owner, w.mine),
+			etcdcmp.CreateRevisionIs(s.holderKey(tok.Lease), tok.Revision),
+			etcdcmp.ValueIs(owner, w.mine),
 		}, []clientv3.Op{w.op}
 	case w.takeOver:
 		return s.guard(tok), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
 	case w.seen != "" && ownerLease(w.seen) == tok.Lease:
-		return append(s.guard(tok), valueIs(owner, w.seen)), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
+		return append(s.guard(tok), etcdcmp.ValueIs(owner, w.seen)), []clientv3.Op{clientv3.OpPut(owner, w.mine), w.op}
 	default:
 		w.nested = true
 		return s.guard(tok), s.ownedOps(tok, w.key, w.op)

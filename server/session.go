@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/etcdcmp"
 	"github.com/fencer-dev/fencer/internal/holderkey"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
@@ -133,7 +134,7 @@ var acquiredHook func(token.Token)
 // call opened, whose client cannot renew it yet).
 func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, name string, lockDelay time.Duration, wait bool, keepAlive int64) (token.Token, error) {
 	holder := holderName(principal, id)
-	mine := clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", principal)
+	mine := etcdcmp.ValueIs(s.sessionKey(id), principal)
 	for {
 		tok, heldAt, err := s.store.AcquireOn(ctx, id, holder, name, lockDelay, mine)
 		switch {
@@ -368,8 +369,8 @@ func (s *Server) Release(ctx context.Context, req *fencerv1.ReleaseRequest) (*fe
 		// compare is of the secret's SHA-256, as stored, so its timing
 		// tells nothing of the secret.
 		cond = []clientv3.Cmp{
-			clientv3.Compare(clientv3.Value(s.sessionKey(id)), "=", p),
-			clientv3.Compare(clientv3.Value(s.secretKey(id)), "=", hashSecret(req.GetHolderSessionSecret())),
+			etcdcmp.ValueIs(s.sessionKey(id), p),
+			etcdcmp.ValueIs(s.secretKey(id), hashSecret(req.GetHolderSessionSecret())),
 		}
 	}
 	released, err := s.release(ctx, in, id, cond)

@@ -93,7 +93,7 @@ var benchBaselines = map[string]string{"put": "direct-put", "acquire": "direct-a
 // (held, named lease) and data key.
 type benchWorker struct {
 	c      *client.Client
-	direct *etcdstore.Store   // the server's store, opened by this process; nil without --etcd-endpoints
+	direct *etcdstore.Store   // the server's store, opened by this process on the etcd client of its connection slot; nil without --etcd-endpoints
 	dsess  *etcdstore.Session // a session on direct, for direct-acquire
 	sess   *client.Session
 	held   *client.Lease
@@ -118,10 +118,13 @@ latency percentiles and CPU time per call:
   acquire         an acquire of the client's own lease, then its release
   direct-acquire  the same cycle through the library on the server's etcd:
                   the baseline for acquire
-The clients share --connections connections to the server, round robin:
-by default one, as direct-put's and direct-acquire's share one etcd
-client, so that their concurrent puts leave together as PutMany calls;
---connections equal to --clients gives each client its own.
+The clients share --connections connections to the server, round robin,
+and the direct workloads' clients as many etcd clients, each with a
+library store of its own that batches only its own clients' calls: by
+default one of each, so that concurrent puts leave together (as PutMany
+calls to the server, as one Txn to etcd); --connections equal to
+--clients gives each client its own on both sides, as that many separate
+processes would have.
 With a workload and its baseline both run, it prints their throughput
 ratio, over all their runs: name them alternately
 (--ops put,direct-put,put,direct-put) so that a busy machine weighs on both
@@ -144,18 +147,18 @@ and etcd.`,
 			if f.clients < 1 || f.duration <= 0 || f.conns < 1 {
 				return usagef("--clients and --connections must be at least 1 and --duration positive")
 			}
-			var direct *etcdstore.Store
+			var direct []*etcdstore.Store
 			for _, op := range f.ops {
 				if benchWorkloads[op] == nil {
 					return usagef("--ops %q: want put, direct-put, acquire or direct-acquire", op)
 				}
-				if strings.HasPrefix(op, "direct-") && direct == nil {
+				for strings.HasPrefix(op, "direct-") && len(direct) < min(f.conns, f.clients) {
 					st, closeStore, err := f.directStore()
 					if err != nil {
 						return err
 					}
 					defer closeStore()
-					direct = st
+					direct = append(direct, st)
 				}
 			}
 			slot, release, err := a.benchSlot(cmd.Context())
@@ -284,7 +287,7 @@ var benchWrites = map[string]bool{"put": true, "direct-put": true}
 // lease and key names of slot. When it returns, interrupted or not, the
 // keys it wrote are deleted (guarded by their lease's token) and its
 // sessions closed, which releases their leases.
-func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdstore.Store, slot int) (benchResult, error) {
+func (a *app) bench(ctx context.Context, f benchFlags, op string, direct []*etcdstore.Store, slot int) (benchResult, error) {
 	workers := make([]*benchWorker, f.clients)
 	var conns []*grpc.ClientConn
 	defer func() {
@@ -318,7 +321,10 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 	}
 	for i := range workers {
 		c := clients[i%nconns]
-		w := &benchWorker{c: c, direct: direct, lease: fmt.Sprintf("bench-%d-%d", slot, i), key: fmt.Sprintf("bench/%d/%d", slot, i), value: make([]byte, f.size)}
+		w := &benchWorker{c: c, lease: fmt.Sprintf("bench-%d-%d", slot, i), key: fmt.Sprintf("bench/%d/%d", slot, i), value: make([]byte, f.size)}
+		if len(direct) > 0 {
+			w.direct = direct[i%len(direct)]
+		}
 		var err error
 		if w.sess, err = c.NewSession(); err != nil {
 			return benchResult{}, err
@@ -326,7 +332,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct *etcdst
 		sctx, cancel := context.WithTimeout(ctx, a.conn.timeout)
 		w.held, err = w.sess.Acquire(sctx, w.lease)
 		if err == nil && op == "direct-acquire" {
-			w.dsess, err = direct.NewSession(sctx, etcdstore.WithHolder(w.lease))
+			w.dsess, err = w.direct.NewSession(sctx, etcdstore.WithHolder(w.lease))
 		}
 		cancel()
 		if err != nil {

@@ -187,6 +187,18 @@ func TestBench(t *testing.T) {
 	require.Contains(t, stderr, "put through the server ran at")
 	require.Contains(t, stderr, "times the throughput of direct-put")
 	require.Contains(t, stderr, "times the throughput of direct-acquire")
+	// With --connections, the direct workloads get as many etcd clients,
+	// a store each, shared round robin like the connections.
+	code, stdout, stderr = s.fencer(nil, "bench", "--clients", "3", "--connections", "2", "--duration", "300ms", "-o", "json",
+		"--ops", "direct-put,direct-acquire", "--etcd-endpoints", "unix://"+filepath.Join(s.dataDir, "etcd.sock"))
+	require.Equal(t, 0, code, stderr)
+	results = nil
+	require.NoError(t, json.Unmarshal([]byte(stdout), &results))
+	require.Len(t, results, 2)
+	for _, r := range results {
+		require.Positive(t, r.Ops, r.Op)
+		require.Zero(t, r.Errors, r.Op)
+	}
 
 	code, stdout, stderr = s.fencer(nil, "status", "-o", "json")
 	require.Equal(t, 0, code, stderr)

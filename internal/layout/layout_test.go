@@ -90,11 +90,12 @@ func rules() []rule {
 		{pkg: root + "/ring", owns: "rings: a fixed set of shards divided among members by rendezvous hashing, each shard a fencer lease, on etcdstore's exported API", forbid: cat([]string{"go.etcd.io/etcd/server"}, kube, fencer("client", "server", "kubeadapter", "embedetcd", "proto"))},
 		{pkg: root + "/cmd/...", owns: "the fencer binary, without the Kubernetes client stack: with it (through controller-runtime's certwatcher) bin/fencer was 70.8 MB and an idle fencer serve's VmRSS about 45 000 kB, without it 38.0 MB and 32 000 kB (internal/certreload)", forbid: kube},
 		{pkg: root + "/internal/certreload", owns: "fencer serve's TLS certificates, kept current from their files", forbid: noKubeAtAll, only: []string{}},
+		{pkg: root + "/internal/etcdcmp", owns: "the etcd compares of the hot paths, built in place, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto", "token"))},
 		{pkg: root + "/internal/holderkey", owns: "the holder key's layout, shared by etcdstore and server", forbid: cat([]string{"go.etcd.io/etcd/server", "go.etcd.io/etcd/client"}, noKubeAtAll, fencer("etcdstore", "server", "client", "kubeadapter", "proto"))},
 	}
 	// Production code never imports a test harness: the kit (fencertest)
 	// or the project's own (internal/testkit).
-	for _, p := range []string{"token", "ring", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "mcr", "cmd/...", "deploy", "internal/certreload", "internal/holderkey", "internal/freeport", "internal/mutant"} {
+	for _, p := range []string{"token", "ring", "proto/...", "client/...", "etcdstore", "server", "embedetcd", "kubeadapter", "kubeadapter/fenced", "kubeadapter/shard", "kubeadapter/leader", "kubeadapter/deploy", "kubeadapter/internal/watcherr", "kubeadapter/internal/leaserecord", "internal/rendezvous", "mcr", "cmd/...", "deploy", "internal/certreload", "internal/holderkey", "internal/etcdcmp", "internal/freeport", "internal/mutant"} {
 		rules = append(rules, rule{pkg: root + "/" + p, owns: "production code", forbid: harnesses})
 	}
 	// The project's low-level harnesses are what the kit is built on, so
