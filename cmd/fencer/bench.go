@@ -223,7 +223,7 @@ func (f benchFlags) directStore() (*etcdstore.Store, func(), error) {
 	if len(endpoints) == 0 {
 		return nil, nil, usagef("--ops direct-put and direct-acquire need --etcd-endpoints: the server's etcd (fencer serve logs its embedded member's endpoint)")
 	}
-	cfg, _, err := f.etcd.clientConfig(endpoints, false) // a bench run is short: no certificate reload
+	cfg, _, err := f.etcd.clientConfig(endpoints, false, nil) // a bench run is short: no certificate reload
 	if err != nil {
 		return nil, nil, err
 	}

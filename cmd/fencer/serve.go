@@ -15,21 +15,18 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/etcdstore"
+	"github.com/fencer-dev/fencer/internal/certreload"
 	"github.com/fencer-dev/fencer/server"
 )
 
@@ -129,17 +126,9 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 			log.Info("stopped")
 		}
 	}()
-	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler())) // certwatcher's logs
 	tlsCfg, auth, watchers, err := f.security(log)
 	if err != nil {
 		return err
-	}
-	if tlsCfg != nil {
-		w, err := f.watchCertificate(tlsCfg)
-		if err != nil {
-			return err
-		}
-		watchers = append(watchers, w)
 	}
 	ctx, stopWatchers := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -160,7 +149,7 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 		}
 	}
 	endpoints := splitList(f.etcdEndpoints)
-	etcdCfg, watchEtcdCert, err := f.etcd.clientConfig(endpoints, f.insecure)
+	etcdCfg, watchEtcdCert, err := f.etcd.clientConfig(endpoints, f.insecure, log)
 	if err != nil {
 		return err
 	}
@@ -378,19 +367,6 @@ func memberMetrics(member *embedetcd.Server) []prometheus.Collector {
 	return cs
 }
 
-// watchCertificate makes tlsCfg serve --tls-cert and --tls-key as they
-// are now, reloading them when they change (controller-runtime's
-// certwatcher: file events, and a poll every 10 seconds), and returns the
-// watcher to run.
-func (f serveFlags) watchCertificate(tlsCfg *tls.Config) (func(context.Context) error, error) {
-	cw, err := certwatcher.New(f.tlsCert, f.tlsKey)
-	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	tlsCfg.Certificates, tlsCfg.GetCertificate = nil, cw.GetCertificate
-	return cw.Start, nil
-}
-
 // checkAuthz refuses, with a usage error, flags that leave open what
 // authenticated principals may do: --token-file or --tls-client-ca
 // without --authz-file or --authz-allow-all. Authentication is there to
@@ -435,17 +411,20 @@ func (f serveFlags) authzMode() string {
 
 // security builds the TLS configuration and authenticator from the flags,
 // refusing plaintext or anonymous service off loopback unless --insecure,
-// and the watchers that reload the token file and the client CA bundle
-// when they change (they run until their context ends).
+// and the watchers that reload the serving certificate (--tls-cert and
+// --tls-key, see certreload), the token file and the client CA bundle
+// when they change (they run until their context ends). Until its
+// watcher runs, the certificate loaded here is served.
 func (f serveFlags) security(log *slog.Logger) (*tls.Config, server.Authenticator, []func(context.Context) error, error) {
 	var tlsCfg *tls.Config
 	var watchers []func(context.Context) error
 	if f.tlsCert != "" || f.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		cert, err := certreload.New(f.tlsCert, f.tlsKey, log)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("tls: %w", err)
 		}
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tlsCfg = &tls.Config{GetCertificate: cert.GetCertificate, MinVersion: tls.VersionTLS12}
+		watchers = append(watchers, cert.Start)
 	}
 	if f.tlsClientCA != "" {
 		if tlsCfg == nil {
@@ -543,8 +522,9 @@ func (e *etcdFlags) register(fs *pflag.FlagSet) {
 // in plaintext only to loopback endpoints, or with insecure. It does not
 // check that the files hold what etcd will accept: the first request does.
 // With a client certificate it also returns the watcher that reloads it
-// (see tlsConfig), to run until its context ends; nil otherwise.
-func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Config, func(context.Context) error, error) {
+// (see tlsConfig), to run until its context ends, which logs to log (nil
+// discards); nil otherwise.
+func (e etcdFlags) clientConfig(endpoints []string, insecure bool, log *slog.Logger) (clientv3.Config, func(context.Context) error, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(requireLeader)},
@@ -585,7 +565,7 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 	}
 	var watch func(context.Context) error
 	if secure {
-		tlsCfg, w, err := e.tlsConfig()
+		tlsCfg, w, err := e.tlsConfig(log)
 		if err != nil {
 			return cfg, nil, err
 		}
@@ -617,37 +597,24 @@ func (e etcdFlags) clientConfig(endpoints []string, insecure bool) (clientv3.Con
 }
 
 // tlsConfig builds the TLS configuration for etcd from the CA, certificate
-// and key files. While the returned watcher runs, the client certificate
-// is presented through controller-runtime's certwatcher, which reloads it
-// when its files change (file events, and a poll every 10 s): each new
-// connection to etcd presents the certificate then in force. Without it
-// the certificate loaded here is presented. The CA bundle is read once.
-func (e etcdFlags) tlsConfig() (*tls.Config, func(context.Context) error, error) {
+// and key files. The client certificate is presented through a
+// certreload.Reloader: while the returned watcher runs, it reloads the
+// pair when its files change (file events, and a poll every 10 s), and
+// each new connection to etcd presents the certificate then in force;
+// without it, the certificate loaded here. The watcher logs to log (nil
+// discards). The CA bundle is read once.
+func (e etcdFlags) tlsConfig(log *slog.Logger) (*tls.Config, func(context.Context) error, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if (e.certFile == "") != (e.keyFile == "") {
 		return nil, nil, fmt.Errorf("%w: --etcd-cert-file and --etcd-key-file go together", errEtcdFlags)
 	}
 	var watch func(context.Context) error
 	if e.certFile != "" {
-		cert, err := tls.LoadX509KeyPair(e.certFile, e.keyFile)
+		cert, err := certreload.New(e.certFile, e.keyFile, log)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: etcd client certificate: %w", errEtcdFlags, err)
 		}
-		var watcher atomic.Pointer[certwatcher.CertWatcher] // set while watch runs
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if cw := watcher.Load(); cw != nil {
-				return cw.GetCertificate(nil)
-			}
-			return &cert, nil
-		}
-		watch = func(ctx context.Context) error {
-			cw, err := certwatcher.New(e.certFile, e.keyFile)
-			if err != nil {
-				return fmt.Errorf("etcd client certificate: %w", err)
-			}
-			watcher.Store(cw)
-			return cw.Start(ctx)
-		}
+		cfg.GetClientCertificate, watch = cert.GetClientCertificate, cert.Start
 	}
 	if e.caFile != "" {
 		pem, err := os.ReadFile(e.caFile)

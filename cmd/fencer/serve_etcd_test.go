@@ -75,7 +75,7 @@ func TestServeEtcdCredentialFlags(t *testing.T) {
 			if tc.env != "" {
 				t.Setenv("FENCER_ETCD_PASSWORD", tc.env)
 			}
-			cfg, _, err := tc.e.clientConfig(tc.endpoints, tc.insecure)
+			cfg, _, err := tc.e.clientConfig(tc.endpoints, tc.insecure, nil)
 			if tc.want.err != "" {
 				require.ErrorIs(t, err, errEtcdFlags)
 				require.ErrorContains(t, err, tc.want.err)
@@ -115,7 +115,7 @@ func FuzzEtcdEndpoints(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, list string) {
-		cfg, _, err := etcdFlags{}.clientConfig(splitList(list), false)
+		cfg, _, err := etcdFlags{}.clientConfig(splitList(list), false, nil)
 		if err != nil {
 			require.ErrorIs(t, err, errEtcdFlags)
 			return

@@ -215,7 +215,7 @@ func TestEtcdClientCertificateReloads(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	cfg, watch, err := etcdFlags{caFile: p.caFile, certFile: p.aliceCert, keyFile: p.aliceKey}.tlsConfig()
+	cfg, watch, err := etcdFlags{caFile: p.caFile, certFile: p.aliceCert, keyFile: p.aliceKey}.tlsConfig(nil)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	watching := make(chan error, 1)
