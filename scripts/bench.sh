@@ -127,6 +127,15 @@ wait "$serve_pid" || true
 # FENCER_SOAK_DURATION shortens it.
 echo "== FENCER_SOAK=1 go test -run '^TestSoak\$' -v ./embedetcd"
 FENCER_SOAK=1 go test -run '^TestSoak$' -v -count 1 -timeout 30m ./embedetcd | grep -E 'soak:|^(ok|FAIL|---|panic)|Error' || true
+# The same space soak through the shipped binary: fencer bench --ops put
+# --clients 32 --value-size 1024 against fencer serve --etcd-quota-bytes
+# 268435456 (256 MiB), two processes, for 10 minutes, sampling the server's
+# /metrics: puts/s, MiB written, the largest database file, compactions,
+# puts failed (must be 0) and NOSPACE alarms (must be 0)
+# (cmd/fencer TestServeSoak; make test runs 30 s of it under 16 MiB).
+# FENCER_SOAK_DURATION shortens it.
+echo "== FENCER_SOAK=1 go test -run '^TestServeSoak\$' -v ./cmd/fencer"
+FENCER_SOAK=1 go test -run '^TestServeSoak$' -v -count 1 -timeout 30m ./cmd/fencer | grep -E 'soak:|^(ok|FAIL|---|panic)|Error' || true
 # Scale curves through the shipped binary: fencer serve (embedded etcd) with
 # 1 to 10,000 sessions of 10 leases, 10,000 and 100,000 leases, and 1 to
 # 10,000 WatchLease streams, each point beside etcd's own client doing the

@@ -71,6 +71,7 @@ type serveProc struct {
 	t       *testing.T
 	bin     string
 	addr    string
+	metrics string // --metrics-listen; "" serves no metrics
 	dataDir string
 	args    []string
 	cmd     *exec.Cmd
@@ -91,7 +92,7 @@ func startServeProc(t *testing.T, args ...string) *serveProc {
 func (s *serveProc) start() {
 	s.t.Helper()
 	s.log = &safeBuffer{}
-	s.cmd = exec.Command(s.bin, append([]string{"serve", "--listen", s.addr, "--metrics-listen", "", "--data-dir", s.dataDir, "--shutdown-grace", "2s"}, s.args...)...)
+	s.cmd = exec.Command(s.bin, append([]string{"serve", "--listen", s.addr, "--metrics-listen", s.metrics, "--data-dir", s.dataDir, "--shutdown-grace", "2s"}, s.args...)...)
 	s.cmd.Env = cleanEnv()
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	require.NoError(s.t, s.cmd.Start())

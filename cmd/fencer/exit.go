@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -47,7 +48,8 @@ const exitCodesHelp = `Exit codes:
   6    permission denied: credentials refused, or not allowed to use the name
   7    unavailable: the server (or its etcd) could not be reached in time,
        or for --reconnect-timeout (acquire, watch); a write may or may not
-       have committed
+       have committed, unless its etcd was out of space (NOSPACE): then
+       nothing was written
   8    foreign lease: the key or resource belongs to another lease (see --take-over)
   9    lease lost while CMD ran (acquire), or membership lost (ring join):
        CMD was stopped
@@ -169,6 +171,8 @@ func describe(err error, server string, tls bool) failure {
 	}
 	code := status.Code(err)
 	switch {
+	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE && errorCause(err) == "no_space":
+		return failure{exitUnavailable, fmt.Sprintf("the etcd of fencer at %s is out of space (NOSPACE) and refuses writes; nothing was written; retry later (an embedded etcd frees space by itself, an external one needs its operator: see \"Out of space\" in docs/operations.md)", server)}
 	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE:
 		return failure{exitUnavailable, fmt.Sprintf("fencer at %s cannot reach its etcd; retry later (a write that failed so may or may not have committed)", server)}
 	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN:
@@ -196,4 +200,19 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitError, fmt.Sprintf("fencer at %s failed the call (%s)", server, strings.ToLower(code.String()))}
 	}
 	return failure{exitError, err.Error()}
+}
+
+// errorCause returns the cause in the metadata of err's fencer.dev
+// ErrorInfo (docs/service.md lists them), or "".
+func errorCause(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == fencerv1.ErrorDomain {
+			return info.GetMetadata()["cause"]
+		}
+	}
+	return ""
 }

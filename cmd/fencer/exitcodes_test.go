@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +10,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 )
 
 // TestExitCodes runs the fencer binary into each documented exit code
@@ -103,4 +109,29 @@ func message(stderr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestDescribeSaysWhenEtcdIsOutOfSpace: a write the server's etcd refused
+// for space (UNAVAILABLE, STORE_UNAVAILABLE, cause no_space, as the Go
+// client returns it) exits 7 saying so, and that nothing was written;
+// the server's other etcd failures keep the message that the write may
+// have committed.
+func TestDescribeSaysWhenEtcdIsOutOfSpace(t *testing.T) {
+	refused := func(cause string) error {
+		st, err := status.New(codes.Unavailable, "etcd refused the request").WithDetails(&errdetails.ErrorInfo{
+			Reason: fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason(), Domain: fencerv1.ErrorDomain,
+			Metadata: map[string]string{"cause": cause},
+		})
+		require.NoError(t, err)
+		return fmt.Errorf("client: %w", st.Err())
+	}
+	f := describe(refused("no_space"), "127.0.0.1:7070", false)
+	require.Equal(t, exitUnavailable, f.code)
+	require.Contains(t, f.msg, "out of space (NOSPACE)")
+	require.Contains(t, f.msg, "nothing was written")
+	require.NotContains(t, f.msg, "may have committed")
+	f = describe(refused("timeout"), "127.0.0.1:7070", false)
+	require.Equal(t, exitUnavailable, f.code)
+	require.Contains(t, f.msg, "cannot reach its etcd")
+	require.Contains(t, f.msg, "may or may not have committed")
 }

@@ -184,21 +184,44 @@ func (s *scaleServer) etcdMetric(name string) float64 {
 
 // scrape reads the unlabelled metric name from the Prometheus text at url.
 func scrape(b *testing.B, tr *http.Transport, url, name string) float64 {
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: tr}
-	resp, err := hc.Get(url)
+	m, err := readMetrics(&http.Client{Timeout: 30 * time.Second, Transport: tr}, url)
 	require.NoError(b, err)
+	v, ok := m[name]
+	if !ok {
+		b.Fatalf("no metric %s at %s", name, url)
+	}
+	return v
+}
+
+// readMetrics reads the unlabelled metrics of the Prometheus text at url,
+// by name.
+func readMetrics(hc *http.Client, url string) (map[string]float64, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	m := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			require.NoError(b, err)
-			return v
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") || strings.Contains(f[0], "{") {
+			continue
 		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			return nil, fmt.Errorf("GET %s: metric %s: %w", url, f[0], err)
+		}
+		m[f[0]] = v
 	}
-	b.Fatalf("no metric %s at %s", name, url)
-	return 0
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return m, nil
 }
 
 // settle lets the server's allocations and goroutines settle before RSS is
