@@ -111,11 +111,17 @@ for _ in $(seq 100); do "$tmp/fencer" health --server "$addr" >/dev/null 2>&1 &&
 "$tmp/fencer" bench --server "$addr" --clients 64 --duration 10s || true
 # The same guarded puts and acquire/release cycles straight to the server's
 # etcd through the library, interleaved with those through the server, their
-# ratios, and the CPU time per call of the bench and of the server.
-for clients in 1 16 64; do
-  "$tmp/fencer" bench --server "$addr" --server-pid "$serve_pid" --clients "$clients" --duration 3s \
-    --ops put,direct-put,put,direct-put,put,direct-put,acquire,direct-acquire,acquire,direct-acquire,acquire,direct-acquire \
-    --etcd-endpoints "unix://$tmp/data/etcd.sock" || true
+# ratios, and the CPU time per call of the bench and of the server: the
+# clients sharing one connection (and the baselines one etcd client), then,
+# at 16 and 64 clients, a connection (and an etcd client) each.
+for conns in 1 16 64; do
+  for clients in 1 16 64; do
+    [ "$conns" = 1 ] || [ "$conns" = "$clients" ] || continue
+    echo "-- $clients clients, $conns connections"
+    "$tmp/fencer" bench --server "$addr" --server-pid "$serve_pid" --clients "$clients" --connections "$conns" --duration 3s \
+      --ops put,direct-put,put,direct-put,put,direct-put,acquire,direct-acquire,acquire,direct-acquire,acquire,direct-acquire \
+      --etcd-endpoints "unix://$tmp/data/etcd.sock" || true
+  done
 done
 kill "$serve_pid"
 wait "$serve_pid" || true
