@@ -284,7 +284,8 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 		}
 		id := clientv3.LeaseID(req.GetSessionId())
 		if !verified[id] {
-			if _, err := s.checkSession(ctx, id, p); err != nil {
+			apart(func() { _, err = s.checkSession(ctx, id, p) })
+			if err != nil {
 				if !errors.Is(err, ErrPermissionDenied) {
 					s.m.keepAliveFailed(ctx, err)
 				}
@@ -295,7 +296,8 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			}
 			verified[id] = true
 		}
-		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		var resp *clientv3.LeaseKeepAliveResponse
+		apart(func() { resp, err = s.cli.KeepAliveOnce(ctx, id) })
 		if cause := revoked(ctx); cause != nil {
 			return cause
 		}
