@@ -26,8 +26,7 @@ import (
 // the same error, which the server's interceptor translates to the same
 // status for its log and metrics. While the handler is elsewhere (an etcd
 // call, a Send), end only records its error, and the handler returns it at
-// its next recv, after that call has run to its end, as it did with a
-// reader goroutine.
+// its next recv, once that call has run to its end.
 type recvGate struct {
 	stream statusWriter // the transport stream
 
