@@ -125,8 +125,9 @@ type Server struct {
 	// ringShards: each ring's shards, as read once
 	ringShards ringShardSets
 
-	stop     chan struct{} // closed by Shutdown; ends the streams
-	stopOnce sync.Once
+	stopped context.Context    // ended by Shutdown
+	halt    context.CancelFunc // ends stopped
+	stop    <-chan struct{}    // stopped's Done; ends the streams
 
 	readyEvery time.Duration
 	readyOnce  sync.Once     // starts the readiness checks, in Serve
@@ -155,11 +156,12 @@ func New(cfg Config) (*Server, error) {
 		audit:  log.With(slog.Bool("audit", true)),
 		health: health.NewServer(),
 		m:      newMetrics(),
-		stop:   make(chan struct{}),
 
 		readyEvery: cfg.ReadinessInterval,
 		readyDone:  make(chan struct{}),
 	}
+	s.stopped, s.halt = context.WithCancel(context.Background())
+	s.stop = s.stopped.Done()
 	if s.readyEvery == 0 {
 		s.readyEvery = DefaultReadinessInterval
 	}
@@ -215,7 +217,7 @@ func (s *Server) Serve(lis net.Listener) error {
 // a client renews them through another server.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.health.Shutdown()
-	s.stopOnce.Do(func() { close(s.stop) })
+	s.halt()
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -527,6 +529,45 @@ func TestKeepAliveFailureMetric(t *testing.T) {
 	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
 	require.Equal(t, 1.0, scrape(t, srv, expired))
 	require.Equal(t, 0.0, scrape(t, srv, `fencer_server_keepalive_failures_total{reason="etcd"}`))
+}
+
+// TestKeepAliveStreamRunsOnOneGoroutine opens KeepAlive streams that have
+// renewed once and now wait for their next request: each waits on its
+// handler's goroutine alone, with no goroutine reading the stream beside
+// it, so the process holds two goroutines per stream (the handler and the
+// client's stream).
+func TestKeepAliveStreamRunsOnOneGoroutine(t *testing.T) {
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	ar, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "one-goroutine"})
+	require.NoError(t, err)
+	const n = 50
+	handlers, before := goroutinesIn(t, "server.(*Server).KeepAlive"), runtime.NumGoroutine()
+	for range n {
+		ka, err := rpc.KeepAlive(ctx)
+		require.NoError(t, err)
+		require.NoError(t, ka.Send(&fencerv1.KeepAliveRequest{SessionId: ar.GetSessionId()}))
+		_, err = ka.Recv()
+		require.NoError(t, err)
+	}
+	require.Equal(t, n, goroutinesIn(t, "server.(*Server).KeepAlive")-handlers, "goroutines in the KeepAlive handler, or started by it")
+	require.Eventually(t, func() bool { return runtime.NumGoroutine()-before <= 2*n+n/5 }, 5*time.Second, 20*time.Millisecond,
+		"%d streams, %d more goroutines", n, runtime.NumGoroutine()-before)
+}
+
+// goroutinesIn counts the goroutines that have a frame of fn (or of a
+// closure of fn: fn.func1) on their stack.
+func goroutinesIn(t *testing.T, fn string) int {
+	var b strings.Builder
+	require.NoError(t, pprof.Lookup("goroutine").WriteTo(&b, 2))
+	n := 0
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, fn+"(") || strings.Contains(g, fn+".func") {
+			n++
+		}
+	}
+	return n
 }
 
 // TestKeepAliveStreamWaitingForARequestEndsOnShutdown opens a KeepAlive

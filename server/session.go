@@ -258,44 +258,35 @@ func (s *Server) renew(ctx context.Context, id clientv3.LeaseID, ttl int64, fail
 	}
 }
 
-// KeepAlive implements FencerService.KeepAlive.
+// KeepAlive implements FencerService.KeepAlive. The handler waits in Recv
+// itself; Shutdown and withdrawn credentials end that wait through the
+// stream's recvGate, so a stream costs one goroutine.
 func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error {
 	ctx := stream.Context()
 	p := principalOf(ctx)
-	reqs := make(chan *fencerv1.KeepAliveRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case reqs <- req:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	g, err := newRecvGate(ctx)
+	if err != nil {
+		return err
+	}
+	stopped := context.AfterFunc(s.stopped, func() { g.end(ErrShuttingDown) })
+	defer stopped()
+	// ctx ends before the stream's own context when the credentials are
+	// withdrawn (see revocable).
+	ended := context.AfterFunc(ctx, func() { g.end(context.Cause(ctx)) })
+	defer ended()
 	verified := map[clientv3.LeaseID]bool{}
 	for {
-		var req *fencerv1.KeepAliveRequest
-		select {
-		case <-s.stop:
-			return ErrShuttingDown
-		case err := <-recvErr:
+		req, err := g.recv(stream.Recv)
+		if err != nil {
 			return err
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case req = <-reqs:
 		}
 		if err := validateKeepAlive(req); err != nil {
 			return err
 		}
 		id := clientv3.LeaseID(req.GetSessionId())
 		if !verified[id] {
-			if _, err := s.checkSession(ctx, id, p); err != nil {
+			apart(func() { _, err = s.checkSession(ctx, id, p) })
+			if err != nil {
 				if !errors.Is(err, ErrPermissionDenied) {
 					s.m.keepAliveFailed(ctx, err)
 				}
@@ -306,7 +297,8 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			}
 			verified[id] = true
 		}
-		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		var resp *clientv3.LeaseKeepAliveResponse
+		apart(func() { resp, err = s.cli.KeepAliveOnce(ctx, id) })
 		if cause := revoked(ctx); cause != nil {
 			return cause
 		}

@@ -41,7 +41,9 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	}
 	ctx := stream.Context()
 	id := clientv3.LeaseID(req.GetSessionId())
-	rev, err := s.checkSession(ctx, id, principalOf(ctx))
+	var rev int64
+	var err error
+	apart(func() { rev, err = s.checkSession(ctx, id, principalOf(ctx)) })
 	if err != nil {
 		return err
 	}
@@ -62,7 +64,8 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 		// The session watch has moved past rev and no longer remembers
 		// which sessions ended since: a read now that the stream is
 		// subscribed tells.
-		again, err := s.checkSession(ctx, id, principalOf(ctx))
+		var again int64
+		apart(func() { again, err = s.checkSession(ctx, id, principalOf(ctx)) })
 		if err != nil {
 			return err
 		}
@@ -109,15 +112,20 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 // session ended rather than that someone deleted its holder key. The read
 // is linearizable: etcd may send a watch event before its revision can be
 // read from the same member. Past a compaction it reads the current state
-// instead, in which a session that ended by then is reported ended.
+// instead, in which a session that ended by then is reported ended. It
+// reads apart from the stream's handler.
 func (s *Server) sessionEndedBy(ctx context.Context, id clientv3.LeaseID, msg *fencerv1.WatchLeaseResponse) (bool, error) {
 	if msg.GetType() != fencerv1.WatchLeaseResponse_TYPE_LOST || msg.GetReason() != "deleted" {
 		return false, nil
 	}
-	resp, err := s.cli.Get(ctx, s.sessionKey(id), clientv3.WithRev(msg.GetRevision()), clientv3.WithCountOnly())
-	if errors.Is(err, rpctypes.ErrCompacted) {
-		resp, err = s.cli.Get(ctx, s.sessionKey(id), clientv3.WithCountOnly())
-	}
+	var resp *clientv3.GetResponse
+	var err error
+	apart(func() {
+		resp, err = s.cli.Get(ctx, s.sessionKey(id), clientv3.WithRev(msg.GetRevision()), clientv3.WithCountOnly())
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			resp, err = s.cli.Get(ctx, s.sessionKey(id), clientv3.WithCountOnly())
+		}
+	})
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("server: read session %d: %w", id, err)
