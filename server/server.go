@@ -125,7 +125,7 @@ type Server struct {
 	// ringShards: each ring's shards, as read once
 	ringShards ringShardSets
 
-	stopped context.Context    // ended by Shutdown
+	stopped context.Context    // ended by Shutdown; a signal for context.AfterFunc, no call runs under it
 	halt    context.CancelFunc // ends stopped
 	stop    <-chan struct{}    // stopped's Done; ends the streams
 
@@ -288,7 +288,10 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 			defer stop()
 		}
 		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ctx), p)})
-		if cause := revoked(ctx); cause != nil {
+		// A stream Shutdown ended has sent SHUTTING_DOWN (a KeepAlive
+		// stream's recvGate writes it at once): a withdrawal after that
+		// does not change what the client was told.
+		if cause := revoked(ctx); cause != nil && !errors.Is(err, ErrShuttingDown) {
 			err = cause
 		}
 	}

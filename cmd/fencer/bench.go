@@ -36,14 +36,17 @@ type benchFlags struct {
 
 // benchResult is one workload's figures.
 type benchResult struct {
-	Op        string  `json:"op"`
-	Clients   int     `json:"clients"`
-	Ops       int     `json:"ops"`
-	Errors    int     `json:"errors"`
-	PerSecond float64 `json:"ops_per_second"`
-	P50       float64 `json:"p50_ms"`
-	P90       float64 `json:"p90_ms"`
-	P99       float64 `json:"p99_ms"`
+	Op      string `json:"op"`
+	Clients int    `json:"clients"`
+	// Connections is how many connections (or, for the direct workloads,
+	// etcd clients) the clients shared.
+	Connections int     `json:"connections"`
+	Ops         int     `json:"ops"`
+	Errors      int     `json:"errors"`
+	PerSecond   float64 `json:"ops_per_second"`
+	P50         float64 `json:"p50_ms"`
+	P90         float64 `json:"p90_ms"`
+	P99         float64 `json:"p99_ms"`
 	// CPUPerOp is this process's CPU time per successful call, in
 	// microseconds; ServerCPUPerOp the server process's (--server-pid),
 	// which for direct-put and direct-acquire is the work of its etcd.
@@ -379,7 +382,7 @@ func (a *app) bench(ctx context.Context, f benchFlags, op string, direct []*etcd
 	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := benchResult{Op: op, Clients: f.clients, Ops: len(all), PerSecond: float64(len(all)) / elapsed.Seconds()}
+	r := benchResult{Op: op, Clients: f.clients, Connections: nconns, Ops: len(all), PerSecond: float64(len(all)) / elapsed.Seconds()}
 	for _, n := range errs {
 		r.Errors += n
 	}

@@ -65,7 +65,18 @@ func startSpaceServer(t *testing.T, args ...string) *serveProc {
 // spaceMetrics reads the unlabelled metrics on s's /metrics.
 func (s *serveProc) spaceMetrics() (map[string]float64, error) {
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	return readMetrics(hc, "http://"+s.metrics+"/metrics")
+	m, err := readMetrics(hc, "http://"+s.metrics+"/metrics")
+	if err != nil {
+		return nil, err
+	}
+	// A metric renamed or dropped would read as 0 and pass the tests'
+	// "no alarm" checks: each must be there.
+	for _, name := range []string{metricDBSize, metricCompactions, metricSizeCompactions, metricNoSpaceAlarms, metricRecoveries, metricRecoveryFails} {
+		if _, ok := m[name]; !ok {
+			return nil, fmt.Errorf("no %s on /metrics", name)
+		}
+	}
+	return m, nil
 }
 
 // etcdEndpoint is the embedded member's client endpoint, from s's

@@ -198,6 +198,7 @@ func TestBench(t *testing.T) {
 	for _, r := range results {
 		require.Positive(t, r.Ops, r.Op)
 		require.Zero(t, r.Errors, r.Op)
+		require.Equal(t, 2, r.Connections, r.Op)
 	}
 
 	code, stdout, stderr = s.fencer(nil, "status", "-o", "json")

@@ -45,7 +45,7 @@ const (
 type Reloader struct {
 	certFile, keyFile string
 	log               *slog.Logger
-	poll              time.Duration
+	poll, settle      time.Duration
 
 	cert atomic.Pointer[tls.Certificate]
 
@@ -64,7 +64,7 @@ func New(certFile, keyFile string, log *slog.Logger) (*Reloader, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reloader{certFile: certFile, keyFile: keyFile, log: log, poll: pollInterval}
+	r := &Reloader{certFile: certFile, keyFile: keyFile, log: log, poll: pollInterval, settle: settle}
 	if _, _, err := r.reload(); err != nil {
 		return nil, err
 	}
@@ -101,22 +101,45 @@ func (r *Reloader) Start(ctx context.Context) error {
 	}
 	poll := time.NewTicker(r.poll)
 	defer poll.Stop()
-	quiet := time.NewTimer(settle) // a change between New and Add would otherwise wait for the poll
+	quiet := time.NewTimer(r.settle) // a change between New and Add would otherwise wait for the poll
 	defer quiet.Stop()
+	pending := true // quiet runs: the poll leaves the pair to it
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-w.Events:
-			quiet.Reset(settle)
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if r.concerns(ev.Name) {
+				pending = true
+				quiet.Reset(r.settle)
+			}
 		case <-quiet.C:
+			pending = false
 			r.follow()
 		case <-poll.C:
-			r.follow()
-		case err := <-w.Errors:
+			if !pending {
+				r.follow()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
 			r.log.Warn("certificate watch error", "cert", r.certFile, "key", r.keyFile, "err", err)
 		}
 	}
+}
+
+// concerns reports whether an event on the file name, in a watched
+// directory, may change the pair: the certificate or key file itself, or
+// the "..data" symlink through which a Kubernetes volume swaps a secret's
+// files. Events on other files in those directories are left to the poll,
+// so that a busy directory cannot hold a reload back.
+func (r *Reloader) concerns(name string) bool {
+	base := filepath.Base(name)
+	return base == filepath.Base(r.certFile) || base == filepath.Base(r.keyFile) || base == "..data"
 }
 
 // follow reloads the pair and logs what came of it.

@@ -60,6 +60,13 @@ func (b *logBuffer) count(s string) int {
 	return strings.Count(b.buf.String(), s)
 }
 
+// String returns every record so far.
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // start runs r.Start until the test ends, and then checks that it
@@ -184,7 +191,7 @@ func TestRotation(t *testing.T) {
 			servesSoon(t, r, second.der)
 			rotate(third)
 			servesSoon(t, r, third.der)
-			require.Equal(t, 2, logs.count("certificate reloaded"), logs.buf.String())
+			require.Equal(t, 2, logs.count("certificate reloaded"), logs.String())
 		})
 	}
 }
@@ -227,8 +234,8 @@ func TestBadPairKeepsTheCertificate(t *testing.T) {
 	servesSoon(t, r, next.der)
 	// A read between the two renames of a bad pair may fail on its own,
 	// hence at most two records per pair.
-	require.LessOrEqual(t, logs.count("level=ERROR"), 2*failures, logs.buf.String())
-	require.Equal(t, 1, logs.count("certificate reloaded"), logs.buf.String())
+	require.LessOrEqual(t, logs.count("level=ERROR"), 2*failures, logs.String())
+	require.Equal(t, 1, logs.count("certificate reloaded"), logs.String())
 }
 
 // TestPairReplacedFileByFileIsReadOnce: the key and then the certificate
@@ -247,13 +254,16 @@ func TestPairReplacedFileByFileIsReadOnce(t *testing.T) {
 	r, err := certreload.New(certFile, keyFile, logs.logger())
 	require.NoError(t, err)
 	certreload.SetPoll(r, noPoll)
+	// Far longer than the 10 ms between the renames, however loaded the
+	// machine: each event restarts the wait, and a read before both (on
+	// Start's first wait) finds the first pair whole.
+	certreload.SetSettle(r, time.Second)
 	start(t, r)
-	time.Sleep(200 * time.Millisecond) // past Start's first read
 	renameOver(t, keyFile, second.key)
 	time.Sleep(10 * time.Millisecond)
 	renameOver(t, certFile, second.cert)
 	servesSoon(t, r, second.der)
-	require.Equal(t, 0, logs.count("level=ERROR"), logs.buf.String())
+	require.Equal(t, 0, logs.count("level=ERROR"), logs.String())
 }
 
 // TestPollSeesWhatTheWatchCannot: a certificate file that is a symlink
