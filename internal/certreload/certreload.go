@@ -86,7 +86,9 @@ func (r *Reloader) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certi
 // Start follows the files until ctx ends, and returns nil then. It
 // watches the directories that hold them, so that a file renamed over
 // them or a swapped symlink is seen as well as a rewrite, and reads the
-// pair again 0.1 s after the last event there, and also every 10 seconds.
+// pair again 0.1 s after the last event on either file (or on the
+// "..data" link of a Kubernetes volume), and also every 10 seconds,
+// unless events wait to settle then.
 // It fails if a directory cannot be watched.
 func (r *Reloader) Start(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
