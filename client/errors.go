@@ -137,6 +137,21 @@ func Reason(err error) fencerv1.ErrorReason {
 	return fencerv1.ParseReason(errorInfo(st).GetReason())
 }
 
+// Cause returns the "cause" metadata of the fencer.dev ErrorInfo carried
+// by an error a Client method returned (docs/service.md lists the causes
+// of each reason, e.g. "no_space" for a STORE_UNAVAILABLE whose etcd is
+// out of space, "etcd_unreachable", "no_leader"), or "" when the error
+// carries none. A cause refines its reason for people and for finer
+// handling; a newer server may send causes this version does not name, so
+// branch on Reason or the typed errors first.
+func Cause(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	return errorInfo(st).GetMetadata()["cause"]
+}
+
 // errorInfo returns st's ErrorInfo in the fencer.dev domain, or nil.
 func errorInfo(st *status.Status) *errdetails.ErrorInfo {
 	for _, d := range st.Details() {

@@ -99,3 +99,16 @@ func TestReason(t *testing.T) {
 	require.Equal(t, unspecified, Reason(newer))
 	require.Equal(t, codes.Unavailable, status.Code(newer))
 }
+
+func TestCause(t *testing.T) {
+	noSpace := fromStatus(withInfo(codes.Unavailable, "STORE_UNAVAILABLE", map[string]string{"cause": "no_space", "etcd_error": "etcdserver: mvcc: database space exceeded"}))
+	require.Equal(t, "no_space", Cause(noSpace))
+	require.Equal(t, "", Cause(fromStatus(withInfo(codes.Unavailable, "SHUTTING_DOWN", nil))))
+	require.Equal(t, "", Cause(fromStatus(status.Error(codes.Unavailable, "connection refused"))))
+	require.Equal(t, "", Cause(errors.New("plain")))
+	require.Equal(t, "", Cause(nil))
+	// Another domain's ErrorInfo is not fencer's.
+	st, err := status.New(codes.Unavailable, "msg").WithDetails(&errdetails.ErrorInfo{Reason: "X", Domain: "example.com", Metadata: map[string]string{"cause": "no_space"}})
+	require.NoError(t, err)
+	require.Equal(t, "", Cause(st.Err()))
+}

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"syscall"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -171,7 +170,7 @@ func describe(err error, server string, tls bool) failure {
 	}
 	code := status.Code(err)
 	switch {
-	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE && errorCause(err) == "no_space":
+	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE && client.Cause(err) == "no_space":
 		return failure{exitUnavailable, fmt.Sprintf("the etcd of fencer at %s is out of space (NOSPACE) and refuses writes; nothing was written; retry later (an embedded etcd frees space by itself, an external one needs its operator: see \"Out of space\" in docs/operations.md)", server)}
 	case code == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE:
 		return failure{exitUnavailable, fmt.Sprintf("fencer at %s cannot reach its etcd; retry later (a write that failed so may or may not have committed)", server)}
@@ -200,19 +199,4 @@ func describe(err error, server string, tls bool) failure {
 		return failure{exitError, fmt.Sprintf("fencer at %s failed the call (%s)", server, strings.ToLower(code.String()))}
 	}
 	return failure{exitError, err.Error()}
-}
-
-// errorCause returns the cause in the metadata of err's fencer.dev
-// ErrorInfo (docs/service.md lists them), or "".
-func errorCause(err error) string {
-	st, ok := status.FromError(err)
-	if !ok {
-		return ""
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == fencerv1.ErrorDomain {
-			return info.GetMetadata()["cause"]
-		}
-	}
-	return ""
 }

@@ -17,7 +17,6 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -214,16 +213,7 @@ const noSpaceWriters = 8
 // isNoSpace reports whether err is a put refused for space:
 // UNAVAILABLE, with the cause no_space.
 func isNoSpace(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Unavailable {
-		return false
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason() == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE.Reason() && info.GetMetadata()["cause"] == "no_space"
-		}
-	}
-	return false
+	return status.Code(err) == codes.Unavailable && client.Reason(err) == fencerv1.ErrorReason_ERROR_REASON_STORE_UNAVAILABLE && client.Cause(err) == "no_space"
 }
 
 // spaceRecovery is when the writers of TestServeNoSpaceRecovers first
