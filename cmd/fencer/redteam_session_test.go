@@ -419,3 +419,136 @@ func TestRedTeamSessionAbandonedStreamsLeakNothing(t *testing.T) {
 	_, err = ka.Recv()
 	require.NoError(t, err)
 }
+
+// rsFlood opens a KeepAlive stream of c that sends renewals of id without
+// reading the answers after the first, until the server stops taking
+// them; it returns once the server has answered the first.
+func rsFlood(t *testing.T, ctx context.Context, c *rrConn, id int64) fencerv1.FencerService_KeepAliveClient {
+	t.Helper()
+	st, err := c.raw.KeepAlive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&fencerv1.KeepAliveRequest{SessionId: id}))
+	_, err = st.Recv()
+	require.NoError(t, err, "the first renewal on a flooded stream")
+	go func() {
+		for st.Send(&fencerv1.KeepAliveRequest{SessionId: id}) == nil {
+		}
+	}()
+	return st
+}
+
+// rsGoroutines returns s's go_goroutines.
+func rsGoroutines(t *testing.T, s *serveProc) float64 {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var g float64
+	require.Eventually(t, func() bool {
+		m, err := readMetrics(hc, "http://"+s.metrics+"/metrics")
+		var ok bool
+		g, ok = m["go_goroutines"]
+		return err == nil && ok
+	}, 10*time.Second, 50*time.Millisecond, "no go_goroutines on /metrics")
+	return g
+}
+
+// A token whose line now names another principal no longer speaks for
+// the first: the first principal's open streams end with UNAUTHENTICATED,
+// and the token cannot renew the first principal's session.
+func TestRedTeamSessionTokenRemapped(t *testing.T) {
+	s, tokens := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	a := rsSession(t, alice, "a", 30)
+	ka, w := rsIdle(t, ctx, alice, a.SessionId)
+
+	require.NoError(t, os.WriteFile(tokens+".new", []byte(rsAliceTok+" mallory\n"+rsBobTok+" bob\n"), 0o600))
+	require.NoError(t, os.Rename(tokens+".new", tokens))
+
+	rrCode(t, rsRecvErr(t, ka.Recv, "alice's idle KeepAlive, her token now mallory's"), codes.Unauthenticated)
+	rrCode(t, rsRecvErr(t, w.Recv, "alice's idle WatchLease, her token now mallory's"), codes.Unauthenticated)
+	st, err := alice.raw.KeepAlive(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&fencerv1.KeepAliveRequest{SessionId: a.SessionId}))
+	_, err = st.Recv()
+	rrCode(t, err, codes.PermissionDenied, "mallory renewing alice's session")
+}
+
+// Streams whose clients never read (the server's sends blocked by flow
+// control) still end when their principal's token is removed: their
+// handlers do not stay behind while the connections stay open.
+func TestRedTeamSessionUnreadStreamsAtRevocation(t *testing.T) {
+	s, tokens := rsServer(t)
+	alice, bob := rrDial(t, s, rsAliceTok), rrDial(t, s, rsBobTok)
+	a, b := rsSession(t, alice, "a", 30), rsSession(t, bob, "b", 30)
+	ctx := rrCtx(t)
+	start := time.Now()
+	base := rsGoroutines(t, s)
+	const n = 20
+	var floods []fencerv1.FencerService_KeepAliveClient
+	for range n {
+		floods = append(floods, rsFlood(t, ctx, bob, b.SessionId))
+	}
+	_ = rsFlood(t, ctx, alice, a.SessionId)
+	time.Sleep(2 * time.Second)
+	peak := rsGoroutines(t, s)
+	t.Logf("goroutines: baseline %v, with %d unread streams %v, %s after the start", base, n+1, peak, time.Since(start))
+
+	require.NoError(t, os.WriteFile(tokens+".new", []byte(rsAliceTok+" alice\n"), 0o600))
+	require.NoError(t, os.Rename(tokens+".new", tokens))
+	revoked := time.Now()
+	var last float64
+	ok := assertEventually(func() bool {
+		last = rsGoroutines(t, s)
+		return last <= base+20
+	}, 15*time.Second)
+	require.True(t, ok, "the revoked principal's unread streams stay on the server: baseline %v, peak %v, now %v", base, peak, last)
+	t.Logf("goroutines back to %v %s after the revocation", last, time.Since(revoked))
+	drained := time.Now()
+	errs := make(chan error, len(floods))
+	for _, st := range floods {
+		go func() {
+			for {
+				if _, err := st.Recv(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for i := range floods {
+		select {
+		case err := <-errs:
+			rrCode(t, err, codes.Unauthenticated, "stream", i)
+		case <-time.After(rsEnd):
+			t.Fatalf("%d of bob's unread streams still run %s after the revocation", len(floods)-i, time.Since(revoked))
+		}
+	}
+	t.Logf("bob's streams drained to UNAUTHENTICATED in %s", time.Since(drained))
+}
+
+// SIGTERM ends streams whose clients never read (the server's sends
+// blocked by flow control) with SHUTTING_DOWN, and the server then exits 0
+// within its grace, as after any shutdown.
+func TestRedTeamSessionUnreadStreamsAtShutdown(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	a := rsSession(t, alice, "a", 30)
+	ctx := rrCtx(t)
+	var floods []fencerv1.FencerService_KeepAliveClient
+	for range 20 {
+		floods = append(floods, rsFlood(t, ctx, alice, a.SessionId))
+	}
+	time.Sleep(2 * time.Second)
+	start := time.Now()
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	code := s.waitExit(t)
+	took := time.Since(start)
+	reasons := map[string]int{}
+	for _, st := range floods {
+		err := rsRecvErr(t, st.Recv, "unread KeepAlive at shutdown")
+		reasons[fmt.Sprintf("%v %v", status.Code(err), client.Reason(err))]++
+	}
+	t.Logf("exit %d after %s; the streams ended with %v", code, took, reasons)
+	require.Equal(t, map[string]int{"Unavailable ERROR_REASON_SHUTTING_DOWN": len(floods)}, reasons, "streams not ended with SHUTTING_DOWN")
+	require.Equal(t, 0, code, "fencer serve exited %d on SIGTERM with unread streams open:\n%s", code, s.log)
+}
