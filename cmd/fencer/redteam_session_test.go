@@ -268,7 +268,7 @@ func TestRedTeamSessionHalfClose(t *testing.T) {
 }
 
 // SIGTERM ends idle and busy KeepAlive streams and idle WatchLease streams
-// with UNAVAILABLE, the idle ones with reason SHUTTING_DOWN, so that
+// with UNAVAILABLE and reason SHUTTING_DOWN, so that
 // clients fail over; none hangs and none reads CANCELLED.
 func TestRedTeamSessionShutdown(t *testing.T) {
 	s, _ := rsServer(t)
@@ -287,7 +287,7 @@ func TestRedTeamSessionShutdown(t *testing.T) {
 	rsReason(t, rsRecvErr(t, w.Recv, "idle WatchLease at shutdown"), codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN)
 	for i, ch := range busy {
 		err := rsWait(t, ch, "busy KeepAlive at shutdown")
-		rrCode(t, err, codes.Unavailable, "busy stream", i)
+		rsReason(t, err, codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN, "busy stream", i)
 	}
 	require.Equal(t, 0, s.waitExit(t), "%s", s.log)
 }
@@ -310,7 +310,7 @@ func TestRedTeamSessionTokenRevoked(t *testing.T) {
 
 	rsReason(t, rsRecvErr(t, bka.Recv, "bob's idle KeepAlive"), codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED)
 	rrCode(t, rsRecvErr(t, bw.Recv, "bob's idle WatchLease"), codes.Unauthenticated)
-	rrCode(t, rsWait(t, busy, "bob's busy KeepAlive"), codes.Unauthenticated)
+	rsReason(t, rsWait(t, busy, "bob's busy KeepAlive"), codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED)
 
 	// Bob can open nothing more; alice's streams still work.
 	st, err := bob.raw.KeepAlive(ctx)
@@ -551,4 +551,31 @@ func TestRedTeamSessionUnreadStreamsAtShutdown(t *testing.T) {
 	t.Logf("exit %d after %s; the streams ended with %v", code, took, reasons)
 	require.Equal(t, map[string]int{"Unavailable ERROR_REASON_SHUTTING_DOWN": len(floods)}, reasons, "streams not ended with SHUTTING_DOWN")
 	require.Equal(t, 0, code, "fencer serve exited %d on SIGTERM with unread streams open:\n%s", code, s.log)
+}
+
+// A Go client whose token is removed cannot renew its session any more,
+// and its holder learns so: the session and its lease end (Done closes)
+// within about the TTL, rather than the holder believing it still holds.
+func TestRedTeamSessionClientOfRevokedToken(t *testing.T) {
+	s, tokens := rsServer(t)
+	bob := rrDial(t, s, rsBobTok)
+	ctx := rrCtx(t)
+	sess, err := bob.c.NewSession(client.WithTTL(2 * time.Second))
+	require.NoError(t, err)
+	l, err := sess.Acquire(ctx, "b")
+	require.NoError(t, err)
+	time.Sleep(3 * time.Second)
+	require.NoError(t, sess.Err(), "the session ended before the revocation")
+
+	require.NoError(t, os.WriteFile(tokens+".new", []byte(rsAliceTok+" alice\n"), 0o600))
+	require.NoError(t, os.Rename(tokens+".new", tokens))
+	revoked := time.Now()
+	for what, done := range map[string]<-chan struct{}{"session": sess.Done(), "lease": l.Done()} {
+		select {
+		case <-done:
+		case <-time.After(rsEnd):
+			t.Fatalf("the %s still runs %s after its token was removed", what, time.Since(revoked))
+		}
+	}
+	t.Logf("ended %s after the revocation: session %v; lease %v", time.Since(revoked), sess.Err(), l.Err())
 }
