@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -422,19 +424,39 @@ func TestRedTeamSessionAbandonedStreamsLeakNothing(t *testing.T) {
 
 // rsFlood opens a KeepAlive stream of c that sends renewals of id without
 // reading the answers after the first, until the server stops taking
-// them; it returns once the server has answered the first.
-func rsFlood(t *testing.T, ctx context.Context, c *rrConn, id int64) fencerv1.FencerService_KeepAliveClient {
+// them; it returns once the server has answered the first, with the count
+// of the requests sent so far.
+func rsFlood(t *testing.T, ctx context.Context, c *rrConn, id int64) (fencerv1.FencerService_KeepAliveClient, *atomic.Int64) {
 	t.Helper()
 	st, err := c.raw.KeepAlive(ctx)
 	require.NoError(t, err)
 	require.NoError(t, st.Send(&fencerv1.KeepAliveRequest{SessionId: id}))
 	_, err = st.Recv()
 	require.NoError(t, err, "the first renewal on a flooded stream")
+	var sent atomic.Int64
 	go func() {
 		for st.Send(&fencerv1.KeepAliveRequest{SessionId: id}) == nil {
+			sent.Add(1)
 		}
 	}()
-	return st
+	return st, &sent
+}
+
+// rsStalled waits until none of the counts has moved for a second: the
+// server has stopped reading every flooded stream, its sends blocked by
+// flow control.
+func rsStalled(t *testing.T, counts []*atomic.Int64) {
+	t.Helper()
+	prev := make([]int64, len(counts))
+	still := time.Now()
+	require.True(t, assertEventually(func() bool {
+		for i, c := range counts {
+			if n := c.Load(); n != prev[i] {
+				prev[i], still = n, time.Now()
+			}
+		}
+		return time.Since(still) > time.Second
+	}, 20*time.Second), "the server never stopped reading the flooded streams")
 }
 
 // rsGoroutines returns s's go_goroutines.
@@ -474,35 +496,44 @@ func TestRedTeamSessionTokenRemapped(t *testing.T) {
 }
 
 // Streams whose clients never read (the server's sends blocked by flow
-// control) still end when their principal's token is removed: their
-// handlers do not stay behind while the connections stay open.
+// control) still end when their principal's token is removed: the server
+// ends their calls at the reload, while the connections stay open and
+// unread, as it does for streams waiting for a request.
 func TestRedTeamSessionUnreadStreamsAtRevocation(t *testing.T) {
 	s, tokens := rsServer(t)
 	alice, bob := rrDial(t, s, rsAliceTok), rrDial(t, s, rsBobTok)
 	a, b := rsSession(t, alice, "a", 30), rsSession(t, bob, "b", 30)
 	ctx := rrCtx(t)
-	start := time.Now()
 	base := rsGoroutines(t, s)
-	const n = 20
+	const n = 5
 	var floods []fencerv1.FencerService_KeepAliveClient
+	var counts []*atomic.Int64
 	for range n {
-		floods = append(floods, rsFlood(t, ctx, bob, b.SessionId))
+		st, sent := rsFlood(t, ctx, bob, b.SessionId)
+		floods, counts = append(floods, st), append(counts, sent)
 	}
-	_ = rsFlood(t, ctx, alice, a.SessionId)
-	time.Sleep(2 * time.Second)
+	_, sent := rsFlood(t, ctx, alice, a.SessionId)
+	rsStalled(t, append(counts, sent))
 	peak := rsGoroutines(t, s)
-	t.Logf("goroutines: baseline %v, with %d unread streams %v, %s after the start", base, n+1, peak, time.Since(start))
+	// An idle stream of bob's, which the reload ends: the control.
+	idle, _ := rsIdle(t, ctx, bob, b.SessionId)
 
 	require.NoError(t, os.WriteFile(tokens+".new", []byte(rsAliceTok+" alice\n"), 0o600))
 	require.NoError(t, os.Rename(tokens+".new", tokens))
 	revoked := time.Now()
-	var last float64
-	ok := assertEventually(func() bool {
-		last = rsGoroutines(t, s)
-		return last <= base+20
-	}, 15*time.Second)
-	require.True(t, ok, "the revoked principal's unread streams stay on the server: baseline %v, peak %v, now %v", base, peak, last)
-	t.Logf("goroutines back to %v %s after the revocation", last, time.Since(revoked))
+	ended := func() int {
+		k := 0
+		for _, line := range strings.Split(s.log.String(), "\n") {
+			if strings.Contains(line, "method=KeepAlive code=Unauthenticated") && strings.Contains(line, "principal=bob") {
+				k++
+			}
+		}
+		return k
+	}
+	rsReason(t, rsRecvErr(t, idle.Recv, "bob's idle KeepAlive"), codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED)
+	ok := assertEventually(func() bool { return ended() == n+1 }, rsEnd)
+	t.Logf("goroutines: baseline %v, with %d unread streams %v, %s after the revocation %v", base, n+1, peak, time.Since(revoked), rsGoroutines(t, s))
+	require.True(t, ok, "%d of bob's %d unread KeepAlive streams still run %s after his token was removed (the server logged %d KeepAlive calls of his ended UNAUTHENTICATED, his idle one's among them)", n+1-ended(), n, time.Since(revoked), ended())
 	drained := time.Now()
 	errs := make(chan error, len(floods))
 	for _, st := range floods {
@@ -535,10 +566,12 @@ func TestRedTeamSessionUnreadStreamsAtShutdown(t *testing.T) {
 	a := rsSession(t, alice, "a", 30)
 	ctx := rrCtx(t)
 	var floods []fencerv1.FencerService_KeepAliveClient
-	for range 20 {
-		floods = append(floods, rsFlood(t, ctx, alice, a.SessionId))
+	var counts []*atomic.Int64
+	for range 5 {
+		st, sent := rsFlood(t, ctx, alice, a.SessionId)
+		floods, counts = append(floods, st), append(counts, sent)
 	}
-	time.Sleep(2 * time.Second)
+	rsStalled(t, counts)
 	start := time.Now()
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
 	code := s.waitExit(t)
