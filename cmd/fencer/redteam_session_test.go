@@ -612,3 +612,38 @@ func TestRedTeamSessionClientOfRevokedToken(t *testing.T) {
 	}
 	t.Logf("ended %s after the revocation: session %v; lease %v", time.Since(revoked), sess.Err(), l.Err())
 }
+
+// SIGTERM ends pipelined KeepAlive streams, whose clients send renewals
+// without waiting for answers and read every answer, with SHUTTING_DOWN,
+// and the server exits 0.
+func TestRedTeamSessionPipelinedStreamsAtShutdown(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	a := rsSession(t, alice, "a", 30)
+	ctx := rrCtx(t)
+	var ends []<-chan error
+	for range 4 {
+		st, err := alice.raw.KeepAlive(ctx)
+		require.NoError(t, err)
+		go func() {
+			for st.Send(&fencerv1.KeepAliveRequest{SessionId: a.SessionId}) == nil {
+			}
+		}()
+		end := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := st.Recv(); err != nil {
+					end <- err
+					return
+				}
+			}
+		}()
+		ends = append(ends, end)
+	}
+	time.Sleep(time.Second)
+	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	for i, end := range ends {
+		rsReason(t, rsWait(t, end, "pipelined KeepAlive at shutdown"), codes.Unavailable, fencerv1.ErrorReason_ERROR_REASON_SHUTTING_DOWN, "stream", i)
+	}
+	require.Equal(t, 0, s.waitExit(t), "%s", s.log)
+}
