@@ -259,25 +259,20 @@ func (s *Server) renew(ctx context.Context, id clientv3.LeaseID, ttl int64, fail
 }
 
 // KeepAlive implements FencerService.KeepAlive. The handler waits in Recv
-// itself; Shutdown and withdrawn credentials end that wait through the
-// stream's recvGate, so a stream costs one goroutine.
+// and Send itself; Shutdown and withdrawn credentials end those waits
+// through the stream's streamGate, so a stream costs one goroutine.
 func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error {
 	ctx := stream.Context()
 	p := principalOf(ctx)
-	g, err := newRecvGate(ctx)
+	g, ungate, err := s.gate(ctx)
 	if err != nil {
 		return err
 	}
-	stopped := context.AfterFunc(s.stopped, func() { g.end(ErrShuttingDown) })
-	defer stopped()
-	// ctx ends before the stream's own context when the credentials are
-	// withdrawn (see revocable).
-	ended := context.AfterFunc(ctx, func() { g.end(context.Cause(ctx)) })
-	defer ended()
+	defer ungate()
 	verified := map[clientv3.LeaseID]bool{}
 	for {
-		req, err := g.recv(stream.Recv)
-		if err != nil {
+		var req *fencerv1.KeepAliveRequest
+		if err := g.call(func() (err error) { req, err = stream.Recv(); return err }); err != nil {
 			return err
 		}
 		if err := validateKeepAlive(req); err != nil {
@@ -312,7 +307,9 @@ func (s *Server) KeepAlive(stream fencerv1.FencerService_KeepAliveServer) error 
 			return fmt.Errorf("server: keepalive: %w", err)
 		}
 		s.m.keepalives.Inc()
-		if err := stream.Send(&fencerv1.KeepAliveResponse{SessionId: int64(id), TtlSeconds: resp.TTL}); err != nil {
+		if err := g.call(func() error {
+			return stream.Send(&fencerv1.KeepAliveResponse{SessionId: int64(id), TtlSeconds: resp.TTL})
+		}); err != nil {
 			return err
 		}
 	}

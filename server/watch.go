@@ -73,7 +73,16 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	}
 	feed := s.hub.subscribe(id, start, rev)
 	defer s.hub.unsubscribe(feed)
-	if err := stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start}); err != nil {
+	// A client that reads nothing holds Send in gRPC's flow control; the
+	// gate ends it on Shutdown and withdrawn credentials.
+	g, ungate, err := s.gate(ctx)
+	if err != nil {
+		return err
+	}
+	defer ungate()
+	if err := g.call(func() error {
+		return stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start})
+	}); err != nil {
 		return err
 	}
 	for {
@@ -94,7 +103,7 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 			if over, err := s.sessionEndedBy(ctx, id, msg); err != nil || over {
 				return err
 			}
-			if err := stream.Send(msg); err != nil {
+			if err := g.call(func() error { return stream.Send(msg) }); err != nil {
 				return err
 			}
 			if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {

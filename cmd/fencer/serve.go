@@ -251,7 +251,13 @@ func serve(ctx context.Context, f serveFlags, stderr io.Writer) (err error) {
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), f.grace)
 	defer cancel()
-	if serr := srv.Shutdown(sctx); err == nil {
+	switch serr := srv.Shutdown(sctx); {
+	case errors.Is(serr, context.DeadlineExceeded):
+		// The bound on a shutdown, not a failure of it: what still ran
+		// (a call to etcd that has not answered, a stream whose client
+		// reads nothing and so cannot receive its SHUTTING_DOWN) was cut.
+		log.Warn("shutdown grace passed: the calls still open were cut", "grace", f.grace.String())
+	case err == nil:
 		err = serr
 	}
 	if metrics != nil {
