@@ -30,7 +30,7 @@ func (s *Server) readiness(interval time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-s.stop
+		<-s.stopped.Done()
 		cancel()
 	}()
 	t := time.NewTicker(interval)
@@ -110,7 +110,7 @@ func (s *Server) HealthHandler() http.Handler {
 
 func (s *Server) stopping() bool {
 	select {
-	case <-s.stop:
+	case <-s.stopped.Done():
 		return true
 	default:
 		return false

@@ -373,7 +373,7 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 		var b ring.Batch
 		var ok bool
 		select {
-		case <-s.stop:
+		case <-s.stopped.Done():
 			return ErrShuttingDown
 		case <-ctx.Done():
 			return context.Cause(ctx)

@@ -125,9 +125,8 @@ type Server struct {
 	// ringShards: each ring's shards, as read once
 	ringShards ringShardSets
 
-	stopped context.Context    // ended by Shutdown; a signal for context.AfterFunc, no call runs under it
+	stopped context.Context    // ended by Shutdown, which ends the streams; a signal, no call runs under it
 	halt    context.CancelFunc // ends stopped
-	stop    <-chan struct{}    // stopped's Done; ends the streams
 
 	readyEvery time.Duration
 	readyOnce  sync.Once     // starts the readiness checks, in Serve
@@ -161,7 +160,6 @@ func New(cfg Config) (*Server, error) {
 		readyDone:  make(chan struct{}),
 	}
 	s.stopped, s.halt = context.WithCancel(context.Background())
-	s.stop = s.stopped.Done()
 	if s.readyEvery == 0 {
 		s.readyEvery = DefaultReadinessInterval
 	}
@@ -269,7 +267,7 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 		ctx, cancel := context.WithCancel(ss.Context())
 		go func() {
 			select {
-			case <-s.stop:
+			case <-s.stopped.Done():
 			case <-ctx.Done():
 			}
 			cancel()
@@ -289,7 +287,7 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 		}
 		err = handler(srv, &ctxStream{ServerStream: ss, ctx: withPrincipal(etcdContext(ctx), p)})
 		// A stream Shutdown ended has sent SHUTTING_DOWN (a KeepAlive
-		// stream's recvGate writes it at once): a withdrawal after that
+		// stream's streamGate writes it at once): a withdrawal after that
 		// does not change what the client was told.
 		if cause := revoked(ctx); cause != nil && !errors.Is(err, ErrShuttingDown) {
 			err = cause

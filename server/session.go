@@ -204,7 +204,7 @@ func (s *Server) waitFree(ctx context.Context, name string, rev int64, id client
 	defer cancel(nil)
 	go func() {
 		select {
-		case <-s.stop:
+		case <-s.stopped.Done():
 			cancel(ErrShuttingDown)
 		case <-ctx.Done():
 		}

@@ -87,7 +87,7 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 	}
 	for {
 		select {
-		case <-s.stop:
+		case <-s.stopped.Done():
 			return ErrShuttingDown
 		case <-ctx.Done():
 			return ctx.Err()
