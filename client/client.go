@@ -19,9 +19,10 @@ import (
 // It holds no state beyond its connection; methods are safe for concurrent
 // use. Errors are the library's: see fromStatus for the mapping.
 type Client struct {
-	rpc   fencerv1.FencerServiceClient
-	clock Clock
-	puts  *putBatcher
+	rpc      fencerv1.FencerServiceClient
+	clock    Clock
+	puts     *putBatcher
+	sessions *sessionsMux
 }
 
 // Option configures a Client.
@@ -34,7 +35,7 @@ func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 // New returns a Client that calls through cc. It does not close cc.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	rpc := fencerv1.NewFencerServiceClient(cc)
-	c := &Client{rpc: rpc, clock: realClock{}, puts: &putBatcher{rpc: rpc}}
+	c := &Client{rpc: rpc, clock: realClock{}, puts: &putBatcher{rpc: rpc}, sessions: &sessionsMux{rpc: rpc}}
 	for _, o := range opts {
 		o(c)
 	}

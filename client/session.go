@@ -81,9 +81,11 @@ func WithDeadlineFunc(f func(end time.Time)) SessionOption {
 }
 
 // Session is a remote session: an etcd lease that a server granted for
-// this client's principal, renewed over one KeepAlive stream and watched
-// over one WatchLease stream, however many leases it holds. The session is
-// opened by its first acquisition.
+// this client's principal, renewed and watched however many leases it
+// holds: over the one Sessions stream that carries all of the Client's
+// sessions, or, from a server without that call, over a KeepAlive and a
+// WatchLease stream of its own. The session is opened by its first
+// acquisition.
 //
 // The session ends when Close is called, when the server reports it gone,
 // or when no renewal has succeeded before the local deadline: the send
@@ -278,6 +280,7 @@ func (s *Session) start(id int64, secret []byte, deadline time.Time, fromRev int
 		}
 	}
 	s.wg.Add(2)
+	s.c.sessions.use()
 	go s.keepAlive(id, deadline, renewed)
 	go s.watch(id, fromRev)
 	return renewed
@@ -320,12 +323,13 @@ func (s *Session) end(reason error) {
 }
 
 // keepAlive renews the session every third of its window (the TTL, less
-// what WithEndEarly takes) over one KeepAlive stream, reopening it on
-// error, and ends the session when the local deadline passes or the server
-// reports the session gone. With renewed (see start), it renews at once
-// and closes renewed after the first renewal that succeeds.
+// what WithEndEarly takes), reopening its renewer on error, and ends the
+// session when the local deadline passes or the server reports the
+// session gone. With renewed (see start), it renews at once and closes
+// renewed after the first renewal that succeeds.
 func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{}) {
 	defer s.wg.Done()
+	defer s.c.sessions.release() // it returns only once the session has ended
 	window := s.ttl - s.early
 	interval := window / 3
 	first := interval
@@ -340,8 +344,12 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 		expire.Stop()
 	}()
 	expired := fmt.Errorf("%w: no keepalive succeeded within the %s TTL", token.ErrSessionExpired, s.ttl)
-	var ka *keepAliveStream
-	defer func() { ka.close() }()
+	var ka renewer
+	defer func() {
+		if ka != nil {
+			ka.close()
+		}
+	}()
 	retry := s.retry(max(window/10, retryInitial))
 	failed := false
 	for {
@@ -354,11 +362,15 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 		case <-tick.C():
 		}
 		if ka == nil {
-			ka = s.openKeepAlive()
+			ka = s.openRenewer()
 		}
 		sent := s.c.clock.Now()
 		ttl, err := ka.renew(id, expire.C())
 		switch {
+		case errors.Is(err, errLegacy):
+			ka = nil
+			tick.Reset(0)
+			continue
 		case errors.Is(err, errExpired):
 			s.end(expired)
 			return
@@ -409,6 +421,37 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 }
 
 var errExpired = errors.New("client: local deadline passed")
+
+// renewer renews the session.
+type renewer interface {
+	// renew sends one renewal and waits for its answer or for expire
+	// (errExpired).
+	renew(id int64, expire <-chan time.Time) (time.Duration, error)
+	close()
+}
+
+// openRenewer returns the Client's Sessions stream as a renewer, or a
+// KeepAlive stream of the session's own if the server lacks that call.
+func (s *Session) openRenewer() renewer {
+	if s.c.sessions.useLegacy() {
+		return s.openKeepAlive()
+	}
+	return muxRenewer{s.c.sessions}
+}
+
+// muxRenewer renews over the Client's Sessions stream.
+type muxRenewer struct{ m *sessionsMux }
+
+func (r muxRenewer) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+	ms, err := r.m.stream()
+	if err != nil {
+		return 0, err
+	}
+	return ms.renew(id, expire)
+}
+
+// close does nothing: the stream is the Client's.
+func (muxRenewer) close() {}
 
 // keepAliveStream is one KeepAlive stream and the goroutine reading it.
 type keepAliveStream struct {
@@ -490,6 +533,8 @@ func (s *Session) watch(id, from int64) {
 			return
 		}
 		switch {
+		case errors.Is(err, errLegacy):
+			continue // at once, over a WatchLease stream
 		case errors.Is(err, token.ErrSessionExpired):
 			s.end(err)
 			return
@@ -525,14 +570,14 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 	if h := s.hooks.Watch; h != nil {
 		h(*from)
 	}
-	stream, err := s.c.rpc.WatchLease(ctx, &fencerv1.WatchLeaseRequest{SessionId: id, StartRevision: *from})
+	stream, err := s.openWatch(ctx, &fencerv1.WatchLeaseRequest{SessionId: id, StartRevision: *from})
 	if err != nil {
-		return fromStatus(err)
+		return err
 	}
 	for {
 		ev, err := stream.Recv()
 		if err != nil {
-			return fromStatus(err)
+			return err
 		}
 		switch ev.GetType() {
 		case fencerv1.WatchLeaseResponse_TYPE_SYNCED:
@@ -561,6 +606,40 @@ func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.B
 			h(ev)
 		}
 	}
+}
+
+// leaseWatch is a lease watch as the session reads it. Its errors are
+// the library's (fromStatus).
+type leaseWatch interface {
+	Recv() (*fencerv1.WatchLeaseResponse, error)
+}
+
+// openWatch starts a lease watch of req on the Client's Sessions stream,
+// or on a WatchLease stream of its own if the server lacks that call. It
+// lasts until ctx ends.
+func (s *Session) openWatch(ctx context.Context, req *fencerv1.WatchLeaseRequest) (leaseWatch, error) {
+	if s.c.sessions.useLegacy() {
+		stream, err := s.c.rpc.WatchLease(ctx, req)
+		if err != nil {
+			return nil, fromStatus(err)
+		}
+		return watchLeaseStream{stream}, nil
+	}
+	ms, err := s.c.sessions.stream()
+	if err != nil {
+		return nil, err
+	}
+	return ms.startWatch(ctx, req), nil
+}
+
+// watchLeaseStream is a WatchLease stream as a leaseWatch.
+type watchLeaseStream struct {
+	fencerv1.FencerService_WatchLeaseClient
+}
+
+func (w watchLeaseStream) Recv() (*fencerv1.WatchLeaseResponse, error) {
+	ev, err := w.FencerService_WatchLeaseClient.Recv()
+	return ev, fromStatus(err)
 }
 
 // check asks the server whether tok is current.

@@ -148,11 +148,15 @@ type hubFeed struct {
 }
 
 // subscribe feeds the losses of session id from revision start on. now is
-// a revision the store has reached. Release the feed with unsubscribe.
-func (h *leaseHub) subscribe(id clientv3.LeaseID, start, now int64) *hubFeed {
+// a revision the store has reached. notify, if not nil, is called after
+// each message is queued and when the feed ends (see feedQueue.notify).
+// Release the feed with unsubscribe.
+func (h *leaseHub) subscribe(id clientv3.LeaseID, start, now int64, notify func()) *hubFeed {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	f := &hubFeed{id: id, start: start, q: newFeedQueue(h.feed), gone: make(chan struct{})}
+	q := newFeedQueue(h.feed)
+	q.notify = notify
+	f := &hubFeed{id: id, start: start, q: q, gone: make(chan struct{})}
 	if h.closed {
 		h.end(f, ErrShuttingDown)
 		return f
@@ -458,6 +462,9 @@ func (h *leaseHub) end(f *hubFeed, err error) {
 	default:
 		f.err = err
 		close(f.gone)
+		if f.q.notify != nil {
+			f.q.notify()
+		}
 	}
 }
 
@@ -555,7 +562,12 @@ type feedQueue struct {
 	msgs  []*fencerv1.WatchLeaseResponse
 	limit int
 	ready chan struct{} // signalled when a message waits: the stream then takes
-	taken chan struct{} // signalled when the stream took one, for putWait
+	// notify, if not nil, is called with ready's signal, and when the
+	// queue's feed ends: a stream that serves many feeds learns from it
+	// which to look at. It runs under the queue's or the hub's lock, so it
+	// must only signal.
+	notify func()
+	taken  chan struct{} // signalled when the stream took one, for putWait
 }
 
 func newFeedQueue(limit int) *feedQueue {
@@ -579,6 +591,9 @@ func (q *feedQueue) put(msg *fencerv1.WatchLeaseResponse) bool {
 	}
 	q.msgs = append(q.msgs, msg)
 	signal(q.ready)
+	if q.notify != nil {
+		q.notify()
+	}
 	return true
 }
 

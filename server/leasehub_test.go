@@ -93,7 +93,7 @@ func (r *hubRig) now() int64 {
 // subscribe subscribes as WatchLease does, and unsubscribes when the test
 // ends.
 func (r *hubRig) subscribe(id clientv3.LeaseID, start int64) *hubFeed {
-	f := r.hub.subscribe(id, start, r.now())
+	f := r.hub.subscribe(id, start, r.now(), nil)
 	r.t.Cleanup(func() { r.hub.unsubscribe(f) })
 	return f
 }
@@ -196,7 +196,7 @@ func TestLeaseHubCatchesUpAStreamFromBeforeItsBufferThenHandsItOver(t *testing.T
 	r.hold(a, "a1", "a2", "a3")
 	from := r.now() + 1
 	lost1 := r.lose("a1")
-	r.hub.subscribe(r.session(), r.now()+1, r.now()) // the shared watch starts after lost1
+	r.hub.subscribe(r.session(), r.now()+1, r.now(), nil) // the shared watch starts after lost1
 	early := r.subscribe(a, from)
 	require.NotNil(t, early.stopCatchUp, "catching up on a watch of its own")
 	require.Equal(t, lost1, next(t, early).GetRevision())
@@ -273,7 +273,7 @@ func TestLeaseHubDeliversMoreLossesInOneRevisionThanAFeedHolds(t *testing.T) {
 	r.hold(a, names...)
 	from := r.now() + 1
 	lost := r.lose(names...)
-	r.hub.subscribe(r.session(), r.now()+1, r.now())
+	r.hub.subscribe(r.session(), r.now()+1, r.now(), nil)
 	feed := r.subscribe(a, from)
 	for range names {
 		require.Equal(t, lost, next(t, feed).GetRevision())
@@ -343,7 +343,7 @@ func TestLeaseHubCloseEndsFeeds(t *testing.T) {
 	r.hub.close()
 	<-feed.gone
 	require.ErrorIs(t, feed.err, ErrShuttingDown)
-	late := r.hub.subscribe(r.session(), r.now()+1, r.now())
+	late := r.hub.subscribe(r.session(), r.now()+1, r.now(), nil)
 	<-late.gone
 	require.ErrorIs(t, late.err, ErrShuttingDown)
 	require.Zero(t, r.watches())
@@ -359,7 +359,7 @@ func TestLeaseHubNeverJoinsAnUnsubscribedFeed(t *testing.T) {
 	from := r.now() + 1
 	r.lose("a1")
 	r.subscribe(r.session(), r.now()+1) // the shared watch starts after the loss
-	f := r.hub.subscribe(a, from, r.now())
+	f := r.hub.subscribe(a, from, r.now(), nil)
 	require.NotNil(t, f.stopCatchUp)
 	r.hub.mu.Lock()
 	unsubscribed := make(chan struct{})

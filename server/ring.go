@@ -317,7 +317,7 @@ func (s *Server) joinRing(ctx context.Context, stream fencerv1.FencerService_Joi
 	if err != nil {
 		return err
 	}
-	ended := s.ended.subscribe(id, rev)
+	ended := s.ended.subscribe(id, rev, nil)
 	defer s.ended.unsubscribe(ended)
 	if !s.ended.covers(ended, rev) {
 		again, err := s.checkSession(ctx, id, p)

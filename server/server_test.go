@@ -461,8 +461,8 @@ func TestCallMetrics(t *testing.T) {
 	require.Equal(t, 1.0, series("grpc_server_handled_total", `grpc_code="Unauthenticated",grpc_method="Get",`+svc+`,grpc_type="unary"`))
 	require.Equal(t, 1.0, series("grpc_server_handled_total", `grpc_code="OK",grpc_method="Release",`+svc+`,grpc_type="unary"`))
 	require.Equal(t, 1.0, series("grpc_server_handling_seconds_count", `grpc_method="Put",`+svc+`,grpc_type="unary"`))
-	open := series("grpc_server_started_total", `grpc_method="WatchLease",`+svc+`,grpc_type="server_stream"`)
-	require.Equal(t, 1.0, open, "the session's lease watch is open, and none has ended")
+	open := series("grpc_server_started_total", `grpc_method="Sessions",`+svc+`,grpc_type="bidi_stream"`)
+	require.Equal(t, 1.0, open, "the client's Sessions stream is open, and none has ended")
 }
 
 // scrape returns the value of the series (a metric name with its labels,

@@ -86,6 +86,9 @@ type sessionSub struct {
 	id   clientv3.LeaseID
 	gone chan struct{}
 	err  error // why gone was closed; set before
+	// notify, if not nil, is called when gone closes, under the
+	// sessionWatch's lock: it must only signal.
+	notify func()
 
 	// Guarded by the sessionWatch's mu:
 	run  *sessionRun // the run that serves it; nil once it has left or ended
@@ -93,12 +96,13 @@ type sessionSub struct {
 }
 
 // subscribe subscribes to the end of session id, which existed at
-// revision rev (a revision the store has reached). Ask covers next, and
-// release the subscription with unsubscribe.
-func (w *sessionWatch) subscribe(id clientv3.LeaseID, rev int64) *sessionSub {
+// revision rev (a revision the store has reached), calling notify (if
+// not nil) when the subscription ends. Ask covers next, and release the
+// subscription with unsubscribe.
+func (w *sessionWatch) subscribe(id clientv3.LeaseID, rev int64, notify func()) *sessionSub {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	sub := &sessionSub{id: id, gone: make(chan struct{})}
+	sub := &sessionSub{id: id, gone: make(chan struct{}), notify: notify}
 	if w.closed {
 		endSub(sub, ErrShuttingDown)
 		return sub
@@ -278,6 +282,9 @@ func endSub(sub *sessionSub, err error) {
 	default:
 		sub.err = err
 		close(sub.gone)
+		if sub.notify != nil {
+			sub.notify()
+		}
 	}
 }
 

@@ -86,7 +86,7 @@ func TestSessionWatchEndsOnlyTheSessionThatEnded(t *testing.T) {
 	r := newWatchRig(t)
 	a, b, c := r.open(), r.open(), r.open()
 	rev := r.head()
-	subA, subA2, subB, subC := r.w.subscribe(a, rev), r.w.subscribe(a, rev), r.w.subscribe(b, rev), r.w.subscribe(c, rev)
+	subA, subA2, subB, subC := r.w.subscribe(a, rev, nil), r.w.subscribe(a, rev, nil), r.w.subscribe(b, rev, nil), r.w.subscribe(c, rev, nil)
 	for _, sub := range []*sessionSub{subA, subA2, subB, subC} {
 		require.True(t, r.w.covers(sub, rev))
 		require.Same(t, subA.run, sub.run, "one run serves every stream")
@@ -115,13 +115,13 @@ func TestSessionWatchRecordEndsALateSubscriber(t *testing.T) {
 	r := newWatchRig(t)
 	a, other := r.open(), r.open()
 	rev := r.head()
-	first := r.w.subscribe(other, rev) // starts the run at rev+1
+	first := r.w.subscribe(other, rev, nil) // starts the run at rev+1
 	defer r.w.unsubscribe(first)
 	require.True(t, r.w.covers(first, rev))
 	endA := r.end(a)
 	r.seen(endA)
 
-	late := r.w.subscribe(a, rev)
+	late := r.w.subscribe(a, rev, nil)
 	defer r.w.unsubscribe(late)
 	require.Greater(t, late.from, rev+1, "the run is past the stream's read")
 	require.True(t, r.w.covers(late, rev), "the record reaches back to the read")
@@ -143,7 +143,7 @@ func TestSessionWatchAsksForAFreshReadBeyondItsRecord(t *testing.T) {
 		ending = append(ending, r.open())
 	}
 	rev := r.head()
-	first := r.w.subscribe(other, rev)
+	first := r.w.subscribe(other, rev, nil)
 	defer r.w.unsubscribe(first)
 	var last int64
 	for _, id := range ending {
@@ -151,7 +151,7 @@ func TestSessionWatchAsksForAFreshReadBeyondItsRecord(t *testing.T) {
 	}
 	r.seen(last)
 
-	sub := r.w.subscribe(a, rev)
+	sub := r.w.subscribe(a, rev, nil)
 	defer r.w.unsubscribe(sub)
 	require.False(t, r.w.covers(sub, rev), "the record does not reach back to the read")
 	require.True(t, r.w.covers(sub, r.head()), "a read after subscribing")
@@ -172,13 +172,13 @@ func TestSessionWatchEndsItsSubscriptionsWhenItsWatchFails(t *testing.T) {
 	_, err := r.cli.Compact(testContext(t), r.head())
 	require.NoError(t, err)
 
-	sub := r.w.subscribe(a, old-1)
+	sub := r.w.subscribe(a, old-1, nil)
 	awaitGone(t, sub)
 	require.ErrorIs(t, sub.err, ErrWatchCompacted)
 	r.w.unsubscribe(sub)
 
 	rev := r.head()
-	again := r.w.subscribe(a, rev)
+	again := r.w.subscribe(a, rev, nil)
 	defer r.w.unsubscribe(again)
 	require.True(t, r.w.covers(again, rev))
 	r.end(a)
@@ -192,11 +192,11 @@ func TestSessionWatchCloseEndsSubscriptions(t *testing.T) {
 	r := newWatchRig(t)
 	a := r.open()
 	rev := r.head()
-	sub := r.w.subscribe(a, rev)
+	sub := r.w.subscribe(a, rev, nil)
 	r.w.close()
 	awaitGone(t, sub)
 	require.ErrorIs(t, sub.err, ErrShuttingDown)
-	later := r.w.subscribe(a, rev)
+	later := r.w.subscribe(a, rev, nil)
 	require.True(t, gone(later))
 	require.ErrorIs(t, later.err, ErrShuttingDown)
 	require.True(t, r.w.covers(later, rev))

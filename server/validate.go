@@ -104,7 +104,8 @@ func validateValue(field string, v []byte) error {
 	return inField(field, etcdstore.ValidateValue(v))
 }
 
-func validateSessionID(field string, id int64) error {
+// validateID checks an id field (a session_id, a watch_id): positive.
+func validateID(field string, id int64) error {
 	if id <= 0 {
 		return invalidArg(field, strconv.FormatInt(id, 10), "must be positive")
 	}
@@ -144,7 +145,7 @@ func validateAcquire(r *fencerv1.AcquireRequest) error {
 
 // validateKeepAlive checks a KeepAliveRequest.
 func validateKeepAlive(r *fencerv1.KeepAliveRequest) error {
-	return validateSessionID("session_id", r.GetSessionId())
+	return validateID("session_id", r.GetSessionId())
 }
 
 // validateRelease checks a ReleaseRequest and returns its token, checked
@@ -155,7 +156,7 @@ func validateRelease(r *fencerv1.ReleaseRequest) (etcdstore.Checked, error) {
 	case *fencerv1.ReleaseRequest_Token:
 		secret := r.GetHolderSessionSecret()
 		if id := r.GetHolderSessionId(); id != 0 {
-			if err := validateSessionID("holder_session_id", id); err != nil {
+			if err := validateID("holder_session_id", id); err != nil {
 				return etcdstore.Checked{}, err
 			}
 			if len(secret) != SessionSecretLen {
@@ -184,7 +185,7 @@ func validateRelease(r *fencerv1.ReleaseRequest) (etcdstore.Checked, error) {
 		if n := len(r.GetHolderSessionSecret()); n != 0 {
 			return etcdstore.Checked{}, invalidArg("holder_session_secret", fmt.Sprintf("%d bytes", n), "must be empty when session_id is set")
 		}
-		return etcdstore.Checked{}, validateSessionID("session_id", t.SessionId)
+		return etcdstore.Checked{}, validateID("session_id", t.SessionId)
 	default:
 		return etcdstore.Checked{}, invalidArg("target", "", "one of token or session_id is required")
 	}
@@ -392,7 +393,7 @@ func validateOps(branch string, ops []*fencerv1.Op) error {
 
 // validateWatchLease checks a WatchLeaseRequest.
 func validateWatchLease(r *fencerv1.WatchLeaseRequest) error {
-	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+	if err := validateID("session_id", r.GetSessionId()); err != nil {
 		return err
 	}
 	if r.GetStartRevision() < 0 {
@@ -479,7 +480,7 @@ func validateReleaseShards(r *fencerv1.ReleaseShardsRequest) error {
 	if err := validateRing("ring", r.GetRing()); err != nil {
 		return err
 	}
-	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+	if err := validateID("session_id", r.GetSessionId()); err != nil {
 		return err
 	}
 	shards := r.GetShards()
@@ -499,7 +500,7 @@ func validateLeaveRing(r *fencerv1.LeaveRingRequest) error {
 	if err := validateRing("ring", r.GetRing()); err != nil {
 		return err
 	}
-	return validateSessionID("session_id", r.GetSessionId())
+	return validateID("session_id", r.GetSessionId())
 }
 
 // validateOwns checks an OwnsRequest.
@@ -507,7 +508,7 @@ func validateOwns(r *fencerv1.OwnsRequest) error {
 	if err := validateRing("ring", r.GetRing()); err != nil {
 		return err
 	}
-	if err := validateSessionID("session_id", r.GetSessionId()); err != nil {
+	if err := validateID("session_id", r.GetSessionId()); err != nil {
 		return err
 	}
 	return inField("shard", ring.ValidateShard(r.GetShard()))
@@ -526,4 +527,27 @@ func notRingLease(field, name string) error {
 		return invalidArg(field, name, "lease names starting with \""+ring.LeasePrefix+"\" belong to rings: join the ring (JoinRing) to hold its shards, and hand them off with ReleaseShards")
 	}
 	return nil
+}
+
+// validateSessions checks a SessionsRequest.
+func validateSessions(r *fencerv1.SessionsRequest) error {
+	switch q := r.GetRequest().(type) {
+	case *fencerv1.SessionsRequest_Renew:
+		return validateID("renew.session_id", q.Renew.GetSessionId())
+	case *fencerv1.SessionsRequest_Watch:
+		if err := validateID("watch.watch_id", q.Watch.GetWatchId()); err != nil {
+			return err
+		}
+		w := q.Watch.GetWatch()
+		if err := validateID("watch.watch.session_id", w.GetSessionId()); err != nil {
+			return err
+		}
+		if w.GetStartRevision() < 0 {
+			return invalidArg("watch.watch.start_revision", strconv.FormatInt(w.GetStartRevision(), 10), "must not be negative")
+		}
+		return nil
+	case *fencerv1.SessionsRequest_Unwatch:
+		return validateID("unwatch.watch_id", q.Unwatch.GetWatchId())
+	}
+	return invalidArg("request", "", "must set renew, watch or unwatch")
 }

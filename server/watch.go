@@ -40,12 +40,69 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 		return err
 	}
 	ctx := stream.Context()
+	w, err := s.openLeaseWatch(ctx, req, nil)
+	if err != nil {
+		return err
+	}
+	defer s.closeLeaseWatch(w)
+	// A client that reads nothing holds Send in gRPC's flow control; the
+	// gate ends it on Shutdown and withdrawn credentials.
+	g, ungate, err := s.gate(ctx)
+	if err != nil {
+		return err
+	}
+	defer ungate()
+	if err := g.call(func() error { return stream.Send(w.synced()) }); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-s.stopped.Done():
+			return ErrShuttingDown
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.ended.gone:
+		case <-w.feed.gone:
+		case <-w.feed.q.ready:
+		}
+		for {
+			msg, err := s.nextLeaseEvent(ctx, w)
+			if err != nil {
+				return err
+			}
+			if msg == nil {
+				break
+			}
+			if err := g.call(func() error { return stream.Send(msg) }); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// leaseWatch is one lease watch, of a WatchLease stream or of a watch on
+// a Sessions stream: its subscriptions to the end of its session and to
+// the session's losses.
+type leaseWatch struct {
+	id    clientv3.LeaseID
+	start int64 // the first revision it reports
+	ended *sessionSub
+	feed  *hubFeed
+}
+
+// openLeaseWatch checks that req's session is the caller's and starts a
+// watch of it from req's start revision; req must be valid
+// (validateWatchLease). notify, if not nil, is called whenever the watch
+// may have a message or have ended (see nextLeaseEvent), from any
+// goroutine and with the hub's locks held: it must only signal. Close the
+// watch with closeLeaseWatch.
+func (s *Server) openLeaseWatch(ctx context.Context, req *fencerv1.WatchLeaseRequest, notify func()) (*leaseWatch, error) {
 	id := clientv3.LeaseID(req.GetSessionId())
 	var rev int64
 	var err error
 	apart(func() { rev, err = s.checkSession(ctx, id, principalOf(ctx)) })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	start := req.GetStartRevision()
 	if start == 0 {
@@ -56,61 +113,57 @@ func (s *Server) WatchLease(req *fencerv1.WatchLeaseRequest, stream fencerv1.Fen
 		// every revision a client was told of is at most rev. The hub does
 		// not check: its shared watch would accept the start and never
 		// reach it.
-		return inField("start_revision", fmt.Errorf("server: start revision %d is beyond the store's next revision %d: %w", start, rev+1, rpctypes.ErrFutureRev))
+		return nil, inField("start_revision", fmt.Errorf("server: start revision %d is beyond the store's next revision %d: %w", start, rev+1, rpctypes.ErrFutureRev))
 	}
-	ended := s.ended.subscribe(id, rev)
-	defer s.ended.unsubscribe(ended)
+	ended := s.ended.subscribe(id, rev, notify)
 	if !s.ended.covers(ended, rev) {
 		// The session watch has moved past rev and no longer remembers
-		// which sessions ended since: a read now that the stream is
+		// which sessions ended since: a read now that the watch is
 		// subscribed tells.
 		var again int64
 		apart(func() { again, err = s.checkSession(ctx, id, principalOf(ctx)) })
 		if err != nil {
-			return err
+			s.ended.unsubscribe(ended)
+			return nil, err
 		}
 		s.ended.covers(ended, again)
 	}
-	feed := s.hub.subscribe(id, start, rev)
-	defer s.hub.unsubscribe(feed)
-	// A client that reads nothing holds Send in gRPC's flow control; the
-	// gate ends it on Shutdown and withdrawn credentials.
-	g, ungate, err := s.gate(ctx)
-	if err != nil {
-		return err
+	return &leaseWatch{id: id, start: start, ended: ended, feed: s.hub.subscribe(id, start, rev, notify)}, nil
+}
+
+// closeLeaseWatch ends w's subscriptions.
+func (s *Server) closeLeaseWatch(w *leaseWatch) {
+	s.hub.unsubscribe(w.feed)
+	s.ended.unsubscribe(w.ended)
+}
+
+// synced is the event a lease watch sends first.
+func (w *leaseWatch) synced() *fencerv1.WatchLeaseResponse {
+	return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: w.start}
+}
+
+// nextLeaseEvent returns w's next event to send, nil if none waits now,
+// or the error that ends w: its session's end, its feed's failure, or a
+// failed read (see sessionEndedBy). It counts the LOST events it returns.
+func (s *Server) nextLeaseEvent(ctx context.Context, w *leaseWatch) (*fencerv1.WatchLeaseResponse, error) {
+	select {
+	case <-w.ended.gone:
+		return nil, w.ended.err
+	case <-w.feed.gone:
+		return nil, w.feed.err
+	default:
 	}
-	defer ungate()
-	if err := g.call(func() error {
-		return stream.Send(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_SYNCED, Revision: start})
-	}); err != nil {
-		return err
+	msg, ok := w.feed.q.take()
+	if !ok {
+		return nil, nil
 	}
-	for {
-		select {
-		case <-s.stopped.Done():
-			return ErrShuttingDown
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ended.gone:
-			return ended.err
-		case <-feed.gone:
-			return feed.err
-		case <-feed.q.ready:
-			msg, ok := feed.q.take()
-			if !ok {
-				continue
-			}
-			if over, err := s.sessionEndedBy(ctx, id, msg); err != nil || over {
-				return err
-			}
-			if err := g.call(func() error { return stream.Send(msg) }); err != nil {
-				return err
-			}
-			if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
-				s.m.lost.Inc()
-			}
-		}
+	if over, err := s.sessionEndedBy(ctx, w.id, msg); err != nil || over {
+		return nil, err
 	}
+	if msg.GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
+		s.m.lost.Inc()
+	}
+	return msg, nil
 }
 
 // sessionEndedBy reports whether the LOST event msg, of session id, is the

@@ -28,11 +28,12 @@ type Injector struct {
 	outage   error           // nil when there is none
 	only     map[string]bool // the methods the outage fails; nil: all
 	open     map[*stream]struct{}
+	sessions map[*sessionsStream]struct{} // the open Sessions streams; see sessionsStream
 }
 
 // New returns an Injector that is neither counting nor failing calls.
 func New() *Injector {
-	return &Injector{calls: map[string]int{}, open: map[*stream]struct{}{}}
+	return &Injector{calls: map[string]int{}, open: map[*stream]struct{}{}, sessions: map[*sessionsStream]struct{}{}}
 }
 
 // DialOptions returns the options that put the injector into a client:
@@ -81,7 +82,10 @@ func Summary(calls map[string]int) string {
 
 // Start begins an outage: every call from now on fails at once with err,
 // and every stream open now fails its next receive with err. With
-// methods ("/pkg.Service/Method"), only calls of those fail.
+// methods ("/pkg.Service/Method"), only calls of those fail. fencer's
+// Sessions streams go on through an outage of KeepAlive or WatchLease
+// alone, which fails the renewals and watches on them instead (see
+// sessionsStream).
 func (in *Injector) Start(err error, methods ...string) {
 	in.mu.Lock()
 	in.outage, in.only = err, nil
@@ -98,10 +102,32 @@ func (in *Injector) Start(err error, methods ...string) {
 			delete(in.open, s)
 		}
 	}
+	var cut []*sessionsStream
+	if !in.fails(sessionsMethod) {
+		for s := range in.sessions {
+			cut = append(cut, s)
+		}
+	}
+	cutKeepAlive, cutWatch := in.fails(keepAliveMethod), in.fails(watchLeaseMethod)
 	in.mu.Unlock()
 	for _, s := range broken {
 		s.fail(err)
 	}
+	for _, s := range cut {
+		if cutKeepAlive {
+			s.cut(keepAliveMethod, err)
+		}
+		if cutWatch {
+			s.cut(watchLeaseMethod, err)
+		}
+	}
+}
+
+// forget drops a Sessions stream that has ended.
+func (in *Injector) forget(s *sessionsStream) {
+	in.mu.Lock()
+	delete(in.sessions, s)
+	in.mu.Unlock()
 }
 
 // fails reports whether the outage fails calls of method. in.mu must be
@@ -148,6 +174,7 @@ func (in *Injector) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 		return nil, err
 	}
 	s := &stream{ClientStream: cs, in: in, method: method, cancel: cancel}
+	var out grpc.ClientStream = s
 	in.mu.Lock()
 	if in.fails(method) { // started meanwhile
 		err := in.outage
@@ -156,8 +183,13 @@ func (in *Injector) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 		return s, nil
 	}
 	in.open[s] = struct{}{}
+	if method == sessionsMethod {
+		ss := newSessionsStream(s)
+		in.sessions[ss] = struct{}{}
+		out = ss
+	}
 	in.mu.Unlock()
-	return s, nil
+	return out, nil
 }
 
 // stream is an open stream that an outage can break.

@@ -425,7 +425,7 @@ func (x ShardChange_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ShardChange_Kind.Descriptor instead.
 func (ShardChange_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{39, 0}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{47, 0}
 }
 
 // AcquireRequest asks for a named lease.
@@ -2513,6 +2513,578 @@ func (x *WatchLeaseResponse) GetReason() string {
 	return ""
 }
 
+// SessionsRequest is one request of a Sessions stream.
+type SessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request is what the client asks; exactly one is set.
+	//
+	// Types that are valid to be assigned to Request:
+	//
+	//	*SessionsRequest_Renew
+	//	*SessionsRequest_Watch
+	//	*SessionsRequest_Unwatch
+	Request       isSessionsRequest_Request `protobuf_oneof:"request"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsRequest) Reset() {
+	*x = SessionsRequest{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsRequest) ProtoMessage() {}
+
+func (x *SessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsRequest.ProtoReflect.Descriptor instead.
+func (*SessionsRequest) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *SessionsRequest) GetRequest() isSessionsRequest_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *SessionsRequest) GetRenew() *KeepAliveRequest {
+	if x != nil {
+		if x, ok := x.Request.(*SessionsRequest_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *SessionsRequest) GetWatch() *SessionsWatch {
+	if x != nil {
+		if x, ok := x.Request.(*SessionsRequest_Watch); ok {
+			return x.Watch
+		}
+	}
+	return nil
+}
+
+func (x *SessionsRequest) GetUnwatch() *SessionsUnwatch {
+	if x != nil {
+		if x, ok := x.Request.(*SessionsRequest_Unwatch); ok {
+			return x.Unwatch
+		}
+	}
+	return nil
+}
+
+type isSessionsRequest_Request interface {
+	isSessionsRequest_Request()
+}
+
+type SessionsRequest_Renew struct {
+	// renew renews one session, as a KeepAlive request does.
+	Renew *KeepAliveRequest `protobuf:"bytes,1,opt,name=renew,proto3,oneof"`
+}
+
+type SessionsRequest_Watch struct {
+	// watch starts a lease watch.
+	Watch *SessionsWatch `protobuf:"bytes,2,opt,name=watch,proto3,oneof"`
+}
+
+type SessionsRequest_Unwatch struct {
+	// unwatch ends a lease watch.
+	Unwatch *SessionsUnwatch `protobuf:"bytes,3,opt,name=unwatch,proto3,oneof"`
+}
+
+func (*SessionsRequest_Renew) isSessionsRequest_Request() {}
+
+func (*SessionsRequest_Watch) isSessionsRequest_Request() {}
+
+func (*SessionsRequest_Unwatch) isSessionsRequest_Request() {}
+
+// SessionsWatch starts a lease watch on a Sessions stream.
+type SessionsWatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch_id names the watch on this stream, in its events and its end;
+	// the client chooses it, positive and unused among the stream's live
+	// watches.
+	WatchId int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	// watch is what to watch, as in WatchLease.
+	Watch         *WatchLeaseRequest `protobuf:"bytes,2,opt,name=watch,proto3" json:"watch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsWatch) Reset() {
+	*x = SessionsWatch{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsWatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsWatch) ProtoMessage() {}
+
+func (x *SessionsWatch) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsWatch.ProtoReflect.Descriptor instead.
+func (*SessionsWatch) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *SessionsWatch) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+func (x *SessionsWatch) GetWatch() *WatchLeaseRequest {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+// SessionsUnwatch ends a lease watch on a Sessions stream.
+type SessionsUnwatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch_id is the watch to end.
+	WatchId       int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsUnwatch) Reset() {
+	*x = SessionsUnwatch{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsUnwatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsUnwatch) ProtoMessage() {}
+
+func (x *SessionsUnwatch) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsUnwatch.ProtoReflect.Descriptor instead.
+func (*SessionsUnwatch) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *SessionsUnwatch) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+// SessionsResponse is one message of a Sessions stream.
+type SessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// response is what the server tells; exactly one is set.
+	//
+	// Types that are valid to be assigned to Response:
+	//
+	//	*SessionsResponse_Renewed
+	//	*SessionsResponse_RenewFailed
+	//	*SessionsResponse_Event
+	//	*SessionsResponse_WatchEnded
+	Response      isSessionsResponse_Response `protobuf_oneof:"response"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsResponse) Reset() {
+	*x = SessionsResponse{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsResponse) ProtoMessage() {}
+
+func (x *SessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsResponse.ProtoReflect.Descriptor instead.
+func (*SessionsResponse) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SessionsResponse) GetResponse() isSessionsResponse_Response {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetRenewed() *KeepAliveResponse {
+	if x != nil {
+		if x, ok := x.Response.(*SessionsResponse_Renewed); ok {
+			return x.Renewed
+		}
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetRenewFailed() *SessionsRenewFailed {
+	if x != nil {
+		if x, ok := x.Response.(*SessionsResponse_RenewFailed); ok {
+			return x.RenewFailed
+		}
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetEvent() *SessionsWatchEvent {
+	if x != nil {
+		if x, ok := x.Response.(*SessionsResponse_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *SessionsResponse) GetWatchEnded() *SessionsWatchEnded {
+	if x != nil {
+		if x, ok := x.Response.(*SessionsResponse_WatchEnded); ok {
+			return x.WatchEnded
+		}
+	}
+	return nil
+}
+
+type isSessionsResponse_Response interface {
+	isSessionsResponse_Response()
+}
+
+type SessionsResponse_Renewed struct {
+	// renewed answers a renew request that succeeded.
+	Renewed *KeepAliveResponse `protobuf:"bytes,1,opt,name=renewed,proto3,oneof"`
+}
+
+type SessionsResponse_RenewFailed struct {
+	// renew_failed answers a renew request that failed.
+	RenewFailed *SessionsRenewFailed `protobuf:"bytes,2,opt,name=renew_failed,json=renewFailed,proto3,oneof"`
+}
+
+type SessionsResponse_Event struct {
+	// event is one event of a lease watch.
+	Event *SessionsWatchEvent `protobuf:"bytes,3,opt,name=event,proto3,oneof"`
+}
+
+type SessionsResponse_WatchEnded struct {
+	// watch_ended ends a lease watch; no event of it follows.
+	WatchEnded *SessionsWatchEnded `protobuf:"bytes,4,opt,name=watch_ended,json=watchEnded,proto3,oneof"`
+}
+
+func (*SessionsResponse_Renewed) isSessionsResponse_Response() {}
+
+func (*SessionsResponse_RenewFailed) isSessionsResponse_Response() {}
+
+func (*SessionsResponse_Event) isSessionsResponse_Response() {}
+
+func (*SessionsResponse_WatchEnded) isSessionsResponse_Response() {}
+
+// SessionsRenewFailed answers a renew request of a Sessions stream that
+// failed.
+type SessionsRenewFailed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session_id is the session the request named.
+	SessionId int64 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// error is the status a KeepAlive stream renewing the session alone
+	// would have ended with.
+	Error         *SessionsError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsRenewFailed) Reset() {
+	*x = SessionsRenewFailed{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsRenewFailed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsRenewFailed) ProtoMessage() {}
+
+func (x *SessionsRenewFailed) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsRenewFailed.ProtoReflect.Descriptor instead.
+func (*SessionsRenewFailed) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *SessionsRenewFailed) GetSessionId() int64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *SessionsRenewFailed) GetError() *SessionsError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// SessionsWatchEvent is one event of a lease watch on a Sessions stream.
+type SessionsWatchEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch_id is the watch's, as its SessionsWatch named it.
+	WatchId int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	// event is the event, as WatchLease streams it.
+	Event         *WatchLeaseResponse `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsWatchEvent) Reset() {
+	*x = SessionsWatchEvent{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsWatchEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsWatchEvent) ProtoMessage() {}
+
+func (x *SessionsWatchEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsWatchEvent.ProtoReflect.Descriptor instead.
+func (*SessionsWatchEvent) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SessionsWatchEvent) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+func (x *SessionsWatchEvent) GetEvent() *WatchLeaseResponse {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+// SessionsWatchEnded ends a lease watch on a Sessions stream.
+type SessionsWatchEnded struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch_id is the watch's, as its SessionsWatch named it.
+	WatchId int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	// error is the status the watch's WatchLease stream would have ended
+	// with.
+	Error         *SessionsError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsWatchEnded) Reset() {
+	*x = SessionsWatchEnded{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsWatchEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsWatchEnded) ProtoMessage() {}
+
+func (x *SessionsWatchEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsWatchEnded.ProtoReflect.Descriptor instead.
+func (*SessionsWatchEnded) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SessionsWatchEnded) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+func (x *SessionsWatchEnded) GetError() *SessionsError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// SessionsError is a gRPC status carried inside a Sessions stream, for one
+// session's share of it: the code, the message, and the reason and
+// metadata of the google.rpc.ErrorInfo (domain "fencer.dev") that the
+// status would carry as a call's error.
+type SessionsError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is the google.rpc.Code, never 0 (OK).
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// message is the status message.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// reason is the ErrorInfo reason, as ErrorReason names it ("SESSION_NOT_FOUND").
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// metadata is the ErrorInfo metadata.
+	Metadata      map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsError) Reset() {
+	*x = SessionsError{}
+	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsError) ProtoMessage() {}
+
+func (x *SessionsError) ProtoReflect() protoreflect.Message {
+	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsError.ProtoReflect.Descriptor instead.
+func (*SessionsError) Descriptor() ([]byte, []int) {
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SessionsError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SessionsError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SessionsError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionsError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
 // ListLeasesRequest asks for one page of leases.
 type ListLeasesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2530,7 +3102,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2542,7 +3114,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[32]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +3127,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{32}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListLeasesRequest) GetPageSize() int32 {
@@ -2594,7 +3166,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +3178,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[33]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +3191,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{33}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseStatus {
@@ -2666,7 +3238,7 @@ type LeaseStatus struct {
 
 func (x *LeaseStatus) Reset() {
 	*x = LeaseStatus{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +3250,7 @@ func (x *LeaseStatus) String() string {
 func (*LeaseStatus) ProtoMessage() {}
 
 func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[34]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +3263,7 @@ func (x *LeaseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseStatus.ProtoReflect.Descriptor instead.
 func (*LeaseStatus) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{34}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LeaseStatus) GetName() string {
@@ -2761,7 +3333,7 @@ type CreateRingRequest struct {
 
 func (x *CreateRingRequest) Reset() {
 	*x = CreateRingRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +3345,7 @@ func (x *CreateRingRequest) String() string {
 func (*CreateRingRequest) ProtoMessage() {}
 
 func (x *CreateRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[35]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +3358,7 @@ func (x *CreateRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRingRequest.ProtoReflect.Descriptor instead.
 func (*CreateRingRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{35}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateRingRequest) GetRing() string {
@@ -2821,7 +3393,7 @@ type CreateRingResponse struct {
 
 func (x *CreateRingResponse) Reset() {
 	*x = CreateRingResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +3405,7 @@ func (x *CreateRingResponse) String() string {
 func (*CreateRingResponse) ProtoMessage() {}
 
 func (x *CreateRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[36]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +3418,7 @@ func (x *CreateRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRingResponse.ProtoReflect.Descriptor instead.
 func (*CreateRingResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{36}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateRingResponse) GetCreated() bool {
@@ -2885,7 +3457,7 @@ type JoinRingRequest struct {
 
 func (x *JoinRingRequest) Reset() {
 	*x = JoinRingRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2897,7 +3469,7 @@ func (x *JoinRingRequest) String() string {
 func (*JoinRingRequest) ProtoMessage() {}
 
 func (x *JoinRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[37]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2910,7 +3482,7 @@ func (x *JoinRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRingRequest.ProtoReflect.Descriptor instead.
 func (*JoinRingRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{37}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JoinRingRequest) GetRing() string {
@@ -2980,7 +3552,7 @@ type JoinRingResponse struct {
 
 func (x *JoinRingResponse) Reset() {
 	*x = JoinRingResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3564,7 @@ func (x *JoinRingResponse) String() string {
 func (*JoinRingResponse) ProtoMessage() {}
 
 func (x *JoinRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[38]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3577,7 @@ func (x *JoinRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRingResponse.ProtoReflect.Descriptor instead.
 func (*JoinRingResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{38}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRingResponse) GetSnapshot() bool {
@@ -3083,7 +3655,7 @@ type ShardChange struct {
 
 func (x *ShardChange) Reset() {
 	*x = ShardChange{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3667,7 @@ func (x *ShardChange) String() string {
 func (*ShardChange) ProtoMessage() {}
 
 func (x *ShardChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[39]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3680,7 @@ func (x *ShardChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardChange.ProtoReflect.Descriptor instead.
 func (*ShardChange) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{39}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ShardChange) GetKind() ShardChange_Kind {
@@ -3154,7 +3726,7 @@ type ReleaseShardsRequest struct {
 
 func (x *ReleaseShardsRequest) Reset() {
 	*x = ReleaseShardsRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3738,7 @@ func (x *ReleaseShardsRequest) String() string {
 func (*ReleaseShardsRequest) ProtoMessage() {}
 
 func (x *ReleaseShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[40]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3751,7 @@ func (x *ReleaseShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShardsRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseShardsRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{40}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReleaseShardsRequest) GetRing() string {
@@ -3214,7 +3786,7 @@ type ReleaseShardsResponse struct {
 
 func (x *ReleaseShardsResponse) Reset() {
 	*x = ReleaseShardsResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3226,7 +3798,7 @@ func (x *ReleaseShardsResponse) String() string {
 func (*ReleaseShardsResponse) ProtoMessage() {}
 
 func (x *ReleaseShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[41]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3239,7 +3811,7 @@ func (x *ReleaseShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseShardsResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseShardsResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{41}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReleaseShardsResponse) GetReleased() int32 {
@@ -3262,7 +3834,7 @@ type LeaveRingRequest struct {
 
 func (x *LeaveRingRequest) Reset() {
 	*x = LeaveRingRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3274,7 +3846,7 @@ func (x *LeaveRingRequest) String() string {
 func (*LeaveRingRequest) ProtoMessage() {}
 
 func (x *LeaveRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[42]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3287,7 +3859,7 @@ func (x *LeaveRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRingRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRingRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{42}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LeaveRingRequest) GetRing() string {
@@ -3313,7 +3885,7 @@ type LeaveRingResponse struct {
 
 func (x *LeaveRingResponse) Reset() {
 	*x = LeaveRingResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3897,7 @@ func (x *LeaveRingResponse) String() string {
 func (*LeaveRingResponse) ProtoMessage() {}
 
 func (x *LeaveRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[43]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3910,7 @@ func (x *LeaveRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRingResponse.ProtoReflect.Descriptor instead.
 func (*LeaveRingResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{43}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{51}
 }
 
 // OwnsRequest asks whether a member owns a shard.
@@ -3356,7 +3928,7 @@ type OwnsRequest struct {
 
 func (x *OwnsRequest) Reset() {
 	*x = OwnsRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3940,7 @@ func (x *OwnsRequest) String() string {
 func (*OwnsRequest) ProtoMessage() {}
 
 func (x *OwnsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[44]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3953,7 @@ func (x *OwnsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnsRequest.ProtoReflect.Descriptor instead.
 func (*OwnsRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{44}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *OwnsRequest) GetRing() string {
@@ -3418,7 +3990,7 @@ type OwnsResponse struct {
 
 func (x *OwnsResponse) Reset() {
 	*x = OwnsResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3430,7 +4002,7 @@ func (x *OwnsResponse) String() string {
 func (*OwnsResponse) ProtoMessage() {}
 
 func (x *OwnsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[45]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3443,7 +4015,7 @@ func (x *OwnsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnsResponse.ProtoReflect.Descriptor instead.
 func (*OwnsResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{45}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *OwnsResponse) GetOwned() bool {
@@ -3471,7 +4043,7 @@ type RingStatusRequest struct {
 
 func (x *RingStatusRequest) Reset() {
 	*x = RingStatusRequest{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +4055,7 @@ func (x *RingStatusRequest) String() string {
 func (*RingStatusRequest) ProtoMessage() {}
 
 func (x *RingStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[46]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +4068,7 @@ func (x *RingStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingStatusRequest.ProtoReflect.Descriptor instead.
 func (*RingStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{46}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RingStatusRequest) GetRing() string {
@@ -3523,7 +4095,7 @@ type RingStatusResponse struct {
 
 func (x *RingStatusResponse) Reset() {
 	*x = RingStatusResponse{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3535,7 +4107,7 @@ func (x *RingStatusResponse) String() string {
 func (*RingStatusResponse) ProtoMessage() {}
 
 func (x *RingStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[47]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3548,7 +4120,7 @@ func (x *RingStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingStatusResponse.ProtoReflect.Descriptor instead.
 func (*RingStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{47}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RingStatusResponse) GetShardCount() int32 {
@@ -3596,7 +4168,7 @@ type RingMember struct {
 
 func (x *RingMember) Reset() {
 	*x = RingMember{}
-	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +4180,7 @@ func (x *RingMember) String() string {
 func (*RingMember) ProtoMessage() {}
 
 func (x *RingMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fencer_v1_fencer_proto_msgTypes[48]
+	mi := &file_fencer_v1_fencer_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +4193,7 @@ func (x *RingMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RingMember.ProtoReflect.Descriptor instead.
 func (*RingMember) Descriptor() ([]byte, []int) {
-	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{48}
+	return file_fencer_v1_fencer_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RingMember) GetMember() string {
@@ -3799,7 +4371,43 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vTYPE_SYNCED\x10\x01\x12\r\n" +
 	"\tTYPE_LOST\x10\x02\x12\x11\n" +
-	"\rTYPE_PROGRESS\x10\x03\"p\n" +
+	"\rTYPE_PROGRESS\x10\x03\"\xbb\x01\n" +
+	"\x0fSessionsRequest\x123\n" +
+	"\x05renew\x18\x01 \x01(\v2\x1b.fencer.v1.KeepAliveRequestH\x00R\x05renew\x120\n" +
+	"\x05watch\x18\x02 \x01(\v2\x18.fencer.v1.SessionsWatchH\x00R\x05watch\x126\n" +
+	"\aunwatch\x18\x03 \x01(\v2\x1a.fencer.v1.SessionsUnwatchH\x00R\aunwatchB\t\n" +
+	"\arequest\"^\n" +
+	"\rSessionsWatch\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\x122\n" +
+	"\x05watch\x18\x02 \x01(\v2\x1c.fencer.v1.WatchLeaseRequestR\x05watch\",\n" +
+	"\x0fSessionsUnwatch\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\"\x96\x02\n" +
+	"\x10SessionsResponse\x128\n" +
+	"\arenewed\x18\x01 \x01(\v2\x1c.fencer.v1.KeepAliveResponseH\x00R\arenewed\x12C\n" +
+	"\frenew_failed\x18\x02 \x01(\v2\x1e.fencer.v1.SessionsRenewFailedH\x00R\vrenewFailed\x125\n" +
+	"\x05event\x18\x03 \x01(\v2\x1d.fencer.v1.SessionsWatchEventH\x00R\x05event\x12@\n" +
+	"\vwatch_ended\x18\x04 \x01(\v2\x1d.fencer.v1.SessionsWatchEndedH\x00R\n" +
+	"watchEndedB\n" +
+	"\n" +
+	"\bresponse\"d\n" +
+	"\x13SessionsRenewFailed\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x03R\tsessionId\x12.\n" +
+	"\x05error\x18\x02 \x01(\v2\x18.fencer.v1.SessionsErrorR\x05error\"d\n" +
+	"\x12SessionsWatchEvent\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\x123\n" +
+	"\x05event\x18\x02 \x01(\v2\x1d.fencer.v1.WatchLeaseResponseR\x05event\"_\n" +
+	"\x12SessionsWatchEnded\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\x12.\n" +
+	"\x05error\x18\x02 \x01(\v2\x18.fencer.v1.SessionsErrorR\x05error\"\xd6\x01\n" +
+	"\rSessionsError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12B\n" +
+	"\bmetadata\x18\x04 \x03(\v2&.fencer.v1.SessionsError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"p\n" +
 	"\x11ListLeasesRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
@@ -3905,7 +4513,7 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x1aERROR_REASON_SHUTTING_DOWN\x10\r\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x0e\x12\x1f\n" +
 	"\x1bERROR_REASON_RING_NOT_FOUND\x10\x0f\x12\x1e\n" +
-	"\x1aERROR_REASON_RING_CONFLICT\x10\x102\x8f\n" +
+	"\x1aERROR_REASON_RING_CONFLICT\x10\x102\xd8\n" +
 	"\n" +
 	"\rFencerService\x12@\n" +
 	"\aAcquire\x12\x19.fencer.v1.AcquireRequest\x1a\x1a.fencer.v1.AcquireResponse\x12J\n" +
@@ -3920,7 +4528,8 @@ const file_fencer_v1_fencer_proto_rawDesc = "" +
 	"\x06Delete\x12\x18.fencer.v1.DeleteRequest\x1a\x19.fencer.v1.DeleteResponse\x124\n" +
 	"\x03Txn\x12\x15.fencer.v1.TxnRequest\x1a\x16.fencer.v1.TxnResponse\x12K\n" +
 	"\n" +
-	"WatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12I\n" +
+	"WatchLease\x12\x1c.fencer.v1.WatchLeaseRequest\x1a\x1d.fencer.v1.WatchLeaseResponse0\x01\x12G\n" +
+	"\bSessions\x12\x1a.fencer.v1.SessionsRequest\x1a\x1b.fencer.v1.SessionsResponse(\x010\x01\x12I\n" +
 	"\n" +
 	"ListLeases\x12\x1c.fencer.v1.ListLeasesRequest\x1a\x1d.fencer.v1.ListLeasesResponse\x12I\n" +
 	"\n" +
@@ -3945,7 +4554,7 @@ func file_fencer_v1_fencer_proto_rawDescGZIP() []byte {
 }
 
 var file_fencer_v1_fencer_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_fencer_v1_fencer_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_fencer_v1_fencer_proto_goTypes = []any{
 	(ErrorReason)(0),              // 0: fencer.v1.ErrorReason
 	(Compare_Target)(0),           // 1: fencer.v1.Compare.Target
@@ -3984,23 +4593,32 @@ var file_fencer_v1_fencer_proto_goTypes = []any{
 	(*OpResult)(nil),              // 34: fencer.v1.OpResult
 	(*WatchLeaseRequest)(nil),     // 35: fencer.v1.WatchLeaseRequest
 	(*WatchLeaseResponse)(nil),    // 36: fencer.v1.WatchLeaseResponse
-	(*ListLeasesRequest)(nil),     // 37: fencer.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),    // 38: fencer.v1.ListLeasesResponse
-	(*LeaseStatus)(nil),           // 39: fencer.v1.LeaseStatus
-	(*CreateRingRequest)(nil),     // 40: fencer.v1.CreateRingRequest
-	(*CreateRingResponse)(nil),    // 41: fencer.v1.CreateRingResponse
-	(*JoinRingRequest)(nil),       // 42: fencer.v1.JoinRingRequest
-	(*JoinRingResponse)(nil),      // 43: fencer.v1.JoinRingResponse
-	(*ShardChange)(nil),           // 44: fencer.v1.ShardChange
-	(*ReleaseShardsRequest)(nil),  // 45: fencer.v1.ReleaseShardsRequest
-	(*ReleaseShardsResponse)(nil), // 46: fencer.v1.ReleaseShardsResponse
-	(*LeaveRingRequest)(nil),      // 47: fencer.v1.LeaveRingRequest
-	(*LeaveRingResponse)(nil),     // 48: fencer.v1.LeaveRingResponse
-	(*OwnsRequest)(nil),           // 49: fencer.v1.OwnsRequest
-	(*OwnsResponse)(nil),          // 50: fencer.v1.OwnsResponse
-	(*RingStatusRequest)(nil),     // 51: fencer.v1.RingStatusRequest
-	(*RingStatusResponse)(nil),    // 52: fencer.v1.RingStatusResponse
-	(*RingMember)(nil),            // 53: fencer.v1.RingMember
+	(*SessionsRequest)(nil),       // 37: fencer.v1.SessionsRequest
+	(*SessionsWatch)(nil),         // 38: fencer.v1.SessionsWatch
+	(*SessionsUnwatch)(nil),       // 39: fencer.v1.SessionsUnwatch
+	(*SessionsResponse)(nil),      // 40: fencer.v1.SessionsResponse
+	(*SessionsRenewFailed)(nil),   // 41: fencer.v1.SessionsRenewFailed
+	(*SessionsWatchEvent)(nil),    // 42: fencer.v1.SessionsWatchEvent
+	(*SessionsWatchEnded)(nil),    // 43: fencer.v1.SessionsWatchEnded
+	(*SessionsError)(nil),         // 44: fencer.v1.SessionsError
+	(*ListLeasesRequest)(nil),     // 45: fencer.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 46: fencer.v1.ListLeasesResponse
+	(*LeaseStatus)(nil),           // 47: fencer.v1.LeaseStatus
+	(*CreateRingRequest)(nil),     // 48: fencer.v1.CreateRingRequest
+	(*CreateRingResponse)(nil),    // 49: fencer.v1.CreateRingResponse
+	(*JoinRingRequest)(nil),       // 50: fencer.v1.JoinRingRequest
+	(*JoinRingResponse)(nil),      // 51: fencer.v1.JoinRingResponse
+	(*ShardChange)(nil),           // 52: fencer.v1.ShardChange
+	(*ReleaseShardsRequest)(nil),  // 53: fencer.v1.ReleaseShardsRequest
+	(*ReleaseShardsResponse)(nil), // 54: fencer.v1.ReleaseShardsResponse
+	(*LeaveRingRequest)(nil),      // 55: fencer.v1.LeaveRingRequest
+	(*LeaveRingResponse)(nil),     // 56: fencer.v1.LeaveRingResponse
+	(*OwnsRequest)(nil),           // 57: fencer.v1.OwnsRequest
+	(*OwnsResponse)(nil),          // 58: fencer.v1.OwnsResponse
+	(*RingStatusRequest)(nil),     // 59: fencer.v1.RingStatusRequest
+	(*RingStatusResponse)(nil),    // 60: fencer.v1.RingStatusResponse
+	(*RingMember)(nil),            // 61: fencer.v1.RingMember
+	nil,                           // 62: fencer.v1.SessionsError.MetadataEntry
 }
 var file_fencer_v1_fencer_proto_depIdxs = []int32{
 	15, // 0: fencer.v1.PutManyRequest.puts:type_name -> fencer.v1.PutRequest
@@ -4019,53 +4637,67 @@ var file_fencer_v1_fencer_proto_depIdxs = []int32{
 	26, // 13: fencer.v1.OpResult.delete:type_name -> fencer.v1.DeleteResponse
 	21, // 14: fencer.v1.OpResult.get:type_name -> fencer.v1.GetResponse
 	3,  // 15: fencer.v1.WatchLeaseResponse.type:type_name -> fencer.v1.WatchLeaseResponse.Type
-	39, // 16: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
-	44, // 17: fencer.v1.JoinRingResponse.changes:type_name -> fencer.v1.ShardChange
-	4,  // 18: fencer.v1.ShardChange.kind:type_name -> fencer.v1.ShardChange.Kind
-	53, // 19: fencer.v1.RingStatusResponse.members:type_name -> fencer.v1.RingMember
-	5,  // 20: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
-	7,  // 21: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
-	9,  // 22: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
-	11, // 23: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
-	13, // 24: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
-	15, // 25: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
-	17, // 26: fencer.v1.FencerService.PutMany:input_type -> fencer.v1.PutManyRequest
-	20, // 27: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
-	22, // 28: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
-	25, // 29: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
-	27, // 30: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
-	35, // 31: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
-	37, // 32: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
-	40, // 33: fencer.v1.FencerService.CreateRing:input_type -> fencer.v1.CreateRingRequest
-	42, // 34: fencer.v1.FencerService.JoinRing:input_type -> fencer.v1.JoinRingRequest
-	45, // 35: fencer.v1.FencerService.ReleaseShards:input_type -> fencer.v1.ReleaseShardsRequest
-	47, // 36: fencer.v1.FencerService.LeaveRing:input_type -> fencer.v1.LeaveRingRequest
-	49, // 37: fencer.v1.FencerService.Owns:input_type -> fencer.v1.OwnsRequest
-	51, // 38: fencer.v1.FencerService.RingStatus:input_type -> fencer.v1.RingStatusRequest
-	6,  // 39: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
-	8,  // 40: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
-	10, // 41: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
-	12, // 42: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
-	14, // 43: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
-	16, // 44: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
-	18, // 45: fencer.v1.FencerService.PutMany:output_type -> fencer.v1.PutManyResponse
-	21, // 46: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
-	23, // 47: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
-	26, // 48: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
-	28, // 49: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
-	36, // 50: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
-	38, // 51: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
-	41, // 52: fencer.v1.FencerService.CreateRing:output_type -> fencer.v1.CreateRingResponse
-	43, // 53: fencer.v1.FencerService.JoinRing:output_type -> fencer.v1.JoinRingResponse
-	46, // 54: fencer.v1.FencerService.ReleaseShards:output_type -> fencer.v1.ReleaseShardsResponse
-	48, // 55: fencer.v1.FencerService.LeaveRing:output_type -> fencer.v1.LeaveRingResponse
-	50, // 56: fencer.v1.FencerService.Owns:output_type -> fencer.v1.OwnsResponse
-	52, // 57: fencer.v1.FencerService.RingStatus:output_type -> fencer.v1.RingStatusResponse
-	39, // [39:58] is the sub-list for method output_type
-	20, // [20:39] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	7,  // 16: fencer.v1.SessionsRequest.renew:type_name -> fencer.v1.KeepAliveRequest
+	38, // 17: fencer.v1.SessionsRequest.watch:type_name -> fencer.v1.SessionsWatch
+	39, // 18: fencer.v1.SessionsRequest.unwatch:type_name -> fencer.v1.SessionsUnwatch
+	35, // 19: fencer.v1.SessionsWatch.watch:type_name -> fencer.v1.WatchLeaseRequest
+	8,  // 20: fencer.v1.SessionsResponse.renewed:type_name -> fencer.v1.KeepAliveResponse
+	41, // 21: fencer.v1.SessionsResponse.renew_failed:type_name -> fencer.v1.SessionsRenewFailed
+	42, // 22: fencer.v1.SessionsResponse.event:type_name -> fencer.v1.SessionsWatchEvent
+	43, // 23: fencer.v1.SessionsResponse.watch_ended:type_name -> fencer.v1.SessionsWatchEnded
+	44, // 24: fencer.v1.SessionsRenewFailed.error:type_name -> fencer.v1.SessionsError
+	36, // 25: fencer.v1.SessionsWatchEvent.event:type_name -> fencer.v1.WatchLeaseResponse
+	44, // 26: fencer.v1.SessionsWatchEnded.error:type_name -> fencer.v1.SessionsError
+	62, // 27: fencer.v1.SessionsError.metadata:type_name -> fencer.v1.SessionsError.MetadataEntry
+	47, // 28: fencer.v1.ListLeasesResponse.leases:type_name -> fencer.v1.LeaseStatus
+	52, // 29: fencer.v1.JoinRingResponse.changes:type_name -> fencer.v1.ShardChange
+	4,  // 30: fencer.v1.ShardChange.kind:type_name -> fencer.v1.ShardChange.Kind
+	61, // 31: fencer.v1.RingStatusResponse.members:type_name -> fencer.v1.RingMember
+	5,  // 32: fencer.v1.FencerService.Acquire:input_type -> fencer.v1.AcquireRequest
+	7,  // 33: fencer.v1.FencerService.KeepAlive:input_type -> fencer.v1.KeepAliveRequest
+	9,  // 34: fencer.v1.FencerService.Release:input_type -> fencer.v1.ReleaseRequest
+	11, // 35: fencer.v1.FencerService.Check:input_type -> fencer.v1.CheckRequest
+	13, // 36: fencer.v1.FencerService.Advance:input_type -> fencer.v1.AdvanceRequest
+	15, // 37: fencer.v1.FencerService.Put:input_type -> fencer.v1.PutRequest
+	17, // 38: fencer.v1.FencerService.PutMany:input_type -> fencer.v1.PutManyRequest
+	20, // 39: fencer.v1.FencerService.Get:input_type -> fencer.v1.GetRequest
+	22, // 40: fencer.v1.FencerService.ListKeys:input_type -> fencer.v1.ListKeysRequest
+	25, // 41: fencer.v1.FencerService.Delete:input_type -> fencer.v1.DeleteRequest
+	27, // 42: fencer.v1.FencerService.Txn:input_type -> fencer.v1.TxnRequest
+	35, // 43: fencer.v1.FencerService.WatchLease:input_type -> fencer.v1.WatchLeaseRequest
+	37, // 44: fencer.v1.FencerService.Sessions:input_type -> fencer.v1.SessionsRequest
+	45, // 45: fencer.v1.FencerService.ListLeases:input_type -> fencer.v1.ListLeasesRequest
+	48, // 46: fencer.v1.FencerService.CreateRing:input_type -> fencer.v1.CreateRingRequest
+	50, // 47: fencer.v1.FencerService.JoinRing:input_type -> fencer.v1.JoinRingRequest
+	53, // 48: fencer.v1.FencerService.ReleaseShards:input_type -> fencer.v1.ReleaseShardsRequest
+	55, // 49: fencer.v1.FencerService.LeaveRing:input_type -> fencer.v1.LeaveRingRequest
+	57, // 50: fencer.v1.FencerService.Owns:input_type -> fencer.v1.OwnsRequest
+	59, // 51: fencer.v1.FencerService.RingStatus:input_type -> fencer.v1.RingStatusRequest
+	6,  // 52: fencer.v1.FencerService.Acquire:output_type -> fencer.v1.AcquireResponse
+	8,  // 53: fencer.v1.FencerService.KeepAlive:output_type -> fencer.v1.KeepAliveResponse
+	10, // 54: fencer.v1.FencerService.Release:output_type -> fencer.v1.ReleaseResponse
+	12, // 55: fencer.v1.FencerService.Check:output_type -> fencer.v1.CheckResponse
+	14, // 56: fencer.v1.FencerService.Advance:output_type -> fencer.v1.AdvanceResponse
+	16, // 57: fencer.v1.FencerService.Put:output_type -> fencer.v1.PutResponse
+	18, // 58: fencer.v1.FencerService.PutMany:output_type -> fencer.v1.PutManyResponse
+	21, // 59: fencer.v1.FencerService.Get:output_type -> fencer.v1.GetResponse
+	23, // 60: fencer.v1.FencerService.ListKeys:output_type -> fencer.v1.ListKeysResponse
+	26, // 61: fencer.v1.FencerService.Delete:output_type -> fencer.v1.DeleteResponse
+	28, // 62: fencer.v1.FencerService.Txn:output_type -> fencer.v1.TxnResponse
+	36, // 63: fencer.v1.FencerService.WatchLease:output_type -> fencer.v1.WatchLeaseResponse
+	40, // 64: fencer.v1.FencerService.Sessions:output_type -> fencer.v1.SessionsResponse
+	46, // 65: fencer.v1.FencerService.ListLeases:output_type -> fencer.v1.ListLeasesResponse
+	49, // 66: fencer.v1.FencerService.CreateRing:output_type -> fencer.v1.CreateRingResponse
+	51, // 67: fencer.v1.FencerService.JoinRing:output_type -> fencer.v1.JoinRingResponse
+	54, // 68: fencer.v1.FencerService.ReleaseShards:output_type -> fencer.v1.ReleaseShardsResponse
+	56, // 69: fencer.v1.FencerService.LeaveRing:output_type -> fencer.v1.LeaveRingResponse
+	58, // 70: fencer.v1.FencerService.Owns:output_type -> fencer.v1.OwnsResponse
+	60, // 71: fencer.v1.FencerService.RingStatus:output_type -> fencer.v1.RingStatusResponse
+	52, // [52:72] is the sub-list for method output_type
+	32, // [32:52] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_fencer_v1_fencer_proto_init() }
@@ -4091,13 +4723,24 @@ func file_fencer_v1_fencer_proto_init() {
 		(*OpResult_Delete)(nil),
 		(*OpResult_Get)(nil),
 	}
+	file_fencer_v1_fencer_proto_msgTypes[32].OneofWrappers = []any{
+		(*SessionsRequest_Renew)(nil),
+		(*SessionsRequest_Watch)(nil),
+		(*SessionsRequest_Unwatch)(nil),
+	}
+	file_fencer_v1_fencer_proto_msgTypes[35].OneofWrappers = []any{
+		(*SessionsResponse_Renewed)(nil),
+		(*SessionsResponse_RenewFailed)(nil),
+		(*SessionsResponse_Event)(nil),
+		(*SessionsResponse_WatchEnded)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fencer_v1_fencer_proto_rawDesc), len(file_fencer_v1_fencer_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   49,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ const (
 	FencerService_Delete_FullMethodName        = "/fencer.v1.FencerService/Delete"
 	FencerService_Txn_FullMethodName           = "/fencer.v1.FencerService/Txn"
 	FencerService_WatchLease_FullMethodName    = "/fencer.v1.FencerService/WatchLease"
+	FencerService_Sessions_FullMethodName      = "/fencer.v1.FencerService/Sessions"
 	FencerService_ListLeases_FullMethodName    = "/fencer.v1.FencerService/ListLeases"
 	FencerService_CreateRing_FullMethodName    = "/fencer.v1.FencerService/CreateRing"
 	FencerService_JoinRing_FullMethodName      = "/fencer.v1.FencerService/JoinRing"
@@ -142,6 +143,29 @@ type FencerServiceClient interface {
 	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
 	// session is then lost.
 	WatchLease(ctx context.Context, in *WatchLeaseRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchLeaseResponse], error)
+	// Sessions carries the renewals and lease watches of many sessions on one
+	// stream: what KeepAlive and WatchLease do for each session, so that a
+	// client holding many sessions on one connection costs the server one
+	// stream, not two per session. Every session renewed or watched must be
+	// the caller's.
+	//
+	// A renew request is answered by renewed, or by renew_failed with the
+	// status that would have ended that session's KeepAlive stream; the
+	// stream and its other sessions go on. A watch request, which names a
+	// watch_id unused among the stream's live watches, starts a watch
+	// exactly like WatchLease's: its events (SYNCED first) come as event
+	// messages under its watch_id, and it ends with one watch_ended message
+	// carrying the status that would have ended that WatchLease stream
+	// (SESSION_NOT_FOUND, WATCH_COMPACTED, UNAVAILABLE, ...). After an
+	// unwatch request the server sends nothing more for that watch_id; an
+	// unwatch of a watch that has ended is ignored. The server handles
+	// requests in the order they arrive.
+	//
+	// The whole stream ends, as KeepAlive's does, on Shutdown
+	// (SHUTTING_DOWN), when its bearer token is withdrawn (UNAUTHENTICATED),
+	// on a malformed request or a watch_id already live (INVALID_ARGUMENT),
+	// and when the client half-closes it (OK).
+	Sessions(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionsRequest, SessionsResponse], error)
 	// ListLeases returns the leases that have ever been acquired (or those
 	// whose names start with name_prefix), with their current holders and
 	// tokens if held, a page at a time, ordered by name.
@@ -341,6 +365,19 @@ func (c *fencerServiceClient) WatchLease(ctx context.Context, in *WatchLeaseRequ
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type FencerService_WatchLeaseClient = grpc.ServerStreamingClient[WatchLeaseResponse]
 
+func (c *fencerServiceClient) Sessions(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionsRequest, SessionsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &FencerService_ServiceDesc.Streams[2], FencerService_Sessions_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionsRequest, SessionsResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FencerService_SessionsClient = grpc.BidiStreamingClient[SessionsRequest, SessionsResponse]
+
 func (c *fencerServiceClient) ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListLeasesResponse)
@@ -363,7 +400,7 @@ func (c *fencerServiceClient) CreateRing(ctx context.Context, in *CreateRingRequ
 
 func (c *fencerServiceClient) JoinRing(ctx context.Context, in *JoinRingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JoinRingResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &FencerService_ServiceDesc.Streams[2], FencerService_JoinRing_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &FencerService_ServiceDesc.Streams[3], FencerService_JoinRing_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -507,6 +544,29 @@ type FencerServiceServer interface {
 	// SESSION_NOT_FOUND, without a LOST event per lease: every lease of the
 	// session is then lost.
 	WatchLease(*WatchLeaseRequest, grpc.ServerStreamingServer[WatchLeaseResponse]) error
+	// Sessions carries the renewals and lease watches of many sessions on one
+	// stream: what KeepAlive and WatchLease do for each session, so that a
+	// client holding many sessions on one connection costs the server one
+	// stream, not two per session. Every session renewed or watched must be
+	// the caller's.
+	//
+	// A renew request is answered by renewed, or by renew_failed with the
+	// status that would have ended that session's KeepAlive stream; the
+	// stream and its other sessions go on. A watch request, which names a
+	// watch_id unused among the stream's live watches, starts a watch
+	// exactly like WatchLease's: its events (SYNCED first) come as event
+	// messages under its watch_id, and it ends with one watch_ended message
+	// carrying the status that would have ended that WatchLease stream
+	// (SESSION_NOT_FOUND, WATCH_COMPACTED, UNAVAILABLE, ...). After an
+	// unwatch request the server sends nothing more for that watch_id; an
+	// unwatch of a watch that has ended is ignored. The server handles
+	// requests in the order they arrive.
+	//
+	// The whole stream ends, as KeepAlive's does, on Shutdown
+	// (SHUTTING_DOWN), when its bearer token is withdrawn (UNAUTHENTICATED),
+	// on a malformed request or a watch_id already live (INVALID_ARGUMENT),
+	// and when the client half-closes it (OK).
+	Sessions(grpc.BidiStreamingServer[SessionsRequest, SessionsResponse]) error
 	// ListLeases returns the leases that have ever been acquired (or those
 	// whose names start with name_prefix), with their current holders and
 	// tokens if held, a page at a time, ordered by name.
@@ -609,6 +669,9 @@ func (UnimplementedFencerServiceServer) Txn(context.Context, *TxnRequest) (*TxnR
 }
 func (UnimplementedFencerServiceServer) WatchLease(*WatchLeaseRequest, grpc.ServerStreamingServer[WatchLeaseResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchLease not implemented")
+}
+func (UnimplementedFencerServiceServer) Sessions(grpc.BidiStreamingServer[SessionsRequest, SessionsResponse]) error {
+	return status.Error(codes.Unimplemented, "method Sessions not implemented")
 }
 func (UnimplementedFencerServiceServer) ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLeases not implemented")
@@ -850,6 +913,13 @@ func _FencerService_WatchLease_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type FencerService_WatchLeaseServer = grpc.ServerStreamingServer[WatchLeaseResponse]
 
+func _FencerService_Sessions_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(FencerServiceServer).Sessions(&grpc.GenericServerStream[SessionsRequest, SessionsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type FencerService_SessionsServer = grpc.BidiStreamingServer[SessionsRequest, SessionsResponse]
+
 func _FencerService_ListLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListLeasesRequest)
 	if err := dec(in); err != nil {
@@ -1052,6 +1122,12 @@ var FencerService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchLease",
 			Handler:       _FencerService_WatchLease_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Sessions",
+			Handler:       _FencerService_Sessions_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "JoinRing",

@@ -76,6 +76,11 @@ class FencerServiceStub(object):
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.WatchLeaseRequest.SerializeToString,
                 response_deserializer=fencer_dot_v1_dot_fencer__pb2.WatchLeaseResponse.FromString,
                 )
+        self.Sessions = channel.stream_stream(
+                '/fencer.v1.FencerService/Sessions',
+                request_serializer=fencer_dot_v1_dot_fencer__pb2.SessionsRequest.SerializeToString,
+                response_deserializer=fencer_dot_v1_dot_fencer__pb2.SessionsResponse.FromString,
+                )
         self.ListLeases = channel.unary_unary(
                 '/fencer.v1.FencerService/ListLeases',
                 request_serializer=fencer_dot_v1_dot_fencer__pb2.ListLeasesRequest.SerializeToString,
@@ -258,6 +263,34 @@ class FencerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sessions(self, request_iterator, context):
+        """Sessions carries the renewals and lease watches of many sessions on one
+        stream: what KeepAlive and WatchLease do for each session, so that a
+        client holding many sessions on one connection costs the server one
+        stream, not two per session. Every session renewed or watched must be
+        the caller's.
+
+        A renew request is answered by renewed, or by renew_failed with the
+        status that would have ended that session's KeepAlive stream; the
+        stream and its other sessions go on. A watch request, which names a
+        watch_id unused among the stream's live watches, starts a watch
+        exactly like WatchLease's: its events (SYNCED first) come as event
+        messages under its watch_id, and it ends with one watch_ended message
+        carrying the status that would have ended that WatchLease stream
+        (SESSION_NOT_FOUND, WATCH_COMPACTED, UNAVAILABLE, ...). After an
+        unwatch request the server sends nothing more for that watch_id; an
+        unwatch of a watch that has ended is ignored. The server handles
+        requests in the order they arrive.
+
+        The whole stream ends, as KeepAlive's does, on Shutdown
+        (SHUTTING_DOWN), when its bearer token is withdrawn (UNAUTHENTICATED),
+        on a malformed request or a watch_id already live (INVALID_ARGUMENT),
+        and when the client half-closes it (OK).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListLeases(self, request, context):
         """ListLeases returns the leases that have ever been acquired (or those
         whose names start with name_prefix), with their current holders and
@@ -412,6 +445,11 @@ def add_FencerServiceServicer_to_server(servicer, server):
                     servicer.WatchLease,
                     request_deserializer=fencer_dot_v1_dot_fencer__pb2.WatchLeaseRequest.FromString,
                     response_serializer=fencer_dot_v1_dot_fencer__pb2.WatchLeaseResponse.SerializeToString,
+            ),
+            'Sessions': grpc.stream_stream_rpc_method_handler(
+                    servicer.Sessions,
+                    request_deserializer=fencer_dot_v1_dot_fencer__pb2.SessionsRequest.FromString,
+                    response_serializer=fencer_dot_v1_dot_fencer__pb2.SessionsResponse.SerializeToString,
             ),
             'ListLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.ListLeases,
@@ -661,6 +699,23 @@ class FencerService(object):
         return grpc.experimental.unary_stream(request, target, '/fencer.v1.FencerService/WatchLease',
             fencer_dot_v1_dot_fencer__pb2.WatchLeaseRequest.SerializeToString,
             fencer_dot_v1_dot_fencer__pb2.WatchLeaseResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Sessions(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/fencer.v1.FencerService/Sessions',
+            fencer_dot_v1_dot_fencer__pb2.SessionsRequest.SerializeToString,
+            fencer_dot_v1_dot_fencer__pb2.SessionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1,0 +1,334 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+)
+
+// errLegacy means the server has no Sessions call (UNIMPLEMENTED): the
+// session renews and watches over streams of its own (KeepAlive,
+// WatchLease) instead, at once and without backoff.
+var errLegacy = errors.New("client: the server has no Sessions call")
+
+// sessionsMux carries the renewals and lease watches of all of a Client's
+// sessions on one Sessions stream, so that the server holds one stream
+// for them, not two per session. It opens the stream when a session
+// needs it, opens a new one after it breaks, and closes it when the last
+// session ends. After an UNIMPLEMENTED answer it stays out of the way:
+// sessions use KeepAlive and WatchLease streams of their own.
+type sessionsMux struct {
+	rpc fencerv1.FencerServiceClient
+
+	mu     sync.Mutex
+	legacy bool       // the server answered UNIMPLEMENTED
+	users  int        // sessions started and not yet ended
+	cur    *muxStream // nil until needed, and after it broke
+}
+
+// muxStream is one Sessions stream and the goroutine reading it.
+type muxStream struct {
+	stream fencerv1.FencerService_SessionsClient // set before opened closes
+	cancel context.CancelFunc
+	opened chan struct{} // closed once the stream is open, or failed to open
+	done   chan struct{} // closed when the stream has ended; err says why
+	err    error
+
+	send sync.Mutex // one Send at a time, as gRPC requires
+
+	mu      sync.Mutex
+	renews  map[int64]chan renewResult // by session: its renewal in flight
+	watches map[int64]*muxWatch        // by watch_id: the live watches
+	lastID  int64                      // the last watch_id handed out
+}
+
+type renewResult struct {
+	ttl time.Duration
+	err error
+}
+
+// use counts a session in; release counts it out, closing the stream
+// after the last.
+func (m *sessionsMux) use() {
+	m.mu.Lock()
+	m.users++
+	m.mu.Unlock()
+}
+
+func (m *sessionsMux) release() {
+	m.mu.Lock()
+	m.users--
+	var ms *muxStream
+	if m.users == 0 {
+		ms, m.cur = m.cur, nil
+	}
+	m.mu.Unlock()
+	if ms != nil {
+		ms.cancel()
+		<-ms.opened
+		<-ms.done
+	}
+}
+
+// useLegacy reports whether sessions must use streams of their own.
+func (m *sessionsMux) useLegacy() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.legacy
+}
+
+// stream returns the live Sessions stream, opening one if there is none.
+// Callers that come while it opens wait for it.
+func (m *sessionsMux) stream() (*muxStream, error) {
+	m.mu.Lock()
+	if m.legacy {
+		m.mu.Unlock()
+		return nil, errLegacy
+	}
+	ms := m.cur
+	if ms == nil || ms.ended() {
+		ctx, cancel := context.WithCancel(context.Background())
+		ms = &muxStream{cancel: cancel, opened: make(chan struct{}), done: make(chan struct{}),
+			renews: map[int64]chan renewResult{}, watches: map[int64]*muxWatch{}}
+		m.cur = ms
+		m.mu.Unlock()
+		// Opening waits for the connection; release cancels it.
+		stream, err := m.rpc.Sessions(ctx)
+		if err != nil {
+			m.end(ms, err)
+		} else {
+			ms.stream = stream
+			go m.read(ms)
+		}
+		close(ms.opened)
+	} else {
+		m.mu.Unlock()
+	}
+	<-ms.opened
+	if ms.ended() {
+		return nil, ms.err
+	}
+	return ms, nil
+}
+
+// end records why ms ended and closes its done.
+func (m *sessionsMux) end(ms *muxStream, err error) {
+	m.mu.Lock()
+	ms.err = m.failed(err)
+	if m.cur == ms {
+		m.cur = nil
+	}
+	m.mu.Unlock()
+	ms.cancel()
+	close(ms.done)
+}
+
+// ended reports whether ms has ended.
+func (ms *muxStream) ended() bool {
+	select {
+	case <-ms.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// failed is the error a stream's failure err is to its sessions: errLegacy
+// for UNIMPLEMENTED, which it records (m.mu held), else the library's.
+func (m *sessionsMux) failed(err error) error {
+	if status.Code(err) == codes.Unimplemented {
+		m.legacy = true
+		return errLegacy
+	}
+	return fromStatus(err)
+}
+
+// read hands each message of ms to the renewal or watch it answers, until
+// the stream ends; then every renewal and watch still waiting fails with
+// the stream's error.
+func (m *sessionsMux) read(ms *muxStream) {
+	for {
+		resp, err := ms.stream.Recv()
+		if err != nil {
+			m.end(ms, err)
+			return
+		}
+		switch r := resp.GetResponse().(type) {
+		case *fencerv1.SessionsResponse_Renewed:
+			ms.answer(r.Renewed.GetSessionId(), renewResult{ttl: time.Duration(r.Renewed.GetTtlSeconds()) * time.Second})
+		case *fencerv1.SessionsResponse_RenewFailed:
+			ms.answer(r.RenewFailed.GetSessionId(), renewResult{err: fromSessionsError(r.RenewFailed.GetError())})
+		case *fencerv1.SessionsResponse_Event:
+			if w := ms.watch(r.Event.GetWatchId()); w != nil {
+				w.put(r.Event.GetEvent(), nil)
+			}
+		case *fencerv1.SessionsResponse_WatchEnded:
+			if w := ms.watch(r.WatchEnded.GetWatchId()); w != nil {
+				ms.forget(w.id)
+				w.put(nil, fromSessionsError(r.WatchEnded.GetError()))
+			}
+		}
+	}
+}
+
+// fromSessionsError is the library's error for a status carried in a
+// Sessions message: the error the status would be as a call's (fromStatus).
+func fromSessionsError(e *fencerv1.SessionsError) error {
+	st := status.New(codes.Code(e.GetCode()), e.GetMessage())
+	if e.GetCode() == int32(codes.OK) {
+		st = status.New(codes.Unknown, "client: a Sessions message carried an error with code OK")
+	}
+	if e.GetReason() != "" {
+		if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: e.GetReason(), Domain: fencerv1.ErrorDomain, Metadata: e.GetMetadata()}); err == nil {
+			st = withInfo
+		}
+	}
+	return fromStatus(st.Err())
+}
+
+// answer hands session id's renewal its result. An answer nobody waits
+// for (the renewal gave up at its deadline) is dropped.
+func (ms *muxStream) answer(id int64, r renewResult) {
+	ms.mu.Lock()
+	ch := ms.renews[id]
+	delete(ms.renews, id)
+	ms.mu.Unlock()
+	if ch != nil {
+		ch <- r // buffered for one
+	}
+}
+
+// request sends req on the stream. A failed Send means the stream has
+// ended; Recv, in read, then reports why.
+func (ms *muxStream) request(req *fencerv1.SessionsRequest) {
+	ms.send.Lock()
+	defer ms.send.Unlock()
+	_ = ms.stream.Send(req)
+}
+
+// renew renews session id and waits for the answer, the stream's end, or
+// expire.
+func (ms *muxStream) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+	ch := make(chan renewResult, 1)
+	ms.mu.Lock()
+	ms.renews[id] = ch
+	ms.mu.Unlock()
+	ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Renew{Renew: &fencerv1.KeepAliveRequest{SessionId: id}}})
+	select {
+	case r := <-ch:
+		return r.ttl, r.err
+	case <-ms.done:
+		return 0, ms.err
+	case <-expire:
+		ms.mu.Lock()
+		if ms.renews[id] == ch {
+			delete(ms.renews, id)
+		}
+		ms.mu.Unlock()
+		return 0, errExpired
+	}
+}
+
+// watch returns the live watch id, or nil.
+func (ms *muxStream) watch(id int64) *muxWatch {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.watches[id]
+}
+
+// forget drops watch id: messages of it that still arrive are ignored.
+func (ms *muxStream) forget(id int64) {
+	ms.mu.Lock()
+	delete(ms.watches, id)
+	ms.mu.Unlock()
+}
+
+// startWatch starts a lease watch of req on the stream, under a watch_id
+// never used on it before, and returns it. When ctx ends, the watch is
+// ended on the server (unwatch) and forgotten.
+func (ms *muxStream) startWatch(ctx context.Context, req *fencerv1.WatchLeaseRequest) *muxWatch {
+	ms.mu.Lock()
+	ms.lastID++
+	w := &muxWatch{id: ms.lastID, ms: ms, ctx: ctx, ready: make(chan struct{}, 1)}
+	ms.watches[w.id] = w
+	ms.mu.Unlock()
+	ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Watch{Watch: &fencerv1.SessionsWatch{WatchId: w.id, Watch: req}}})
+	context.AfterFunc(ctx, func() {
+		if ms.watch(w.id) == nil {
+			return // it ended on the server
+		}
+		ms.forget(w.id)
+		if !ms.ended() {
+			ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Unwatch{Unwatch: &fencerv1.SessionsUnwatch{WatchId: w.id}}})
+		}
+	})
+	return w
+}
+
+// muxWatch is one lease watch on a Sessions stream. Recv reads it as a
+// WatchLease stream is read.
+type muxWatch struct {
+	id  int64
+	ms  *muxStream
+	ctx context.Context
+
+	mu     sync.Mutex
+	events []*fencerv1.WatchLeaseResponse
+	err    error         // how the server ended the watch; nil while it lives
+	ready  chan struct{} // signalled when events or err have news
+}
+
+// put queues an event, or the watch's end.
+func (w *muxWatch) put(ev *fencerv1.WatchLeaseResponse, err error) {
+	w.mu.Lock()
+	if ev != nil {
+		w.events = append(w.events, ev)
+	} else {
+		w.err = err
+	}
+	w.mu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// Recv returns the watch's next event, or the error that ended it: the
+// server's, the stream's, or the watch's context's.
+func (w *muxWatch) Recv() (*fencerv1.WatchLeaseResponse, error) {
+	for {
+		w.mu.Lock()
+		if len(w.events) > 0 {
+			ev := w.events[0]
+			w.events[0] = nil
+			w.events = w.events[1:]
+			w.mu.Unlock()
+			return ev, nil
+		}
+		err := w.err
+		w.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-w.ready:
+		case <-w.ms.done:
+			// Events read before the stream ended are queued already.
+			w.mu.Lock()
+			n := len(w.events)
+			w.mu.Unlock()
+			if n == 0 {
+				return nil, w.ms.err
+			}
+		case <-w.ctx.Done():
+			return nil, fromStatus(status.FromContextError(w.ctx.Err()).Err())
+		}
+	}
+}
