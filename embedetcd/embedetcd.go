@@ -197,6 +197,13 @@ func (o options) validate() error {
 	return nil
 }
 
+// soloCatchUpEntries is how many applied raft entries a single member
+// keeps in memory after a raft snapshot (etcd's --snapshot-catchup-entries),
+// where a cluster's members keep etcd's default for their followers. The
+// entries are the writes' requests as etcd applied them, a few hundred
+// bytes each for fencer's acquisitions and guarded writes.
+const soloCatchUpEntries = 100
+
 // startMember locks m's data directory and starts its etcd, without
 // waiting for it to serve.
 func startMember(m Member, initialCluster string, o options) (*Server, error) {
@@ -239,6 +246,12 @@ func startMember(m Member, initialCluster string, o options) (*Server, error) {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newZapLogger(o.log.With(slog.String("component", "etcd")), logs))
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
+	if !strings.Contains(initialCluster, ",") {
+		// A single member has no follower to catch up: after each raft
+		// snapshot it keeps soloCatchUpEntries applied entries in memory,
+		// not etcd's 5,000.
+		cfg.SnapshotCatchUpEntries = soloCatchUpEntries
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		lock.Close()

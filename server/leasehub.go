@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,7 +125,7 @@ type hubRun struct {
 	reported int64                                  // next at the last progress report
 	buf      []*clientv3.Event                      // losses, oldest first
 	byLease  map[clientv3.LeaseID][]*clientv3.Event // buf by the session that lost
-	feeds    map[clientv3.LeaseID]map[*hubFeed]bool
+	feeds    members[*hubFeed]
 	delay    time.Duration // before watching: a restart after a failure
 	stopped  bool          // failed or closed: hands out nothing more
 	answered bool          // etcd has answered the watch at least once
@@ -203,20 +204,14 @@ func (h *leaseHub) join(r *hubRun, f *hubFeed, from int64) bool {
 		f.q.put(lostEvent(ev, f.id, h.store))
 	}
 	f.start, f.shared = from, r
-	if r.feeds[f.id] == nil {
-		r.feeds[f.id] = map[*hubFeed]bool{}
-	}
-	r.feeds[f.id][f] = true
+	r.feeds.add(f.id, f)
 	return true
 }
 
 // leave takes f off its shared watch, if it is on one.
 func (h *leaseHub) leave(f *hubFeed) {
 	if r := f.shared; r != nil {
-		delete(r.feeds[f.id], f)
-		if len(r.feeds[f.id]) == 0 {
-			delete(r.feeds, f.id)
-		}
+		r.feeds.remove(f.id, f)
 		f.shared = nil
 	}
 }
@@ -267,7 +262,7 @@ func (h *leaseHub) startShared(start int64) *hubRun {
 func (h *leaseHub) runShared(r *hubRun) *hubRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel, r.done = cancel, make(chan struct{})
-	r.feeds = map[clientv3.LeaseID]map[*hubFeed]bool{}
+	r.feeds = members[*hubFeed]{}
 	h.m.leaseWatches.Inc()
 	go h.follow(ctx, r)
 	return r
@@ -366,7 +361,7 @@ func (h *leaseHub) apply(r *hubRun, wr clientv3.WatchResponse) bool {
 		if h.onLoss != nil {
 			h.onLoss(ev, msg)
 		}
-		for f := range r.feeds[id] {
+		for _, f := range slices.Clone(r.feeds[id]) { // a full feed leaves
 			if ev.Kv.ModRevision < f.start {
 				continue
 			}
@@ -402,7 +397,7 @@ func (h *leaseHub) progress(r *hubRun) {
 	}
 	r.reported = r.next
 	for _, feeds := range r.feeds {
-		for f := range feeds {
+		for _, f := range feeds {
 			report(f, r.next-1)
 		}
 	}
@@ -425,7 +420,7 @@ func (h *leaseHub) failLocked(r *hubRun, err error, restart bool) {
 	r.cancel()
 	r.stopped = true
 	for _, feeds := range r.feeds {
-		for f := range feeds {
+		for _, f := range slices.Clone(feeds) {
 			h.leave(f)
 			h.end(f, err)
 		}

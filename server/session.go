@@ -139,7 +139,7 @@ func (s *Server) acquire(ctx context.Context, id clientv3.LeaseID, principal, na
 		tok, heldAt, err := s.store.AcquireOn(ctx, id, holder, name, lockDelay, mine)
 		switch {
 		case err == nil:
-			s.owners.put(tok, holder)
+			s.owners.put(tok, principal)
 			if h := acquiredHook; h != nil {
 				h(tok)
 			}
@@ -428,7 +428,7 @@ func (s *Server) auditSessionRelease(ctx context.Context, principal string, id c
 // the store's guard decides whether a write commits; this check decides
 // who may present the token.
 func (s *Server) checkOwner(ctx context.Context, tok token.Token, principal string) error {
-	holder, ok := s.owners.get(tok)
+	owner, ok := s.owners.get(tok)
 	if !ok {
 		st, err := s.store.Status(ctx, tok.Lease)
 		if err != nil {
@@ -437,20 +437,22 @@ func (s *Server) checkOwner(ctx context.Context, tok token.Token, principal stri
 		if st.Token.Revision != tok.Revision {
 			return &token.StaleError{Token: tok, Newer: st.Token}
 		}
-		holder = st.Holder
-		s.owners.put(tok, holder)
+		owner = principalOfHolder(st.Holder)
+		s.owners.put(tok, owner)
 	}
-	if principalOfHolder(holder) != principal {
+	if owner != principal {
 		return fmt.Errorf("%w: token %s is held by another principal", ErrPermissionDenied, tok)
 	}
 	return nil
 }
 
-// ownerCache remembers which holder acquired a token. A holder key's
+// ownerCache remembers which principal acquired a token. A holder key's
 // record never changes while its create revision stays the same, so an
 // entry never goes stale in a way that matters: once the key is replaced
 // the token is stale and the store's guard rejects it. The cache is bounded
-// and simply emptied when full.
+// and simply emptied when full. It keeps the principal, the string the
+// authenticator gave the call (shared by a principal's calls), rather
+// than the holder name, which would be a string per token.
 type ownerCache struct {
 	mu sync.Mutex
 	m  map[ownerKey]string
@@ -470,11 +472,11 @@ func (c *ownerCache) get(tok token.Token) (string, bool) {
 	return h, ok
 }
 
-func (c *ownerCache) put(tok token.Token, holder string) {
+func (c *ownerCache) put(tok token.Token, principal string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= ownerCacheSize {
 		c.m = make(map[ownerKey]string)
 	}
-	c.m[ownerKey{tok.Lease, tok.Revision}] = holder
+	c.m[ownerKey{tok.Lease, tok.Revision}] = principal
 }

@@ -77,7 +77,7 @@ type sessionRun struct {
 	since   int64 // ended holds every session that ended from here on
 	ended   map[clientv3.LeaseID]int64
 	order   []clientv3.LeaseID // ended's sessions, oldest first
-	subs    map[clientv3.LeaseID]map[*sessionSub]bool
+	subs    members[*sessionSub]
 	stopped bool
 }
 
@@ -112,10 +112,7 @@ func (w *sessionWatch) subscribe(id clientv3.LeaseID, rev int64, notify func()) 
 	}
 	r := w.run
 	sub.run, sub.from = r, r.next
-	if r.subs[id] == nil {
-		r.subs[id] = map[*sessionSub]bool{}
-	}
-	r.subs[id][sub] = true
+	r.subs.add(id, sub)
 	return sub
 }
 
@@ -152,10 +149,7 @@ func (w *sessionWatch) leave(sub *sessionSub) {
 	if r == nil {
 		return
 	}
-	delete(r.subs[sub.id], sub)
-	if len(r.subs[sub.id]) == 0 {
-		delete(r.subs, sub.id)
-	}
+	r.subs.remove(sub.id, sub)
 	sub.run = nil
 }
 
@@ -178,7 +172,7 @@ func (w *sessionWatch) close() {
 func (w *sessionWatch) start(next int64) *sessionRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &sessionRun{cancel: cancel, done: make(chan struct{}), next: next, since: next,
-		ended: map[clientv3.LeaseID]int64{}, subs: map[clientv3.LeaseID]map[*sessionSub]bool{}}
+		ended: map[clientv3.LeaseID]int64{}, subs: members[*sessionSub]{}}
 	go w.follow(ctx, r)
 	return r
 }
@@ -228,7 +222,7 @@ func (w *sessionWatch) apply(r *sessionRun, wr clientv3.WatchResponse) bool {
 		rev := ev.Kv.ModRevision
 		r.ended[id] = rev
 		r.order = append(r.order, id)
-		for sub := range r.subs[id] {
+		for _, sub := range r.subs[id] {
 			sub.run = nil
 			endSub(sub, sessionEnded(rev))
 		}
@@ -264,7 +258,7 @@ func (w *sessionWatch) failLocked(r *sessionRun, err error) {
 	r.cancel()
 	r.stopped = true
 	for _, subs := range r.subs {
-		for sub := range subs {
+		for _, sub := range subs {
 			sub.run = nil
 			endSub(sub, err)
 		}
