@@ -31,7 +31,7 @@ func (s *Server) Sessions(stream fencerv1.FencerService_SessionsServer) error {
 		return err
 	}
 	defer ungate()
-	m := &sessionsStream{s: s, ctx: ctx, principal: principalOf(ctx), wake: make(chan struct{}, 1),
+	m := &sessionsStream{s: s, ctx: ctx, principal: principalOf(ctx), wake: make(chan struct{}, 1), room: make(chan struct{}, 1),
 		watches: map[int64]*streamWatch{}, verified: map[clientv3.LeaseID]bool{}}
 	defer m.close()
 	received := make(chan error, 1)
@@ -60,6 +60,19 @@ func (s *Server) Sessions(stream fencerv1.FencerService_SessionsServer) error {
 	}
 }
 
+// Bounds of one Sessions stream.
+const (
+	// MaxStreamWatches is the most live watches a Sessions stream may
+	// have; a watch beyond it ends at once with INVALID_ARGUMENT (field
+	// watch.watch_id), the stream and its other watches going on.
+	MaxStreamWatches = 1 << 16
+	// maxPendingReplies is the most replies a Sessions stream queues
+	// for a client that does not read them: past it the server stops
+	// reading the stream's requests until the client reads, so that
+	// gRPC's flow control holds the client back.
+	maxPendingReplies = 1024
+)
+
 // sessionsStream is the state of one Sessions stream. Its receiver adds
 // to out and to watches; its handler sends.
 type sessionsStream struct {
@@ -67,6 +80,7 @@ type sessionsStream struct {
 	ctx       context.Context
 	principal string
 	wake      chan struct{} // signalled when out or ready has something
+	room      chan struct{} // signalled when the handler has taken out
 
 	// Only the receiver uses verified: sessions found to be the
 	// principal's, as KeepAlive keeps them.
@@ -103,10 +117,30 @@ func (m *sessionsStream) mark(sw *streamWatch) {
 
 // reply queues msg to be sent and wakes the handler.
 func (m *sessionsStream) reply(msg *fencerv1.SessionsResponse) {
+	m.awaitRoom()
 	m.mu.Lock()
 	m.out = append(m.out, msg)
 	m.mu.Unlock()
 	signal(m.wake)
+}
+
+// awaitRoom waits while maxPendingReplies replies wait to be sent, or
+// until the stream ends. Only the receiver queues replies, so there is
+// room for one when it returns.
+func (m *sessionsStream) awaitRoom() {
+	for {
+		m.mu.Lock()
+		full := len(m.out) >= maxPendingReplies && !m.closed
+		m.mu.Unlock()
+		if !full {
+			return
+		}
+		select {
+		case <-m.room:
+		case <-m.ctx.Done():
+			return
+		}
+	}
 }
 
 // flush sends the queued replies, then each ready watch's events, ending a
@@ -119,6 +153,7 @@ func (m *sessionsStream) flush(send func(*fencerv1.SessionsResponse) error) erro
 		sw.marked = false
 	}
 	m.mu.Unlock()
+	signal(m.room)
 	for _, msg := range out {
 		if err := send(msg); err != nil {
 			return err
@@ -273,12 +308,17 @@ func (m *sessionsStream) verify(id clientv3.LeaseID) error {
 func (m *sessionsStream) watch(id int64, req *fencerv1.WatchLeaseRequest) error {
 	m.mu.Lock()
 	_, taken := m.watches[id]
+	full := len(m.watches) >= MaxStreamWatches
 	m.mu.Unlock()
 	if taken {
 		return invalidArg("watch.watch_id", strconv.FormatInt(id, 10), "is a live watch of this stream")
 	}
 	sw := &streamWatch{id: id}
-	w, err := m.s.openLeaseWatch(m.ctx, req, func() { m.mark(sw) })
+	var w *leaseWatch
+	err := invalidArg("watch.watch_id", strconv.FormatInt(id, 10), fmt.Sprintf("the stream has %d live watches, the most it may have", MaxStreamWatches))
+	if !full {
+		w, err = m.s.openLeaseWatch(m.ctx, req, func() { m.mark(sw) })
+	}
 	if err != nil {
 		m.reply(&fencerv1.SessionsResponse{Response: &fencerv1.SessionsResponse_WatchEnded{
 			WatchEnded: &fencerv1.SessionsWatchEnded{WatchId: id, Error: sessionsError(err)},
@@ -286,6 +326,7 @@ func (m *sessionsStream) watch(id int64, req *fencerv1.WatchLeaseRequest) error 
 		return nil
 	}
 	sw.w = w
+	m.awaitRoom()
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -306,8 +347,9 @@ func (m *sessionsStream) watch(id int64, req *fencerv1.WatchLeaseRequest) error 
 	return nil
 }
 
-// unwatch ends watch id, if it is live; no message of it is sent after
-// this returns.
+// unwatch ends watch id, if it is live: the handler sends no more of its
+// messages, but for one it may be sending as this runs (the client drops
+// messages of watches it has left).
 func (m *sessionsStream) unwatch(id int64) {
 	m.mu.Lock()
 	sw := m.watches[id]

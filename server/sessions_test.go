@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -360,4 +361,43 @@ func mustParse(t *testing.T, s string) token.Token {
 	tok, err := token.Parse(s)
 	require.NoError(t, err)
 	return tok
+}
+
+// TestSessionsStreamHoldsBackAClientThatDoesNotRead: a client that sends
+// renewals and reads none of the answers is held back by flow control:
+// the server stops reading its requests rather than queue answers without
+// bound, and the stream still ends on Shutdown.
+func TestSessionsStreamHoldsBackAClientThatDoesNotRead(t *testing.T) {
+	ctx := fencertest.Context(t)
+	addr, srv := startServer(t, fencertest.SharedStore(t))
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "unread", TtlSeconds: 30})
+	require.NoError(t, err)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := rpc.Sessions(sctx)
+	require.NoError(t, err)
+	var sent atomic.Int64
+	go func() {
+		req := &fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Renew{Renew: &fencerv1.KeepAliveRequest{SessionId: a.GetSessionId()}}}
+		for st.Send(req) == nil {
+			sent.Add(1)
+		}
+	}()
+	prev, still := int64(-1), time.Now()
+	require.Eventually(t, func() bool {
+		if n := sent.Load(); n != prev {
+			prev, still = n, time.Now()
+		}
+		return time.Since(still) > time.Second
+	}, 60*time.Second, 50*time.Millisecond, "the server read every request of a client that reads nothing")
+	t.Logf("the client's sends stalled after %d renewals", sent.Load())
+	require.Equal(t, 2, goroutinesIn(t, "server.(*Server).Sessions"))
+	// The handler, held in Send, returns at once; the connection, whose
+	// unread replies hold the stream's status back, closes at the grace.
+	shutdown, scancel := context.WithTimeout(ctx, 3*time.Second)
+	defer scancel()
+	go func() { _ = srv.Shutdown(shutdown) }()
+	require.Eventually(t, func() bool { return goroutinesIn(t, "server.(*Server).Sessions") == 0 }, 2*time.Second, 20*time.Millisecond,
+		"the Sessions handler of a client that reads nothing still runs after Shutdown")
 }
