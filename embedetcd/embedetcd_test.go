@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdserver"
 
 	"github.com/fencer-dev/fencer/embedetcd"
 	"github.com/fencer-dev/fencer/fencertest"
@@ -32,6 +33,7 @@ func TestRestartKeepsDataAndPorts(t *testing.T) {
 	require.NotZero(t, srv.Member().ClientPort)
 	require.NotZero(t, srv.Member().PeerPort)
 	require.True(t, srv.IsLeader())
+	require.EqualValues(t, embedetcd.SoloCatchUpEntries, srv.CatchUpEntries(), "a single member keeps few raft entries after a snapshot")
 	put(t, srv.Endpoint(), "k", "v")
 	srv.Close()
 	srv.Close() // idempotent
@@ -61,6 +63,9 @@ func TestStartClusterElectsOneLeader(t *testing.T) {
 		}
 	}()
 	require.Len(t, embedetcd.Endpoints(servers), 3)
+	for _, s := range servers {
+		require.EqualValues(t, etcdserver.DefaultSnapshotCatchUpEntries, s.CatchUpEntries(), "a cluster's members keep etcd's default for their followers")
+	}
 	require.Eventually(t, func() bool {
 		leaders := 0
 		for _, s := range servers {
