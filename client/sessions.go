@@ -33,7 +33,8 @@ type sessionsMux struct {
 	cur    *muxStream // nil until needed, and after it broke
 }
 
-// muxStream is one Sessions stream and the goroutine reading it.
+// muxStream is one Sessions stream and its two goroutines: one reads it
+// (read), one writes the queued requests (sendAll).
 type muxStream struct {
 	stream fencerv1.FencerService_SessionsClient // set before opened closes
 	cancel context.CancelFunc
@@ -41,12 +42,12 @@ type muxStream struct {
 	done   chan struct{} // closed when the stream has ended; err says why
 	err    error
 
-	send sync.Mutex // one Send at a time, as gRPC requires
-
 	mu      sync.Mutex
-	renews  map[int64]chan renewResult // by session: its renewal in flight
-	watches map[int64]*muxWatch        // by watch_id: the live watches
-	lastID  int64                      // the last watch_id handed out
+	queue   []*fencerv1.SessionsRequest // requests the sender has yet to send
+	queued  chan struct{}               // signalled when queue grows
+	renews  map[int64]chan renewResult  // by session: its renewal in flight
+	watches map[int64]*muxWatch         // by watch_id: the live watches
+	lastID  int64                       // the last watch_id handed out
 }
 
 type renewResult struct {
@@ -95,7 +96,7 @@ func (m *sessionsMux) stream() (*muxStream, error) {
 	ms := m.cur
 	if ms == nil || ms.ended() {
 		ctx, cancel := context.WithCancel(context.Background())
-		ms = &muxStream{cancel: cancel, opened: make(chan struct{}), done: make(chan struct{}),
+		ms = &muxStream{cancel: cancel, opened: make(chan struct{}), done: make(chan struct{}), queued: make(chan struct{}, 1),
 			renews: map[int64]chan renewResult{}, watches: map[int64]*muxWatch{}}
 		m.cur = ms
 		m.mu.Unlock()
@@ -106,6 +107,7 @@ func (m *sessionsMux) stream() (*muxStream, error) {
 		} else {
 			ms.stream = stream
 			go m.read(ms)
+			go ms.sendAll()
 		}
 		close(ms.opened)
 	} else {
@@ -205,12 +207,38 @@ func (ms *muxStream) answer(id int64, r renewResult) {
 	}
 }
 
-// request sends req on the stream. A failed Send means the stream has
-// ended; Recv, in read, then reports why.
+// request queues req for the stream's sender and returns at once: a
+// session's deadline never waits for a Send that gRPC's flow control
+// holds.
 func (ms *muxStream) request(req *fencerv1.SessionsRequest) {
-	ms.send.Lock()
-	defer ms.send.Unlock()
-	_ = ms.stream.Send(req)
+	ms.mu.Lock()
+	ms.queue = append(ms.queue, req)
+	ms.mu.Unlock()
+	select {
+	case ms.queued <- struct{}{}:
+	default:
+	}
+}
+
+// sendAll sends the queued requests in order until the stream ends. A
+// failed Send means the stream has ended; Recv, in read, then reports why.
+func (ms *muxStream) sendAll() {
+	for {
+		select {
+		case <-ms.done:
+			return
+		case <-ms.queued:
+		}
+		ms.mu.Lock()
+		queue := ms.queue
+		ms.queue = nil
+		ms.mu.Unlock()
+		for _, req := range queue {
+			if ms.stream.Send(req) != nil {
+				return
+			}
+		}
+	}
 }
 
 // renew renews session id and waits for the answer, the stream's end, or

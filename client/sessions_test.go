@@ -1,0 +1,86 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
+	"github.com/fencer-dev/fencer/token"
+)
+
+// stuckServer answers Acquire, and holds every Send of a Sessions stream
+// as gRPC's flow control holds it when the server reads nothing.
+type stuckServer struct {
+	fencerv1.FencerServiceClient // nil: any other method panics
+	sends                        chan struct{}
+}
+
+func (s *stuckServer) Acquire(_ context.Context, req *fencerv1.AcquireRequest, _ ...grpc.CallOption) (*fencerv1.AcquireResponse, error) {
+	return &fencerv1.AcquireResponse{SessionId: 7, TtlSeconds: req.GetTtlSeconds(), Token: token.Token{Lease: req.GetName(), Epoch: 1, Revision: 2}.String(), Holder: "p/7"}, nil
+}
+
+func (s *stuckServer) Release(context.Context, *fencerv1.ReleaseRequest, ...grpc.CallOption) (*fencerv1.ReleaseResponse, error) {
+	return &fencerv1.ReleaseResponse{}, nil
+}
+
+func (s *stuckServer) Sessions(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[fencerv1.SessionsRequest, fencerv1.SessionsResponse], error) {
+	return &stuckStream{ctx: ctx, sends: s.sends}, nil
+}
+
+type stuckStream struct {
+	grpc.ClientStream // nil: any other method panics
+	ctx               context.Context
+	sends             chan struct{}
+}
+
+func (s *stuckStream) Send(*fencerv1.SessionsRequest) error {
+	s.sends <- struct{}{}
+	<-s.ctx.Done()
+	return errors.New("stuck: the stream ended")
+}
+
+func (s *stuckStream) Recv() (*fencerv1.SessionsResponse, error) {
+	<-s.ctx.Done()
+	return nil, status.FromContextError(s.ctx.Err()).Err()
+}
+
+// TestSessionEndsAtItsDeadlineWhileItsRenewalCannotBeSent: a renewal
+// whose Send flow control holds does not hold the session's deadline: the
+// session ends when its TTL has passed without a renewal.
+func TestSessionEndsAtItsDeadlineWhileItsRenewalCannotBeSent(t *testing.T) {
+	srv := &stuckServer{sends: make(chan struct{}, 16)}
+	c := &Client{rpc: srv, clock: realClock{}, puts: &putBatcher{rpc: srv}, sessions: &sessionsMux{rpc: srv}}
+	s, err := c.NewSession(WithTTL(time.Second))
+	require.NoError(t, err)
+	defer func() {
+		closed := make(chan struct{})
+		go func() {
+			_ = s.Close(context.Background())
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Error("Close did not return")
+		}
+	}()
+	l, err := s.Acquire(context.Background(), "stuck")
+	require.NoError(t, err)
+	select {
+	case <-srv.sends:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request reached the stream")
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("the lease outlived its session's TTL while the renewal's Send was held")
+	}
+	require.ErrorIs(t, l.Err(), token.ErrSessionExpired)
+}
