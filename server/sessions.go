@@ -49,7 +49,9 @@ func (s *Server) Sessions(stream fencerv1.FencerService_SessionsServer) error {
 			return ctx.Err()
 		case err := <-received:
 			if errors.Is(err, io.EOF) {
-				return nil
+				// The client is done asking: it gets what it was
+				// answered, and the stream ends.
+				return m.flush(send)
 			}
 			return err
 		case <-m.wake:
