@@ -46,6 +46,8 @@ func FuzzValidateRequests(f *testing.F) {
 	seed(&fencerv1.LeaveRingRequest{Ring: "orders", SessionId: 7})
 	seed(&fencerv1.OwnsRequest{Ring: "orders", SessionId: 7, Shard: "3"})
 	seed(&fencerv1.RingStatusRequest{Ring: "Orders"})
+	seed(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Watch{Watch: &fencerv1.SessionsWatch{WatchId: 3, Watch: &fencerv1.WatchLeaseRequest{SessionId: 7, StartRevision: 9}}}})
+	seed(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Renew{Renew: &fencerv1.KeepAliveRequest{SessionId: 7}}})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		storeToken := func(tok token.Token) {
 			if err := tok.Validate(); err != nil {
@@ -178,6 +180,25 @@ func FuzzValidateRequests(f *testing.F) {
 		var w fencerv1.WatchLeaseRequest
 		if proto.Unmarshal(b, &w) == nil && validateWatchLease(&w) == nil && (w.GetSessionId() <= 0 || w.GetStartRevision() < 0) {
 			t.Fatalf("accepted watch %v", &w)
+		}
+		var sr fencerv1.SessionsRequest
+		if proto.Unmarshal(b, &sr) == nil && validateSessions(&sr) == nil {
+			switch r := sr.GetRequest().(type) {
+			case *fencerv1.SessionsRequest_Renew:
+				if r.Renew.GetSessionId() <= 0 {
+					t.Fatalf("accepted renewal %v", &sr)
+				}
+			case *fencerv1.SessionsRequest_Watch:
+				if w := r.Watch.GetWatch(); r.Watch.GetWatchId() <= 0 || w.GetSessionId() <= 0 || w.GetStartRevision() < 0 || validateWatchLease(w) != nil {
+					t.Fatalf("accepted watch %v", &sr)
+				}
+			case *fencerv1.SessionsRequest_Unwatch:
+				if r.Unwatch.GetWatchId() <= 0 {
+					t.Fatalf("accepted unwatch %v", &sr)
+				}
+			default:
+				t.Fatalf("accepted empty request %v", &sr)
+			}
 		}
 		for _, m := range []proto.Message{&fencerv1.CheckRequest{}, &fencerv1.AdvanceRequest{}, &fencerv1.DeleteRequest{}, &fencerv1.KeepAliveRequest{}, &fencerv1.ListLeasesRequest{}, &fencerv1.ListKeysRequest{}} {
 			if proto.Unmarshal(b, m) != nil {
