@@ -517,7 +517,7 @@ func (ka *keepAliveStream) close() {
 	<-ka.done
 }
 
-// watch follows the session's WatchLease stream from revision from and
+// watch follows the session's lease watch from revision from and
 // ends each lease reported lost. When the stream breaks it watches again,
 // with backoff, from the last revision it saw; when that revision was
 // compacted it watches from now and checks every held token (and every
@@ -562,7 +562,7 @@ func (s *Session) pause(d time.Duration) bool {
 	return true
 }
 
-// watchOnce follows one WatchLease stream until it ends. Once the server
+// watchOnce follows one lease watch until it ends. Once the server
 // has synced it, retry starts over.
 func (s *Session) watchOnce(id int64, from *int64, resync *bool, retry backoff.BackOff) error {
 	ctx, cancel := context.WithCancel(s.ctx)
