@@ -268,6 +268,7 @@ const scalePuts = 300
 // sessionPoint is what one arm measured at one number of sessions.
 type sessionPoint struct {
 	sessions, leases int
+	each             bool // a connection per session
 	idleMB, rssMB    float64
 	goroutines       float64
 	keepalivesPerSec float64
@@ -284,14 +285,24 @@ const etcdRenewed = "etcd_debugging_lease_renewed_total"
 // intervals.
 const keepaliveWindow = scaleTTL
 
+// sessionConns is how many client connections carry n sessions: one per
+// 500, as a few processes each holding many sessions would; or, with
+// each, one per session, as n processes of one session each would.
+func sessionConns(n int, each bool) int {
+	if each {
+		return n
+	}
+	return n/500 + 1
+}
+
 // fencerSessions opens n sessions through fencer serve, k leases each,
-// from n/500+1 client connections, and measures the server.
-func fencerSessions(b *testing.B, n, k int) sessionPoint {
+// from sessionConns(n, each) client connections, and measures the server.
+func fencerSessions(b *testing.B, n, k int, each bool) sessionPoint {
 	ctx := context.Background()
 	srv := startScaleServer(b)
 	defer srv.stop()
-	p := sessionPoint{sessions: n, leases: k, idleMB: srv.rssMB()}
-	cs := srv.clients(n/500 + 1)
+	p := sessionPoint{sessions: n, leases: k, each: each, idleMB: srv.rssMB()}
+	cs := srv.clients(sessionConns(n, each))
 	sessions := make([]*client.Session, n)
 	leases := make([]*client.Lease, n)
 	for i := range sessions {
@@ -355,16 +366,16 @@ func timePuts(b *testing.B, put func() error) float64 {
 // directSessions is fencerSessions' baseline: n etcd concurrency.Sessions
 // (an etcd lease each, kept alive by the etcd client) holding k
 // concurrency.Mutex locks each, straight on the server's embedded etcd,
-// from n/500+1 etcd clients; its guarded put is a Txn under the first
+// from sessionConns(n, each) etcd clients; its guarded put is a Txn under the first
 // lock's IsOwner compare. The server's process hosts the etcd and serves
 // nothing else. Keepalive writes are counted as the renewals the etcd
 // client receives.
-func directSessions(b *testing.B, n, k int) sessionPoint {
+func directSessions(b *testing.B, n, k int, each bool) sessionPoint {
 	ctx := context.Background()
 	srv := startScaleServer(b)
 	defer srv.stop()
-	p := sessionPoint{sessions: n, leases: k, idleMB: srv.rssMB()}
-	clis := make([]*clientv3.Client, n/500+1)
+	p := sessionPoint{sessions: n, leases: k, each: each, idleMB: srv.rssMB()}
+	clis := make([]*clientv3.Client, sessionConns(n, each))
 	for i := range clis {
 		clis[i] = srv.etcdClient()
 	}
@@ -472,10 +483,15 @@ func ratio(a, b float64) string {
 // keepalive writes reaching etcd per second, the p99 of a guarded put,
 // and the growth per session. Target: RSS ≤ 64 MB at 1,000 sessions × 10.
 func BenchmarkScaleSessions(b *testing.B) {
-	type point struct{ sessions, leases int }
+	type point struct {
+		sessions, leases int
+		each             bool
+	}
 	var points []point
-	for _, pt := range []point{{1, 10}, {100, 10}, {1000, 10}, {100, 100}, {10000, 10}} {
-		// 100 × 100: keepalives grow with sessions, not leases.
+	for _, pt := range []point{{1, 10, false}, {100, 10, false}, {1000, 10, false}, {100, 100, false}, {1000, 10, true}, {10000, 10, false}} {
+		// 100 × 100: keepalives grow with sessions, not leases. 1,000 × 10
+		// with a connection each: a Sessions stream per session, the
+		// most a session costs.
 		if pt.sessions*pt.leases <= scaleMax(b) {
 			points = append(points, pt)
 		}
@@ -486,8 +502,8 @@ func BenchmarkScaleSessions(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		var fs, ds []sessionPoint
 		for _, pt := range points {
-			fs = append(fs, fencerSessions(b, pt.sessions, pt.leases))
-			ds = append(ds, directSessions(b, pt.sessions, pt.leases))
+			fs = append(fs, fencerSessions(b, pt.sessions, pt.leases, pt.each))
+			ds = append(ds, directSessions(b, pt.sessions, pt.leases, pt.each))
 			fmt.Printf("scale: measured fencer %+v, etcd %+v\n", fs[len(fs)-1], ds[len(ds)-1])
 		}
 		t := scaleTable{Header: []string{"sessions × leases", "fencer RSS MB (idle)", "etcd sessions RSS MB (idle)",
@@ -496,11 +512,14 @@ func BenchmarkScaleSessions(b *testing.B) {
 		var x, fr, dr, fg, dg, fk, dk, fp, dp []float64
 		for j := range fs {
 			f, d := fs[j], ds[j]
-			target := ""
+			target, conns := "", ""
 			if f.sessions == 1000 && f.leases == 10 {
 				target = map[bool]string{true: "✔", false: "✘"}[f.rssMB <= 64]
 			}
-			t.Rows = append(t.Rows, []string{fmt.Sprintf("%d × %d", f.sessions, f.leases),
+			if f.each {
+				conns = ", a connection each"
+			}
+			t.Rows = append(t.Rows, []string{fmt.Sprintf("%d × %d%s", f.sessions, f.leases, conns),
 				fmt.Sprintf("%s (%s)", mb(f.rssMB), mb(f.idleMB)), fmt.Sprintf("%s (%s)", mb(d.rssMB), mb(d.idleMB)),
 				fmt.Sprintf("%.0f", f.goroutines), fmt.Sprintf("%.0f", d.goroutines),
 				fmt.Sprintf("%.1f", f.keepalivesPerSec), fmt.Sprintf("%.1f", d.keepalivesPerSec),
@@ -508,7 +527,7 @@ func BenchmarkScaleSessions(b *testing.B) {
 				fmt.Sprintf("%.2f", f.putP99ms), fmt.Sprintf("%.2f", d.putP99ms),
 				fmt.Sprintf("%.1f", f.acquire.Seconds()), fmt.Sprintf("%.1f", d.acquire.Seconds()),
 				fmt.Sprintf("%d/%d", f.lostSessions, d.lostSessions), target})
-			if f.leases != 10 {
+			if f.leases != 10 || f.each {
 				continue
 			}
 			x = append(x, float64(f.sessions))
@@ -517,7 +536,7 @@ func BenchmarkScaleSessions(b *testing.B) {
 			fk, dk = append(fk, f.keepalivesPerSec), append(dk, d.keepalivesPerSec)
 			fp, dp = append(fp, f.putP99ms), append(dp, d.putP99ms)
 		}
-		fmt.Printf("\nscale: sessions of 10 leases, through fencer serve (embedded etcd, TTL %s) | baseline: etcd concurrency.Session per session with 10 concurrency.Mutex locks, straight on a fresh fencer serve's embedded etcd; RSS is the server process's, its idle figure the zero point\n", scaleTTL)
+		fmt.Printf("\nscale: sessions of 10 leases, through fencer serve (embedded etcd, TTL %s), from a client connection per 500 sessions (or per session, where marked) | baseline: etcd concurrency.Session per session with 10 concurrency.Mutex locks, straight on a fresh fencer serve's embedded etcd, from as many etcd clients; RSS is the server process's, its idle figure the zero point\n", scaleTTL)
 		t.write(os.Stdout)
 		growth := scaleTable{Header: []string{"growth per session (least squares, 10 leases each)", "fencer", "etcd sessions", "ratio"}}
 		for _, g := range []struct {
