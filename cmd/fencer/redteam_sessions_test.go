@@ -1329,3 +1329,206 @@ func TestRedTeamSessionsClientFailsClosed(t *testing.T) {
 		})
 	}
 }
+
+// rxSilent listens on addr, accepting connections and never answering,
+// until the test ends.
+func rxSilent(t *testing.T, addr string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, conn)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		for _, conn := range held {
+			_ = conn.Close()
+		}
+		mu.Unlock()
+	})
+}
+
+// Two servers on one etcd. A Go client holds a lease through server A;
+// A is killed and its address answers TCP but never speaks (a hung
+// process, a half-dead load balancer). etcd expires the session after its
+// TTL and another client acquires the lease through server B: the first
+// holder must have stopped believing it holds by then.
+func TestRedTeamSessionsClientSilentServerTwoHolders(t *testing.T) {
+	member := fencertest.Etcd(t)
+	a := startServeProc(t, "--etcd-endpoints", member.Endpoint())
+	b := startServeProc(t, "--etcd-endpoints", member.Endpoint())
+	first, second := rrDial(t, a, ""), rrDial(t, b, "")
+	const ttl = 3 * time.Second
+	hs := rxHold(t, first.c, 1, ttl, "two")
+	old := hs[0].l
+
+	require.NoError(t, a.cmd.Process.Kill())
+	gone := time.Now()
+	<-a.exited
+	a.cmd = nil
+	rxSilent(t, a.addr)
+
+	sess, err := second.c.NewSession(client.WithTTL(ttl))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(rrCtx(t), 15*time.Second)
+	defer cancel()
+	l, err := sess.Acquire(ctx, "two-0")
+	require.NoError(t, err, "the second client's acquisition through server B")
+	acquired := time.Since(gone)
+	believed := !rxEnded(old.Done())
+	t.Logf("the second client acquired %s after A went; the first holder then believed it held: %v (token %s vs %s)", acquired, believed, old.Token(), l.Token())
+	select {
+	case <-old.Done():
+	case <-time.After(time.Until(gone.Add(8 * time.Second))):
+	}
+	// HOLE: the first holder's session waits in the Sessions stream's
+	// reopening (gRPC's connect timeout, 20 s) instead of ending at its
+	// local deadline: two holders believe they hold the lease at once.
+	require.False(t, believed, "two holders at once: the second client acquired %s through server B, %s after server A went silent, while the first holder (%s) still believed it held it (its Done still open %s after A went, past its %s TTL: %v)", l.Token(), acquired, old.Token(), time.Since(gone).Round(100*time.Millisecond), ttl, !rxEnded(old.Done()))
+}
+
+// One Go client, many sessions on its one Sessions stream: sessions
+// released or revoked by another connection end (Done), the others go
+// on; the server holds a few goroutines for them all, not two streams per
+// session.
+func TestRedTeamSessionsClientManySessions(t *testing.T) {
+	s, _ := rsServer(t)
+	base := rsGoroutines(t, s)
+	holder, other := rrDial(t, s, rsAliceTok), rrDial(t, s, rsAliceTok)
+	const n = 40
+	hs := rxHold(t, holder.c, n, 4*time.Second, "many")
+	time.Sleep(time.Second)
+	with := rsGoroutines(t, s)
+	t.Logf("server goroutines: %v before, %v with %d sessions of one client", base, with, n)
+	require.Less(t, with-base, float64(20), "%d sessions of one client cost the server %v goroutines", n, with-base)
+
+	etcd := fencertest.Client(t, s.etcdEndpoint())
+	for i := 0; i < 6; i++ {
+		switch i % 3 {
+		case 0:
+			rxRevoke(t, other, hs[i].sess.ID())
+		case 1:
+			_, err := etcd.Revoke(rrCtx(t), clientv3.LeaseID(hs[i].sess.ID()))
+			require.NoError(t, err)
+		case 2:
+			rxRelease(t, other, hs[i].l.Token().String())
+		}
+	}
+	for i := range 6 {
+		select {
+		case <-hs[i].l.Done():
+		case <-time.After(rsEnd):
+			t.Fatalf("lease %d, whose session was ended or token released, still believed held", i)
+		}
+	}
+	time.Sleep(5 * time.Second) // past a TTL: the others renew meanwhile
+	for i, h := range hs[6:] {
+		require.NoError(t, h.l.Err(), "lease %d of a session nobody ended", i+6)
+	}
+	rxSafe(t, other.raw, hs, "at the end")
+}
+
+// A watch from a compacted revision ends alone, watch_ended
+// WATCH_COMPACTED; the stream and its other watches go on.
+func TestRedTeamSessionsCompactedStart(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	s1 := rsSession(t, alice, "k1", 30)
+	first := rxRevision(t, s1.Token)
+	for i := range 5 {
+		rxRelease(t, alice, rxLease(t, alice, s1.SessionId, fmt.Sprintf("k-%d", i)))
+	}
+	last := rxRevision(t, rxLease(t, alice, s1.SessionId, "k-last"))
+	etcd := fencertest.Client(t, s.etcdEndpoint())
+	_, err := etcd.Compact(ctx, last, clientv3.WithCompactPhysical())
+	require.NoError(t, err)
+
+	x := rxOpen(t, ctx, alice)
+	x.watch(1, s1.SessionId, 0)
+	m := x.mark()
+	require.NoError(t, x.send(rxWatchReq(2, s1.SessionId, first)))
+	_, r, err := x.awaitOrEnd(m, "a watch from a compacted revision", func(r *fencerv1.SessionsResponse) bool {
+		return r.GetEvent().GetWatchId() == 2 || r.GetWatchEnded().GetWatchId() == 2
+	})
+	require.NotNil(t, r, "a watch from a compacted revision ended the stream: %v", err)
+	t.Logf("a watch from compacted revision %d (compacted at %d): %v", first, last, r)
+	if r.GetWatchEnded() != nil {
+		rxErr(t, r.GetWatchEnded().GetError(), codes.OutOfRange, "WATCH_COMPACTED", "a watch from a compacted revision")
+	} else {
+		// Served from the server's own record of recent losses: then it
+		// must replay them, every one since first.
+		for i := range 5 {
+			x.await(m, fmt.Sprintf("the replayed loss of k-%d", i), func(r *fencerv1.SessionsResponse) bool {
+				return r.GetEvent().GetWatchId() == 2 && strings.HasSuffix(r.GetEvent().GetEvent().GetToken(), fmt.Sprintf(":k-%d", i))
+			})
+		}
+	}
+	x.renewOK(s1.SessionId)
+	tok := rxLease(t, alice, s1.SessionId, "k-after")
+	rxRelease(t, alice, tok)
+	x.lost(0, 1, tok)
+	x.running("after a watch from a compacted revision")
+}
+
+// A half-close right after requests gets their answers first, then the
+// end of the stream (OK); the watches it had are not left running.
+func TestRedTeamSessionsHalfClose(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	s1, s2 := rsSession(t, alice, "h1", 30), rsSession(t, alice, "h2", 30)
+	for i := range 20 {
+		x := rxOpen(t, ctx, alice)
+		require.NoError(t, x.send(rxWatchReq(1, s1.SessionId, 0)))
+		require.NoError(t, x.send(rxRenewReq(s1.SessionId)))
+		require.NoError(t, x.send(rxRenewReq(s2.SessionId)))
+		require.NoError(t, x.st.CloseSend())
+		require.ErrorIs(t, x.end("a half-closed Sessions stream"), io.EOF, "round %d", i)
+		renewed := map[int64]bool{}
+		for _, m := range x.since(0) {
+			if r := m.GetRenewed(); r != nil {
+				renewed[r.GetSessionId()] = true
+			}
+		}
+		require.Equal(t, map[int64]bool{s1.SessionId: true, s2.SessionId: true}, renewed, "round %d: the renewals sent before the half-close were not all answered: %v", i, x.since(0))
+	}
+}
+
+// A token whose line now names another principal (mallory) ends alice's
+// Sessions stream with UNAUTHENTICATED, and on a new stream the token
+// cannot renew or watch alice's session.
+func TestRedTeamSessionsTokenRemapped(t *testing.T) {
+	s, tokens := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	a := rsSession(t, alice, "rm", 30)
+	x := rxOpen(t, ctx, alice)
+	x.watch(1, a.SessionId, 0)
+	x.renewOK(a.SessionId)
+
+	require.NoError(t, writeTokens(tokens, rsAliceTok+" mallory\n"+rsBobTok+" bob\n"))
+	rsReason(t, x.end("alice's Sessions stream, her token now mallory's"), codes.Unauthenticated, fencerv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED)
+
+	y := rxOpen(t, ctx, alice)
+	rxErr(t, y.renew(a.SessionId).GetRenewFailed().GetError(), codes.PermissionDenied, "PERMISSION_DENIED", "mallory renewing alice's session")
+	m := y.mark()
+	require.NoError(t, y.send(rxWatchReq(1, a.SessionId, 0)))
+	rxErr(t, y.ended(m, 1), codes.PermissionDenied, "PERMISSION_DENIED", "mallory watching alice's session")
+	y.running("mallory's stream")
+}
