@@ -1411,7 +1411,7 @@ func TestRedTeamSessionsClientManySessions(t *testing.T) {
 	base := rsGoroutines(t, s)
 	holder, other := rrDial(t, s, rsAliceTok), rrDial(t, s, rsAliceTok)
 	const n = 40
-	hs := rxHold(t, holder.c, n, 4*time.Second, "many")
+	hs := rxHold(t, holder.c, n, 3*time.Second, "many")
 	time.Sleep(time.Second)
 	with := rsGoroutines(t, s)
 	t.Logf("server goroutines: %v before, %v with %d sessions of one client", base, with, n)
@@ -1436,7 +1436,7 @@ func TestRedTeamSessionsClientManySessions(t *testing.T) {
 			t.Fatalf("lease %d, whose session was ended or token released, still believed held", i)
 		}
 	}
-	time.Sleep(5 * time.Second) // past a TTL: the others renew meanwhile
+	time.Sleep(3500 * time.Millisecond) // past a TTL: the others renew meanwhile
 	for i, h := range hs[6:] {
 		require.NoError(t, h.l.Err(), "lease %d of a session nobody ended", i+6)
 	}
@@ -1531,4 +1531,117 @@ func TestRedTeamSessionsTokenRemapped(t *testing.T) {
 	require.NoError(t, y.send(rxWatchReq(1, a.SessionId, 0)))
 	rxErr(t, y.ended(m, 1), codes.PermissionDenied, "PERMISSION_DENIED", "mallory watching alice's session")
 	y.running("mallory's stream")
+}
+
+// Many watches of busy and ending sessions on one stream: every watch of
+// the churned session either reports every loss of it (none is dropped
+// silently) or ends with watch_ended UNAVAILABLE, after which the client
+// knows to check and watch again; and when a session watched 500 times
+// ends, each of its watches gets exactly one watch_ended.
+func TestRedTeamSessionsNoSilentLoss(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	busy, ending := rsSession(t, alice, "nl-busy", 30), rsSession(t, alice, "nl-end", 30)
+	x := rxOpen(t, ctx, alice)
+	const nb, ne = 100, 500
+	for w := int64(1); w <= nb+ne; w++ {
+		sid := busy.SessionId
+		if w > nb {
+			sid = ending.SessionId
+		}
+		require.NoError(t, x.send(rxWatchReq(w, sid, 0)))
+	}
+	x.await(0, "every watch's SYNCED", func() func(*fencerv1.SessionsResponse) bool {
+		n := 0
+		return func(r *fencerv1.SessionsResponse) bool {
+			if r.GetEvent().GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_SYNCED {
+				n++
+			}
+			return n == nb+ne
+		}
+	}())
+	cut := x.mark()
+
+	var toks []string
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range 20 {
+				r, err := alice.raw.Acquire(ctx, &fencerv1.AcquireRequest{Name: fmt.Sprintf("nl-%d-%d", g, k%3), SessionId: busy.SessionId})
+				if err != nil {
+					t.Errorf("acquire: %v", err)
+					return
+				}
+				if _, err := alice.raw.Release(ctx, rrReleaseTok(r.GetToken())); err != nil {
+					t.Errorf("release: %v", err)
+					return
+				}
+				mu.Lock()
+				toks = append(toks, r.GetToken())
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	rxRevoke(t, alice, ending.SessionId)
+	// Every watch of the ending session ends; then the busy ones have
+	// had their losses, or ended.
+	x.await(cut, "every watch_ended of the ending session", func() func(*fencerv1.SessionsResponse) bool {
+		n := 0
+		return func(r *fencerv1.SessionsResponse) bool {
+			if we := r.GetWatchEnded(); we != nil && we.GetWatchId() > nb {
+				n++
+			}
+			return n == ne
+		}
+	}())
+	time.Sleep(time.Second)
+	x.renewOK(busy.SessionId)
+
+	got := map[int64]map[string]bool{}
+	ended := map[int64]int{}
+	for i, m := range x.since(cut) {
+		if we := m.GetWatchEnded(); we != nil {
+			ended[we.GetWatchId()]++
+			if we.GetWatchId() > nb {
+				rxErr(t, we.GetError(), codes.NotFound, "SESSION_NOT_FOUND", "reply", i)
+			} else {
+				require.Equal(t, codes.Unavailable, codes.Code(we.GetError().GetCode()), "reply %d: a watch of the busy session ended: %v", i, m)
+			}
+			continue
+		}
+		if e := m.GetEvent(); e != nil && e.GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
+			if got[e.GetWatchId()] == nil {
+				got[e.GetWatchId()] = map[string]bool{}
+			}
+			got[e.GetWatchId()][e.GetEvent().GetToken()] = true
+		}
+	}
+	behind, silent := 0, 0
+	for w := int64(1); w <= nb; w++ {
+		if ended[w] > 0 {
+			behind++
+			continue
+		}
+		var missing []string
+		for _, tok := range toks {
+			if !got[w][tok] {
+				missing = append(missing, tok)
+			}
+		}
+		if len(missing) > 0 {
+			silent++
+			t.Errorf("watch %d of the busy session is live but never reported %d of its %d losses, e.g. %v", w, len(missing), len(toks), missing[:min(3, len(missing))])
+		}
+	}
+	for w := int64(nb + 1); w <= nb+ne; w++ {
+		if ended[w] != 1 {
+			t.Errorf("watch %d of the ended session got %d watch_ended", w, ended[w])
+		}
+	}
+	t.Logf("%d losses; of %d watches of the busy session %d ended UNAVAILABLE, %d lost events silently", len(toks), nb, behind, silent)
 }
