@@ -1645,3 +1645,40 @@ func TestRedTeamSessionsNoSilentLoss(t *testing.T) {
 	}
 	t.Logf("%d losses; of %d watches of the busy session %d ended UNAVAILABLE, %d lost events silently", len(toks), nb, behind, silent)
 }
+
+// A watch started while its session is being revoked, at every offset
+// from just before to just after the revocation: it must end with
+// watch_ended SESSION_NOT_FOUND (after a SYNCED or not), never stay live
+// and silent for a session that is gone; a renewal sent after the
+// revocation returned must fail.
+func TestRedTeamSessionsWatchRacesSessionEnd(t *testing.T) {
+	s, _ := rsServer(t)
+	alice := rrDial(t, s, rsAliceTok)
+	ctx := rrCtx(t)
+	x := rxOpen(t, ctx, alice)
+	const rounds = 24
+	for i := range rounds {
+		sess := rsSession(t, alice, fmt.Sprintf("race-%d", i), 30)
+		wid := int64(i + 1)
+		m := x.mark()
+		revoked := make(chan struct{})
+		go func() {
+			defer close(revoked)
+			time.Sleep(time.Duration(i%8) * 250 * time.Microsecond)
+			_, err := alice.raw.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_SessionId{SessionId: sess.SessionId}})
+			if err != nil {
+				t.Errorf("round %d: release: %v", i, err)
+			}
+		}()
+		time.Sleep(time.Duration(i%5) * 300 * time.Microsecond)
+		require.NoError(t, x.send(rxWatchReq(wid, sess.SessionId, 0)))
+		<-revoked
+		rxErr(t, x.renew(sess.SessionId).GetRenewFailed().GetError(), codes.NotFound, "SESSION_NOT_FOUND", "round", i, "renewal after the revocation")
+		_, r, err := x.awaitOrEnd(m, fmt.Sprintf("round %d: the end of a watch raced with its session's revocation", i), func(r *fencerv1.SessionsResponse) bool {
+			return r.GetWatchEnded().GetWatchId() == wid
+		})
+		require.NotNil(t, r, "round %d: the stream ended: %v", i, err)
+		rxErr(t, r.GetWatchEnded().GetError(), codes.NotFound, "SESSION_NOT_FOUND", "round", i)
+	}
+	x.running("after the races")
+}
