@@ -1497,27 +1497,45 @@ func TestRedTeamSessionsCompactedStart(t *testing.T) {
 }
 
 // A half-close right after requests gets their answers first, then the
-// end of the stream (OK); the watches it had are not left running.
+// end of the stream (OK), as on a KeepAlive stream
+// (TestRedTeamSessionHalfClose): every renewal sent before the half-close
+// is answered. Each round sends 30 renewals of 10 sessions and
+// half-closes at once; the test stops at the first round short of an
+// answer, or after 100 rounds. (A server with etcd's answers delayed by
+// 150 ms answered every renewal: what is lost is not a renewal still at
+// etcd.)
 func TestRedTeamSessionsHalfClose(t *testing.T) {
 	s, _ := rsServer(t)
 	alice := rrDial(t, s, rsAliceTok)
 	ctx := rrCtx(t)
-	s1, s2 := rsSession(t, alice, "h1", 30), rsSession(t, alice, "h2", 30)
-	for i := range 20 {
+	var ids []int64
+	for i := range 10 {
+		ids = append(ids, rsSession(t, alice, fmt.Sprintf("h%d", i), 30).SessionId)
+	}
+	var hole string
+	rounds := 0
+	for start := time.Now(); rounds < 100 && time.Since(start) < 8*time.Second && hole == ""; rounds++ {
 		x := rxOpen(t, ctx, alice)
-		require.NoError(t, x.send(rxWatchReq(1, s1.SessionId, 0)))
-		require.NoError(t, x.send(rxRenewReq(s1.SessionId)))
-		require.NoError(t, x.send(rxRenewReq(s2.SessionId)))
+		require.NoError(t, x.send(rxWatchReq(1, ids[0], 0)))
+		for k := range 30 {
+			require.NoError(t, x.send(rxRenewReq(ids[k%len(ids)])))
+		}
 		require.NoError(t, x.st.CloseSend())
-		require.ErrorIs(t, x.end("a half-closed Sessions stream"), io.EOF, "round %d", i)
-		renewed := map[int64]bool{}
+		end := x.end("a half-closed Sessions stream")
+		answered := 0
 		for _, m := range x.since(0) {
-			if r := m.GetRenewed(); r != nil {
-				renewed[r.GetSessionId()] = true
+			if m.GetRenewed() != nil || m.GetRenewFailed() != nil {
+				answered++
 			}
 		}
-		require.Equal(t, map[int64]bool{s1.SessionId: true, s2.SessionId: true}, renewed, "round %d: the renewals sent before the half-close were not all answered: %v", i, x.since(0))
+		if answered != 30 || end != io.EOF {
+			hole = fmt.Sprintf("round %d: %d of 30 renewals answered, then %v", rounds, answered, end)
+		}
 	}
+	// HOLE: a half-close sometimes ends the stream OK without answering
+	// some of the renewals sent ahead of it (a few rounds in a hundred).
+	require.Empty(t, hole, "renewals sent before a half-close were not all answered before the stream ended (%d rounds)", rounds)
+	t.Logf("%d rounds, every renewal answered", rounds)
 }
 
 // A token whose line now names another principal (mallory) ends alice's
