@@ -291,11 +291,15 @@ func TestRedTeamSessionsCrossPrincipal(t *testing.T) {
 
 	x := rxOpen(t, ctx, bob)
 	x.renewOK(b1.SessionId)
-	rxErr(t, x.renew(a.SessionId).GetRenewFailed().GetError(), codes.PermissionDenied, "PERMISSION_DENIED", "bob renewing alice's session")
+	denied := x.renew(a.SessionId).GetRenewFailed().GetError()
+	rxErr(t, denied, codes.PermissionDenied, "PERMISSION_DENIED", "bob renewing alice's session")
+	require.NotContains(t, fmt.Sprint(denied), "alice", "the refusal names the session's owner")
 	for i, from := range []int64{0, rxRevision(t, a.Token), 1} {
 		m := x.mark()
 		require.NoError(t, x.send(rxWatchReq(1, a.SessionId, from)))
-		rxErr(t, x.ended(m, 1), codes.PermissionDenied, "PERMISSION_DENIED", "bob watching alice's session from", from, i)
+		e := x.ended(m, 1)
+		rxErr(t, e, codes.PermissionDenied, "PERMISSION_DENIED", "bob watching alice's session from", from, i)
+		require.NotContains(t, fmt.Sprint(e), "alice", "the refusal names the session's owner")
 	}
 	x.watch(1, b2.SessionId, 0) // watch_id 1 again, after its watch_ended
 	x.watch(2, b1.SessionId, 0)
@@ -754,6 +758,29 @@ func TestRedTeamSessionsMalformed(t *testing.T) {
 			rxErr(t, r.GetWatchEnded().GetError(), codes.InvalidArgument, "INVALID_ARGUMENT", c.name)
 		}
 		x.renewOK(s2.SessionId)
+	}
+
+	// Unwatches of ids no watch can have (0, negative): ignored, or the
+	// stream ends INVALID_ARGUMENT; never another watch ended.
+	for _, id := range []int64{0, -1, math.MinInt64} {
+		x := rxOpen(t, ctx, alice)
+		x.watch(1, s2.SessionId, 0)
+		require.NoError(t, x.send(rxUnwatchReq(id)))
+		m := x.mark()
+		_ = x.send(rxRenewReq(s2.SessionId))
+		_, r, err := x.awaitOrEnd(m, "the renewal after an unwatch of a bad id", func(r *fencerv1.SessionsResponse) bool {
+			return r.GetRenewed() != nil || r.GetRenewFailed() != nil
+		})
+		if r == nil {
+			rrCode(t, err, codes.InvalidArgument, "unwatch", id)
+			t.Logf("unwatch %d: the stream ended: %v", id, err)
+			continue
+		}
+		require.NotNil(t, r.GetRenewed(), "unwatch %d: %v", id, r)
+		tok := rxLease(t, alice, s2.SessionId, "m-uw")
+		rxRelease(t, alice, tok)
+		x.lost(0, 1, tok)
+		t.Logf("unwatch %d: ignored", id)
 	}
 
 	// The start revision the docs allow, the store's next one, works.
