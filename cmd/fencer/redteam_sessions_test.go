@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -1220,7 +1221,11 @@ func rxSafe(t *testing.T, raw fencerv1.FencerServiceClient, hs []rxHeld, what st
 func TestRedTeamSessionsClientStreamBroken(t *testing.T) {
 	s, _ := rsServer(t)
 	p := rxStartProxy(t, s.addr)
-	holder := rrDialAddr(t, p.addr(), rsAliceTok)
+	// gRPC's own reconnect backoff (1 s, then 1.6 times longer each time)
+	// could keep the connection down past a session's deadline after the
+	// cut; the holder's connection retries every 100 ms instead.
+	holder := rxDialWith(t, p.addr(), rsAliceTok, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	other := rrDial(t, s, rsAliceTok)
 	const ttl = 6 * time.Second
 	hs := rxHold(t, holder.c, 20, ttl, "cb")
@@ -1349,6 +1354,17 @@ func TestRedTeamSessionsClientFailsClosed(t *testing.T) {
 	}
 }
 
+// rxDialWith connects to addr as rrDialAddr does, with extra options.
+func rxDialWith(t *testing.T, addr, bearer string, extra ...grpc.DialOption) *rrConn {
+	t.Helper()
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(client.BearerToken(bearer, false))}, extra...)
+	cc, err := grpc.NewClient(addr, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	return &rrConn{c: client.New(cc), raw: fencerv1.NewFencerServiceClient(cc)}
+}
+
 // rxDialLegacy connects to addr as rrDialAddr does, but the connection
 // answers every Sessions call UNIMPLEMENTED, as a server without it
 // would, so that the Go client falls back to streams per session.
@@ -1360,11 +1376,7 @@ func rxDialLegacy(t *testing.T, addr, bearer string) *rrConn {
 		}
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(client.BearerToken(bearer, false)), grpc.WithStreamInterceptor(noSessions))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cc.Close() })
-	return &rrConn{c: client.New(cc), raw: fencerv1.NewFencerServiceClient(cc)}
+	return rxDialWith(t, addr, bearer, grpc.WithStreamInterceptor(noSessions))
 }
 
 // rxSilent listens on addr, accepting connections and never answering,
