@@ -1749,3 +1749,56 @@ func TestRedTeamSessionsWatchRacesSessionEnd(t *testing.T) {
 	}
 	x.running("after the races")
 }
+
+// Watches that replay history (start_revision in the past), both from
+// before the server's first watch (read back from etcd) and from its own
+// record of recent losses: each replays only its own session's losses,
+// never another session's or another principal's.
+func TestRedTeamSessionsReplayRouting(t *testing.T) {
+	s, _ := rsServer(t)
+	alice, bob := rrDial(t, s, rsAliceTok), rrDial(t, s, rsBobTok)
+	ctx := rrCtx(t)
+	s1, s2 := rsSession(t, alice, "rp1", 30), rsSession(t, alice, "rp2", 30)
+	b := rsSession(t, bob, "rpb", 30)
+	from := rxRevision(t, s1.Token)
+	var s1Toks, bToks []string
+	churn := func(tag string) {
+		for i := range 3 {
+			tok := rxLease(t, alice, s1.SessionId, fmt.Sprintf("rp1-%s-%d", tag, i))
+			rxRelease(t, alice, tok)
+			s1Toks = append(s1Toks, tok)
+			tok = rxLease(t, bob, b.SessionId, fmt.Sprintf("rpb-%s-%d", tag, i))
+			rxRelease(t, bob, tok)
+			bToks = append(bToks, tok)
+		}
+	}
+	churn("before") // before any watch: replayed from etcd
+
+	x := rxOpen(t, ctx, alice)
+	x.watch(1, s2.SessionId, 0)
+	churn("after") // recorded by the server's shared watch
+	y := rxOpen(t, ctx, bob)
+	for round, wid := range []int64{10} {
+		m := x.mark()
+		x.watch(wid, s1.SessionId, from)
+		x.watch(wid+1, s2.SessionId, from)
+		for _, tok := range s1Toks {
+			x.lost(m, wid, tok)
+		}
+		ym := y.mark()
+		y.watch(wid, b.SessionId, from)
+		for _, tok := range bToks {
+			y.lost(ym, wid, tok)
+		}
+		x.renewOK(s2.SessionId)
+		y.renewOK(b.SessionId)
+		t.Logf("round %d: replays complete", round)
+	}
+	for _, m := range x.since(0) {
+		if e := m.GetEvent(); e != nil && e.GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST && (e.GetWatchId() == 1 || e.GetWatchId() == 11) {
+			t.Errorf("a watch of session s2, which lost nothing, replayed %v", m)
+		}
+	}
+	rxForeign(t, x.since(0), []int64{b.SessionId}, nil, bToks, "alice's replaying stream")
+	rxForeign(t, y.since(0), []int64{s1.SessionId, s2.SessionId}, nil, s1Toks, "bob's replaying stream")
+}
