@@ -19,6 +19,7 @@ import (
 // It holds no state beyond its connection; methods are safe for concurrent
 // use. Errors are the library's: see fromStatus for the mapping.
 type Client struct {
+	cc       grpc.ClientConnInterface
 	rpc      fencerv1.FencerServiceClient
 	clock    Clock
 	puts     *putBatcher
@@ -35,11 +36,23 @@ func WithClock(clk Clock) Option { return func(c *Client) { c.clock = clk } }
 // New returns a Client that calls through cc. It does not close cc.
 func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
 	rpc := fencerv1.NewFencerServiceClient(cc)
-	c := &Client{rpc: rpc, clock: realClock{}, puts: &putBatcher{rpc: rpc}, sessions: &sessionsMux{rpc: rpc}}
+	c := &Client{cc: cc, rpc: rpc, clock: realClock{}, puts: &putBatcher{rpc: rpc}, sessions: &sessionsMux{rpc: rpc}}
 	for _, o := range opts {
 		o(c)
 	}
 	return c
+}
+
+// reconnect asks the connection to reconnect at once if it waits out
+// gRPC's reconnect backoff (a *grpc.ClientConn's ResetConnectBackoff).
+// A session retrying a failed renewal calls it: its own retries are paced
+// by its deadline, which gRPC's backoff (1 s growing to 120 s) does not
+// know, so that backoff could otherwise keep a session from renewing
+// after its server is back, until the session expired.
+func (c *Client) reconnect() {
+	if r, ok := c.cc.(interface{ ResetConnectBackoff() }); ok {
+		r.ResetConnectBackoff()
+	}
 }
 
 // BearerToken returns per-call credentials that send tok as

@@ -361,11 +361,14 @@ func (s *Session) keepAlive(id int64, deadline time.Time, renewed chan struct{})
 			return
 		case <-tick.C():
 		}
+		if failed {
+			s.c.reconnect()
+		}
 		if ka == nil {
 			ka = s.openRenewer()
 		}
 		sent := s.c.clock.Now()
-		ttl, err := ka.renew(id, expire.C())
+		ttl, err := ka.renew(s.ctx, id, expire.C())
 		switch {
 		case errors.Is(err, errLegacy):
 			ka = nil
@@ -424,9 +427,10 @@ var errExpired = errors.New("client: local deadline passed")
 
 // renewer renews the session.
 type renewer interface {
-	// renew sends one renewal and waits for its answer or for expire
-	// (errExpired).
-	renew(id int64, expire <-chan time.Time) (time.Duration, error)
+	// renew sends one renewal and waits for its answer, for expire
+	// (errExpired) or for the end of ctx. It never waits for longer, also
+	// not for a stream to open.
+	renew(ctx context.Context, id int64, expire <-chan time.Time) (time.Duration, error)
 	close()
 }
 
@@ -442,19 +446,21 @@ func (s *Session) openRenewer() renewer {
 // muxRenewer renews over the Client's Sessions stream.
 type muxRenewer struct{ m *sessionsMux }
 
-func (r muxRenewer) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+func (r muxRenewer) renew(ctx context.Context, id int64, expire <-chan time.Time) (time.Duration, error) {
 	ms, err := r.m.stream()
 	if err != nil {
 		return 0, err
 	}
-	return ms.renew(id, expire)
+	return ms.renew(ctx, id, expire)
 }
 
 // close does nothing: the stream is the Client's.
 func (muxRenewer) close() {}
 
-// keepAliveStream is one KeepAlive stream and the goroutine reading it.
+// keepAliveStream is one KeepAlive stream and the goroutine that opens
+// and reads it.
 type keepAliveStream struct {
+	opened chan struct{} // closed once the stream is open, or failed to open (err)
 	stream fencerv1.FencerService_KeepAliveClient
 	err    error
 	resps  chan *fencerv1.KeepAliveResponse
@@ -463,16 +469,19 @@ type keepAliveStream struct {
 	done   chan struct{}
 }
 
+// openKeepAlive opens a KeepAlive stream on a goroutine that then reads
+// it: opening waits for the connection, and a renewal must not wait
+// longer than its session's deadline.
 func (s *Session) openKeepAlive() *keepAliveStream {
 	ctx, cancel := context.WithCancel(s.ctx)
-	ka := &keepAliveStream{cancel: cancel, resps: make(chan *fencerv1.KeepAliveResponse), errs: make(chan error, 1), done: make(chan struct{})}
-	ka.stream, ka.err = s.c.rpc.KeepAlive(ctx)
-	if ka.err != nil {
-		close(ka.done)
-		return ka
-	}
+	ka := &keepAliveStream{cancel: cancel, opened: make(chan struct{}), resps: make(chan *fencerv1.KeepAliveResponse), errs: make(chan error, 1), done: make(chan struct{})}
 	go func() {
 		defer close(ka.done)
+		ka.stream, ka.err = s.c.rpc.KeepAlive(ctx)
+		close(ka.opened)
+		if ka.err != nil {
+			return
+		}
 		for {
 			r, err := ka.stream.Recv()
 			if err != nil {
@@ -489,8 +498,16 @@ func (s *Session) openKeepAlive() *keepAliveStream {
 	return ka
 }
 
-// renew sends one renewal and waits for its answer or for expire.
-func (ka *keepAliveStream) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+// renew waits for the stream to open, sends one renewal and waits for its
+// answer; expire and the end of ctx cut either wait short.
+func (ka *keepAliveStream) renew(ctx context.Context, id int64, expire <-chan time.Time) (time.Duration, error) {
+	select {
+	case <-ka.opened:
+	case <-expire:
+		return 0, errExpired
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 	if ka.err != nil {
 		return 0, fromStatus(ka.err)
 	}
@@ -506,6 +523,8 @@ func (ka *keepAliveStream) renew(id int64, expire <-chan time.Time) (time.Durati
 		return 0, fromStatus(err)
 	case <-expire:
 		return 0, errExpired
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 }
 

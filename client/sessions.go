@@ -36,10 +36,9 @@ type sessionsMux struct {
 // muxStream is one Sessions stream and its two goroutines: one reads it
 // (read), one writes the queued requests (sendAll).
 type muxStream struct {
-	stream fencerv1.FencerService_SessionsClient // set before opened closes
+	stream fencerv1.FencerService_SessionsClient // set once open, before read and sendAll start
 	cancel context.CancelFunc
-	opened chan struct{} // closed once the stream is open, or failed to open
-	done   chan struct{} // closed when the stream has ended; err says why
+	done   chan struct{} // closed when the stream has ended, or failed to open; err says why
 	err    error
 
 	mu      sync.Mutex
@@ -73,7 +72,6 @@ func (m *sessionsMux) release() {
 	m.mu.Unlock()
 	if ms != nil {
 		ms.cancel()
-		<-ms.opened
 		<-ms.done
 	}
 }
@@ -85,38 +83,36 @@ func (m *sessionsMux) useLegacy() bool {
 	return m.legacy
 }
 
-// stream returns the live Sessions stream, opening one if there is none.
-// Callers that come while it opens wait for it.
+// stream returns the live Sessions stream, or a new one that opens on a
+// goroutine of its own. Requests may be queued on it at once: they leave
+// once it is open. Nobody waits for the opening itself, which waits for
+// the connection (as long as gRPC's connect timeout, with a server that
+// accepts connections and never answers): a renewal waits for its answer
+// or its session's deadline, whichever comes first.
 func (m *sessionsMux) stream() (*muxStream, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.legacy {
-		m.mu.Unlock()
 		return nil, errLegacy
 	}
-	ms := m.cur
-	if ms == nil || ms.ended() {
-		ctx, cancel := context.WithCancel(context.Background())
-		ms = &muxStream{cancel: cancel, opened: make(chan struct{}), done: make(chan struct{}), queued: make(chan struct{}, 1),
-			renews: map[int64]chan renewResult{}, watches: map[int64]*muxWatch{}}
-		m.cur = ms
-		m.mu.Unlock()
-		// Opening waits for the connection; release cancels it.
+	if ms := m.cur; ms != nil && !ms.ended() {
+		return ms, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ms := &muxStream{cancel: cancel, done: make(chan struct{}), queued: make(chan struct{}, 1),
+		renews: map[int64]chan renewResult{}, watches: map[int64]*muxWatch{}}
+	m.cur = ms
+	go func() {
+		// release cancels ctx, which ends the opening too.
 		stream, err := m.rpc.Sessions(ctx)
 		if err != nil {
 			m.end(ms, err)
-		} else {
-			ms.stream = stream
-			go m.read(ms)
-			go ms.sendAll()
+			return
 		}
-		close(ms.opened)
-	} else {
-		m.mu.Unlock()
-	}
-	<-ms.opened
-	if ms.ended() {
-		return nil, ms.err
-	}
+		ms.stream = stream
+		go ms.sendAll()
+		m.read(ms)
+	}()
 	return ms, nil
 }
 
@@ -241,9 +237,9 @@ func (ms *muxStream) sendAll() {
 	}
 }
 
-// renew renews session id and waits for the answer, the stream's end, or
-// expire.
-func (ms *muxStream) renew(id int64, expire <-chan time.Time) (time.Duration, error) {
+// renew renews session id and waits for the answer, the stream's end,
+// expire, or the end of ctx.
+func (ms *muxStream) renew(ctx context.Context, id int64, expire <-chan time.Time) (time.Duration, error) {
 	ch := make(chan renewResult, 1)
 	ms.mu.Lock()
 	ms.renews[id] = ch
@@ -255,13 +251,22 @@ func (ms *muxStream) renew(id int64, expire <-chan time.Time) (time.Duration, er
 	case <-ms.done:
 		return 0, ms.err
 	case <-expire:
-		ms.mu.Lock()
-		if ms.renews[id] == ch {
-			delete(ms.renews, id)
-		}
-		ms.mu.Unlock()
+		ms.forgetRenewal(id, ch)
 		return 0, errExpired
+	case <-ctx.Done():
+		ms.forgetRenewal(id, ch)
+		return 0, ctx.Err()
 	}
+}
+
+// forgetRenewal drops the renewal of session id that waited on ch: its
+// answer, if it comes, is dropped.
+func (ms *muxStream) forgetRenewal(id int64, ch chan renewResult) {
+	ms.mu.Lock()
+	if ms.renews[id] == ch {
+		delete(ms.renews, id)
+	}
+	ms.mu.Unlock()
 }
 
 // watch returns the live watch id, or nil.

@@ -3,11 +3,13 @@ package client
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -83,4 +85,38 @@ func TestSessionEndsAtItsDeadlineWhileItsRenewalCannotBeSent(t *testing.T) {
 		t.Fatal("the lease outlived its session's TTL while the renewal's Send was held")
 	}
 	require.ErrorIs(t, l.Err(), token.ErrSessionExpired)
+}
+
+// downServer answers Acquire, and fails every Sessions stream at once
+// with UNAVAILABLE, as while the connection is down.
+type downServer struct {
+	stuckServer
+}
+
+func (s *downServer) Sessions(ctx context.Context, _ ...grpc.CallOption) (grpc.BidiStreamingClient[fencerv1.SessionsRequest, fencerv1.SessionsResponse], error) {
+	return nil, status.Error(codes.Unavailable, "down: connection refused")
+}
+
+// backoffConn counts ResetConnectBackoff calls.
+type backoffConn struct {
+	grpc.ClientConnInterface // nil: never called
+	resets                   atomic.Int64
+}
+
+func (c *backoffConn) ResetConnectBackoff() { c.resets.Add(1) }
+
+// TestFailedRenewalResetsTheConnectBackoff: after a renewal fails, the
+// session's next attempt first asks the connection to reconnect at once,
+// so gRPC's reconnect backoff does not outlast the session's deadline.
+func TestFailedRenewalResetsTheConnectBackoff(t *testing.T) {
+	srv := &downServer{}
+	cc := &backoffConn{}
+	c := &Client{cc: cc, rpc: srv, clock: realClock{}, puts: &putBatcher{rpc: srv}, sessions: &sessionsMux{rpc: srv}}
+	s, err := c.NewSession(WithTTL(3 * time.Second))
+	require.NoError(t, err)
+	defer func() { _ = s.Close(context.Background()) }()
+	_, err = s.Acquire(context.Background(), "down")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return cc.resets.Load() >= 2 }, 3*time.Second, 10*time.Millisecond,
+		"failed renewals did not reset the connection's backoff")
 }

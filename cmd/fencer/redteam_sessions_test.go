@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -888,8 +887,9 @@ func TestRedTeamSessionsUnreadFloodIsBounded(t *testing.T) {
 	stalled := rxStalled(counts, 6*time.Second)
 	after := rxRSS(t, s.cmd.Process.Pid)
 	t.Logf("after %s: requests sent %d and %d, server RSS %.0f MiB -> %.0f MiB", time.Since(start), counts[0].Load(), counts[1].Load(), before, after)
-	// HOLE: the server reads a Sessions stream whose client reads nothing
-	// without end, its memory growing with the answers it holds.
+	// The server stops reading a Sessions stream whose client reads
+	// nothing once its queue of answers is full; before that bound it read
+	// without end, its memory growing with the answers it held.
 	require.True(t, stalled, "the server never stopped reading 2 Sessions streams whose clients read nothing: %d and %d requests taken in %s, RSS %.0f MiB -> %.0f MiB", counts[0].Load(), counts[1].Load(), time.Since(start), before, after)
 }
 
@@ -1223,9 +1223,9 @@ func TestRedTeamSessionsClientStreamBroken(t *testing.T) {
 	p := rxStartProxy(t, s.addr)
 	// gRPC's own reconnect backoff (1 s, then 1.6 times longer each time)
 	// could keep the connection down past a session's deadline after the
-	// cut; the holder's connection retries every 100 ms instead.
-	holder := rxDialWith(t, p.addr(), rsAliceTok, grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
+	// cut; the client resets it when a renewal fails, so the holder dials
+	// with gRPC's defaults.
+	holder := rxDialWith(t, p.addr(), rsAliceTok)
 	other := rrDial(t, s, rsAliceTok)
 	const ttl = 6 * time.Second
 	hs := rxHold(t, holder.c, 20, ttl, "cb")
@@ -1336,14 +1336,14 @@ func TestRedTeamSessionsClientFailsClosed(t *testing.T) {
 						still++
 					}
 				}
-				// HOLE (silent, silent-legacy): a session whose stream
-				// cannot be reopened (the connection is accepted but never
-				// answered: opening a stream waits out gRPC's 20 s connect
-				// timeout, unbounded by the session's deadline) does not
-				// end at its local deadline, and its leases go on
-				// believing they are held long after etcd expired the
-				// session. The per-session KeepAlive streams of the
-				// fallback wait the same way.
+				// A session whose stream cannot be reopened (the
+				// connection is accepted but never answered: opening a
+				// stream waits out gRPC's 20 s connect timeout) must still
+				// end at its local deadline, on the Sessions stream and on
+				// the fallback's KeepAlive stream alike; before renewals
+				// stopped waiting for the opening, its leases went on
+				// believing they were held long after etcd expired the
+				// session.
 				t.Errorf("leases %v still believed held %s after the server went %s, past the %s TTL (+%s slack); %d of them still at %s", late, ttl+slack, label, ttl, slack, still, time.Since(gone).Round(time.Second))
 				return
 			}
@@ -1445,9 +1445,9 @@ func TestRedTeamSessionsClientSilentServerTwoHolders(t *testing.T) {
 	case <-old.Done():
 	case <-time.After(time.Until(gone.Add(8 * time.Second))):
 	}
-	// HOLE: the first holder's session waits in the Sessions stream's
-	// reopening (gRPC's connect timeout, 20 s) instead of ending at its
-	// local deadline: two holders believe they hold the lease at once.
+	// The first holder's session must end at its local deadline, not
+	// wait in the Sessions stream's reopening (gRPC's connect timeout,
+	// 20 s): otherwise two holders believe they hold the lease at once.
 	require.False(t, believed, "two holders at once: the second client acquired %s through server B, %s after server A went silent, while the first holder (%s) still believed it held it (its Done still open %s after A went, past its %s TTL: %v)", l.Token(), acquired, old.Token(), time.Since(gone).Round(100*time.Millisecond), ttl, !rxEnded(old.Done()))
 }
 
@@ -1571,8 +1571,9 @@ func TestRedTeamSessionsHalfClose(t *testing.T) {
 			hole = fmt.Sprintf("round %d: %d of 30 renewals answered, then %v", rounds, answered, end)
 		}
 	}
-	// HOLE: a half-close sometimes ends the stream OK without answering
-	// some of the renewals sent ahead of it (a few rounds in a hundred).
+	// Every renewal sent ahead of a half-close is answered before the
+	// stream ends; before the server sent its queued answers at a
+	// half-close, a few rounds in a hundred lost some.
 	require.Empty(t, hole, "renewals sent before a half-close were not all answered before the stream ended (%d rounds)", rounds)
 	t.Logf("%d rounds, every renewal answered", rounds)
 }
