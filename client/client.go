@@ -16,8 +16,10 @@ import (
 )
 
 // Client calls a fencer server (or several, behind one grpc connection).
-// It holds no state beyond its connection; methods are safe for concurrent
-// use. Errors are the library's: see fromStatus for the mapping.
+// Beside its connection it holds the Sessions stream its sessions share
+// (open while one runs), and whether the server lacks that call; methods
+// are safe for concurrent use. Errors are the library's: see fromStatus
+// for the mapping.
 type Client struct {
 	cc       grpc.ClientConnInterface
 	rpc      fencerv1.FencerServiceClient

@@ -428,8 +428,10 @@ var errExpired = errors.New("client: local deadline passed")
 // renewer renews the session.
 type renewer interface {
 	// renew sends one renewal and waits for its answer, for expire
-	// (errExpired) or for the end of ctx. It never waits for longer, also
-	// not for a stream to open.
+	// (errExpired) or for the end of ctx. It never waits for longer: not
+	// for a stream to open, nor (on the Sessions stream) for a Send. A
+	// KeepAlive stream's Send, one renewal at a time, could wait only if
+	// the server left a whole flow-control window of them unread.
 	renew(ctx context.Context, id int64, expire <-chan time.Time) (time.Duration, error)
 	close()
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,12 +19,18 @@ import (
 // WatchLease) instead, at once and without backoff.
 var errLegacy = errors.New("client: the server has no Sessions call")
 
+// errNoSessions means no session of the Client is running: the Sessions
+// stream is not to be opened.
+var errNoSessions = errors.New("client: no session is running")
+
 // sessionsMux carries the renewals and lease watches of all of a Client's
 // sessions on one Sessions stream, so that the server holds one stream
 // for them, not two per session. It opens the stream when a session
 // needs it, opens a new one after it breaks, and closes it when the last
-// session ends. After an UNIMPLEMENTED answer it stays out of the way:
-// sessions use KeepAlive and WatchLease streams of their own.
+// session ends. After an UNIMPLEMENTED answer it stays out of the way
+// for the Client's life: sessions use KeepAlive and WatchLease streams of
+// their own (make a new Client to try Sessions again, for example once a
+// fleet's servers are all upgraded).
 type sessionsMux struct {
 	rpc fencerv1.FencerServiceClient
 
@@ -97,6 +104,11 @@ func (m *sessionsMux) stream() (*muxStream, error) {
 	}
 	if ms := m.cur; ms != nil && !ms.ended() {
 		return ms, nil
+	}
+	if m.users == 0 {
+		// The last session ended (its watch may still be on its way
+		// out): a new stream would outlive every session.
+		return nil, errNoSessions
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ms := &muxStream{cancel: cancel, done: make(chan struct{}), queued: make(chan struct{}, 1),
@@ -244,28 +256,31 @@ func (ms *muxStream) renew(ctx context.Context, id int64, expire <-chan time.Tim
 	ms.mu.Lock()
 	ms.renews[id] = ch
 	ms.mu.Unlock()
-	ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Renew{Renew: &fencerv1.KeepAliveRequest{SessionId: id}}})
+	req := &fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Renew{Renew: &fencerv1.KeepAliveRequest{SessionId: id}}}
+	ms.request(req)
 	select {
 	case r := <-ch:
 		return r.ttl, r.err
 	case <-ms.done:
 		return 0, ms.err
 	case <-expire:
-		ms.forgetRenewal(id, ch)
+		ms.forgetRenewal(id, ch, req)
 		return 0, errExpired
 	case <-ctx.Done():
-		ms.forgetRenewal(id, ch)
+		ms.forgetRenewal(id, ch, req)
 		return 0, ctx.Err()
 	}
 }
 
-// forgetRenewal drops the renewal of session id that waited on ch: its
-// answer, if it comes, is dropped.
-func (ms *muxStream) forgetRenewal(id int64, ch chan renewResult) {
+// forgetRenewal drops the renewal req of session id that waited on ch:
+// unsent, it is never sent (a session that gave up must not be renewed
+// later); sent, its answer is dropped.
+func (ms *muxStream) forgetRenewal(id int64, ch chan renewResult, req *fencerv1.SessionsRequest) {
 	ms.mu.Lock()
 	if ms.renews[id] == ch {
 		delete(ms.renews, id)
 	}
+	ms.queue = slices.DeleteFunc(ms.queue, func(r *fencerv1.SessionsRequest) bool { return r == req })
 	ms.mu.Unlock()
 }
 
@@ -293,16 +308,20 @@ func (ms *muxStream) startWatch(ctx context.Context, req *fencerv1.WatchLeaseReq
 	ms.watches[w.id] = w
 	ms.mu.Unlock()
 	ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Watch{Watch: &fencerv1.SessionsWatch{WatchId: w.id, Watch: req}}})
-	context.AfterFunc(ctx, func() {
-		if ms.watch(w.id) == nil {
-			return // it ended on the server
-		}
-		ms.forget(w.id)
-		if !ms.ended() {
-			ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Unwatch{Unwatch: &fencerv1.SessionsUnwatch{WatchId: w.id}}})
-		}
-	})
+	context.AfterFunc(ctx, func() { ms.leave(w.id) })
 	return w
+}
+
+// leave forgets watch id and ends it on the server, unless it has ended
+// there already.
+func (ms *muxStream) leave(id int64) {
+	if ms.watch(id) == nil {
+		return // it ended on the server, or was left already
+	}
+	ms.forget(id)
+	if !ms.ended() {
+		ms.request(&fencerv1.SessionsRequest{Request: &fencerv1.SessionsRequest_Unwatch{Unwatch: &fencerv1.SessionsUnwatch{WatchId: id}}})
+	}
 }
 
 // muxWatch is one lease watch on a Sessions stream. Recv reads it as a
@@ -318,13 +337,29 @@ type muxWatch struct {
 	ready  chan struct{} // signalled when events or err have news
 }
 
-// put queues an event, or the watch's end.
+// maxWatchEvents is the most events a watch holds for its session; past
+// it the watch ends (errWatchFellBehind), and the session watches again
+// from the last event it took.
+const maxWatchEvents = 1024
+
+// errWatchFellBehind ends a watch whose session took its events too
+// slowly.
+var errWatchFellBehind = errors.New("client: the lease watch fell behind its session")
+
+// put queues an event, or the watch's end. A watch that holds
+// maxWatchEvents already ends instead, after the events it holds: read
+// calls it from its goroutine, so it must not wait.
 func (w *muxWatch) put(ev *fencerv1.WatchLeaseResponse, err error) {
 	w.mu.Lock()
-	if ev != nil {
-		w.events = append(w.events, ev)
-	} else {
+	switch {
+	case w.err != nil:
+	case ev == nil:
 		w.err = err
+	case len(w.events) >= maxWatchEvents:
+		w.err = errWatchFellBehind
+		go w.ms.leave(w.id)
+	default:
+		w.events = append(w.events, ev)
 	}
 	w.mu.Unlock()
 	select {

@@ -120,3 +120,68 @@ func TestFailedRenewalResetsTheConnectBackoff(t *testing.T) {
 	require.Eventually(t, func() bool { return cc.resets.Load() >= 2 }, 3*time.Second, 10*time.Millisecond,
 		"failed renewals did not reset the connection's backoff")
 }
+
+// TestNoStreamOpensWithoutASession: once the last session has ended, a
+// goroutine of it still on its way out cannot open a Sessions stream
+// that would outlive every session.
+func TestNoStreamOpensWithoutASession(t *testing.T) {
+	m := &sessionsMux{rpc: &stuckServer{sends: make(chan struct{}, 1)}}
+	_, err := m.stream()
+	require.ErrorIs(t, err, errNoSessions)
+	m.use()
+	ms, err := m.stream()
+	require.NoError(t, err)
+	m.release()
+	require.True(t, ms.ended(), "the stream outlived the last session")
+	_, err = m.stream()
+	require.ErrorIs(t, err, errNoSessions)
+}
+
+// TestAGivenUpRenewalIsNeverSent: a renewal still queued when its session
+// gives it up (deadline passed) leaves the queue, so that a stream that
+// opens later does not renew a session its client has ended.
+func TestAGivenUpRenewalIsNeverSent(t *testing.T) {
+	srv := &stuckServer{sends: make(chan struct{}, 16)}
+	m := &sessionsMux{rpc: srv}
+	m.use()
+	defer m.release()
+	ms, err := m.stream()
+	require.NoError(t, err)
+	first := make(chan error, 1)
+	go func() {
+		_, err := ms.renew(context.Background(), 1, nil)
+		first <- err
+	}()
+	<-srv.sends // the first renewal's Send is held; the next one waits in the queue
+	expire := make(chan time.Time, 1)
+	expire <- time.Now()
+	_, err = ms.renew(context.Background(), 2, expire)
+	require.ErrorIs(t, err, errExpired)
+	ms.mu.Lock()
+	queued := len(ms.queue)
+	ms.mu.Unlock()
+	require.Zero(t, queued, "the given-up renewal is still queued to be sent")
+}
+
+// TestAWatchThatFallsBehindEnds: a watch whose session takes its events
+// too slowly ends after the events it holds, so the session watches again
+// from the last one it took; its client's memory stays bounded.
+func TestAWatchThatFallsBehindEnds(t *testing.T) {
+	ms := &muxStream{done: make(chan struct{}), queued: make(chan struct{}, 1), renews: map[int64]chan renewResult{}, watches: map[int64]*muxWatch{}}
+	w := ms.startWatch(context.Background(), &fencerv1.WatchLeaseRequest{SessionId: 1})
+	for i := range maxWatchEvents + 10 {
+		w.put(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: int64(i)}, nil)
+	}
+	for i := range maxWatchEvents {
+		ev, err := w.Recv()
+		require.NoError(t, err)
+		require.EqualValues(t, i, ev.GetRevision())
+	}
+	_, err := w.Recv()
+	require.ErrorIs(t, err, errWatchFellBehind)
+	require.Eventually(t, func() bool {
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		return len(ms.watches) == 0 && len(ms.queue) == 2 // the watch, then its unwatch
+	}, time.Second, time.Millisecond, "the watch was not left on the server")
+}

@@ -261,6 +261,18 @@ func TestSessionsRefusesMalformedRequests(t *testing.T) {
 			requireEvent(t, s.next(), 7, fencerv1.WatchLeaseResponse_TYPE_SYNCED, "")
 			s.watch(7, id, 0)
 		}},
+		"watch id below one used": {"watch.watch_id", func(s *sessionsStream) {
+			s.watch(7, id, 0)
+			requireEvent(t, s.next(), 7, fencerv1.WatchLeaseResponse_TYPE_SYNCED, "")
+			s.unwatch(7)
+			s.watch(6, id, 0)
+		}},
+		"watch id reused after its unwatch": {"watch.watch_id", func(s *sessionsStream) {
+			s.watch(7, id, 0)
+			requireEvent(t, s.next(), 7, fencerv1.WatchLeaseResponse_TYPE_SYNCED, "")
+			s.unwatch(7)
+			s.watch(7, id, 0)
+		}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -307,9 +319,9 @@ func TestSessionsWatchFromARevisionAndUnwatch(t *testing.T) {
 	_, err = rpc.Release(ctx, &fencerv1.ReleaseRequest{Target: &fencerv1.ReleaseRequest_Token{Token: b.GetToken()}})
 	require.NoError(t, err)
 	s.quiet(time.Second)
-	s.watch(1, a.GetSessionId(), mustParse(t, b.GetToken()).Revision) // the id is free again
-	requireEvent(t, s.next(), 1, fencerv1.WatchLeaseResponse_TYPE_SYNCED, "")
-	requireEvent(t, s.next(), 1, fencerv1.WatchLeaseResponse_TYPE_LOST, b.GetToken())
+	s.watch(3, a.GetSessionId(), mustParse(t, b.GetToken()).Revision) // ids are never reused
+	requireEvent(t, s.next(), 3, fencerv1.WatchLeaseResponse_TYPE_SYNCED, "")
+	requireEvent(t, s.next(), 3, fencerv1.WatchLeaseResponse_TYPE_LOST, b.GetToken())
 }
 
 // TestSessionsStreamEndsOnShutdown: Shutdown ends a Sessions stream with
@@ -400,4 +412,35 @@ func TestSessionsStreamHoldsBackAClientThatDoesNotRead(t *testing.T) {
 	go func() { _ = srv.Shutdown(shutdown) }()
 	require.Eventually(t, func() bool { return goroutinesIn(t, "server.(*Server).Sessions") == 0 }, 2*time.Second, 20*time.Millisecond,
 		"the Sessions handler of a client that reads nothing still runs after Shutdown")
+}
+
+// TestSessionsRenewalsDoNotWaitForWatchStarts: a renewal sent right
+// after a burst of watch starts is answered before the burst has
+// started: watch starts wait in a queue of their own, and run side by
+// side (their SYNCED events come in any order).
+func TestSessionsRenewalsDoNotWaitForWatchStarts(t *testing.T) {
+	ctx := fencertest.Context(t)
+	addr, _ := startServer(t, fencertest.SharedStore(t))
+	rpc := fencerv1.NewFencerServiceClient(dial(t, alice, addr))
+	a, err := rpc.Acquire(ctx, &fencerv1.AcquireRequest{Name: "burst", TtlSeconds: 30})
+	require.NoError(t, err)
+	s := openSessions(t, ctx, rpc)
+	s.renew(a.GetSessionId())
+	requireRenewed(t, s.next(), a.GetSessionId())
+	const n = 1000
+	for i := range n {
+		s.watch(int64(i+1), a.GetSessionId(), 0)
+	}
+	s.renew(a.GetSessionId())
+	synced := 0
+	for {
+		m := s.next()
+		if m.GetRenewed() != nil {
+			break
+		}
+		require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, m.GetEvent().GetEvent().GetType(), "%v", m)
+		synced++
+	}
+	t.Logf("the renewal was answered after %d of %d watches had started", synced, n)
+	require.Less(t, synced, n, "the renewal waited for every watch start before it")
 }

@@ -296,13 +296,14 @@ func TestRedTeamSessionsCrossPrincipal(t *testing.T) {
 	require.NotContains(t, fmt.Sprint(denied), "alice", "the refusal names the session's owner")
 	for i, from := range []int64{0, rxRevision(t, a.Token), 1} {
 		m := x.mark()
-		require.NoError(t, x.send(rxWatchReq(1, a.SessionId, from)))
-		e := x.ended(m, 1)
+		wid := int64(i + 1)
+		require.NoError(t, x.send(rxWatchReq(wid, a.SessionId, from)))
+		e := x.ended(m, wid)
 		rxErr(t, e, codes.PermissionDenied, "PERMISSION_DENIED", "bob watching alice's session from", from, i)
 		require.NotContains(t, fmt.Sprint(e), "alice", "the refusal names the session's owner")
 	}
-	x.watch(1, b2.SessionId, 0) // watch_id 1 again, after its watch_ended
-	x.watch(2, b1.SessionId, 0)
+	x.watch(4, b2.SessionId, 0)
+	x.watch(5, b1.SessionId, 0)
 	x.renewOK(b2.SessionId)
 
 	// Alice's lease lost: her watch hears it, bob's stream does not.
@@ -330,23 +331,24 @@ func TestRedTeamSessionsCrossPrincipal(t *testing.T) {
 	x.renewOK(b2.SessionId)
 	rxB := rxLease(t, bob, b1.SessionId, "x-b3")
 	rxRelease(t, bob, rxB)
-	m := x.lost(0, 2, rxB)
+	m := x.lost(0, 5, rxB)
 	require.NotContains(t, fmt.Sprint(x.since(0)), "x-a", "an event of alice's leases reached bob's stream")
 	rxForeign(t, x.since(0), []int64{a.SessionId}, []int64{7}, []string{a.Token, a2}, "bob's stream")
 	for _, r := range x.since(0)[:m] {
-		if r.GetEvent().GetWatchId() == 1 && r.GetEvent().GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
-			t.Errorf("bob's watch 1 (of session b2, whose lease was never lost) got %v", r)
+		if r.GetEvent().GetWatchId() == 4 && r.GetEvent().GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_LOST {
+			t.Errorf("bob's watch 4 (of session b2, whose lease was never lost) got %v", r)
 		}
 	}
 	x.running("bob's stream")
 }
 
-// Routing on one stream of one principal: each LOST event comes under
-// the watches of its own session only, the same session watched twice
-// gets it under both, huge watch_ids work, nothing comes under a watch_id
-// after its unwatch, a watch_id reused after its unwatch or its
-// watch_ended carries only its new session's events, and unwatches of
-// ended or unknown watches change nothing.
+// One stream watches three sessions of alice's under increasing
+// watch_ids: each watch gets the events of its own session only, the same
+// session watched twice gets them under both, a huge watch_id works,
+// nothing comes under a watch_id after its unwatch, a watch_id not above
+// every one used before (reused after its unwatch, or lower) ends that
+// stream with INVALID_ARGUMENT and no other, and unwatches of ended or
+// unknown watches change nothing.
 func TestRedTeamSessionsRouting(t *testing.T) {
 	s, _ := rsServer(t)
 	alice := rrDial(t, s, rsAliceTok)
@@ -358,10 +360,10 @@ func TestRedTeamSessionsRouting(t *testing.T) {
 
 	x := rxOpen(t, ctx, alice)
 	x.watch(10, s1.SessionId, 0)
-	x.watch(30, s1.SessionId, 0) // the same session, twice
 	x.watch(20, s2.SessionId, 0)
-	x.watch(huge, s3.SessionId, 0)
-	x.watch(maxID, s2.SessionId, 0)
+	x.watch(30, s1.SessionId, 0) // the same session, twice
+	x.watch(40, s3.SessionId, 0)
+	x.watch(50, s2.SessionId, 0)
 	x.renewOK(s1.SessionId)
 
 	rxRelease(t, alice, r1a)
@@ -369,7 +371,7 @@ func TestRedTeamSessionsRouting(t *testing.T) {
 	x.lost(0, 30, r1a)
 	rxRelease(t, alice, r2a)
 	x.lost(0, 20, r2a)
-	x.lost(0, maxID, r2a)
+	x.lost(0, 50, r2a)
 
 	// Unwatch 10; the renewal after it is answered once the server has
 	// handled the unwatch: nothing of watch 10 may follow that answer.
@@ -381,39 +383,39 @@ func TestRedTeamSessionsRouting(t *testing.T) {
 	x.renewOK(s2.SessionId)
 	rxForeign(t, x.since(cut), nil, []int64{10}, nil, "after the unwatch of watch 10")
 
-	// Watch 10 again, now of s2: it carries s2's losses, not s1's.
+	// A new watch of s2 carries s2's losses, not s1's.
 	cut = x.mark()
-	x.watch(10, s2.SessionId, 0)
+	x.watch(60, s2.SessionId, 0)
 	rxRelease(t, alice, r1c)
 	x.lost(cut, 30, r1c)
 	rxRelease(t, alice, r2b)
-	x.lost(cut, 10, r2b)
+	x.lost(cut, 60, r2b)
 	x.lost(cut, 20, r2b)
-	x.lost(cut, maxID, r2b)
+	x.lost(cut, 50, r2b)
 	x.renewOK(s2.SessionId)
 	for _, m := range x.since(cut) {
-		if m.GetEvent().GetWatchId() == 10 && (m.GetEvent().GetEvent().GetToken() == r1c || m.GetEvent().GetEvent().GetToken() == r1b) {
-			t.Errorf("watch 10, reused for session %d, got session %d's loss: %v", s2.SessionId, s1.SessionId, m)
+		if m.GetEvent().GetWatchId() == 60 && (m.GetEvent().GetEvent().GetToken() == r1c || m.GetEvent().GetEvent().GetToken() == r1b) {
+			t.Errorf("watch 60, of session %d, got session %d's loss: %v", s2.SessionId, s1.SessionId, m)
 		}
 	}
 
-	// s3 ends: only its watch ends; its watch_id is then reused for s1.
+	// s3 ends: only its watch ends.
 	cut = x.mark()
 	rxRevoke(t, alice, s3.SessionId)
-	rxErr(t, x.ended(cut, huge), codes.NotFound, "SESSION_NOT_FOUND", "the watch of the released session s3")
+	rxErr(t, x.ended(cut, 40), codes.NotFound, "SESSION_NOT_FOUND", "the watch of the released session s3")
 	rxErr(t, x.renew(s3.SessionId).GetRenewFailed().GetError(), codes.NotFound, "SESSION_NOT_FOUND", "renewing the released session s3")
 	x.renewOK(s1.SessionId)
 	for _, m := range x.since(cut) {
-		if we := m.GetWatchEnded(); we != nil && we.GetWatchId() != huge {
+		if we := m.GetWatchEnded(); we != nil && we.GetWatchId() != 40 {
 			t.Errorf("the end of session s3 ended watch %d: %v", we.GetWatchId(), m)
 		}
 	}
 	cut = x.mark()
 	x.watch(huge, s1.SessionId, 0)
 
-	// Unwatches of an unwatched, a never used, and an ended-then-reused id
+	// Unwatches of an unwatched, a never used and an ended id, the first
 	// twice over: the stream and its live watches go on.
-	for _, id := range []int64{10, 10, 12345} {
+	for _, id := range []int64{10, 10, 12345, 40} {
 		require.NoError(t, x.send(rxUnwatchReq(id)))
 	}
 	x.renewOK(s1.SessionId)
@@ -422,10 +424,11 @@ func TestRedTeamSessionsRouting(t *testing.T) {
 	rxRelease(t, alice, r1d)
 	x.lost(cut, 30, r1d)
 	x.lost(cut, huge, r1d)
+	x.watch(maxID, s2.SessionId, 0)
 	x.renewOK(s2.SessionId)
 
-	// Every watch incarnation's first reply was SYNCED, and no watch got an
-	// event after its watch_ended.
+	// Every watch's first reply was SYNCED, and no watch got an event
+	// after its watch_ended.
 	seen, endedIDs := map[int64]bool{}, map[int64]bool{}
 	for i, m := range x.since(0) {
 		if e := m.GetEvent(); e != nil {
@@ -433,25 +436,33 @@ func TestRedTeamSessionsRouting(t *testing.T) {
 				require.Equal(t, fencerv1.WatchLeaseResponse_TYPE_SYNCED, e.GetEvent().GetType(), "reply %d: the first of watch %d is %v", i, e.GetWatchId(), m)
 				seen[e.GetWatchId()] = true
 			}
-			if endedIDs[e.GetWatchId()] && e.GetEvent().GetType() != fencerv1.WatchLeaseResponse_TYPE_SYNCED {
-				t.Errorf("reply %d: an event of watch %d after its watch_ended and before a new SYNCED: %v", i, e.GetWatchId(), m)
-			}
-			if e.GetEvent().GetType() == fencerv1.WatchLeaseResponse_TYPE_SYNCED {
-				endedIDs[e.GetWatchId()] = false
+			if endedIDs[e.GetWatchId()] {
+				t.Errorf("reply %d: an event of watch %d after its watch_ended: %v", i, e.GetWatchId(), m)
 			}
 		}
 		if we := m.GetWatchEnded(); we != nil {
 			endedIDs[we.GetWatchId()] = true
 		}
 	}
+
+	// A watch_id not above every one used before ends its stream, reused
+	// after its unwatch or lower; other streams go on.
+	for name, ids := range map[string][]int64{"reused after its unwatch": {5, 5}, "lower": {9, 8}} {
+		y := rxOpen(t, ctx, alice)
+		y.watch(ids[0], s1.SessionId, 0)
+		require.NoError(t, y.send(rxUnwatchReq(ids[0])))
+		require.NoError(t, y.send(rxWatchReq(ids[1], s1.SessionId, 0)))
+		rrCode(t, y.end("a watch_id "+name), codes.InvalidArgument, "a watch_id", name)
+	}
+	x.renewOK(s1.SessionId)
+	x.running("after other streams reused watch_ids")
 }
 
 // Watch, unwatch and renew interleaved at a high rate on one stream,
 // while another session's leases are acquired and released all along:
 // a watch of the quiet session s2 never gets a LOST event (s2 loses
 // nothing), no watch_id gets a reply after the answer to the renewal sent
-// right after its unwatch, a watch_id reused at once after its unwatch is
-// accepted, and the stream survives.
+// right after its unwatch, and the stream survives.
 func TestRedTeamSessionsChurn(t *testing.T) {
 	s, _ := rsServer(t)
 	alice := rrDial(t, s, rsAliceTok)
@@ -504,8 +515,9 @@ func TestRedTeamSessionsChurn(t *testing.T) {
 			live[next], st.watched[next] = sid, sid
 			next++
 		}
-		// Unwatch the oldest live one, and reuse its id at once for the
-		// other session every fourth round.
+		// Unwatch the oldest live one, and every fourth round watch its
+		// session's other at once under the next id (ids are never
+		// reused).
 		var oldest int64 = math.MaxInt64
 		for id := range live {
 			oldest = min(oldest, id)
@@ -520,8 +532,9 @@ func TestRedTeamSessionsChurn(t *testing.T) {
 				if sid == s1.SessionId {
 					other = s2.SessionId
 				}
-				require.NoError(t, x.send(rxWatchReq(oldest, other, 0)))
-				live[oldest], st.watched[oldest] = other, other
+				require.NoError(t, x.send(rxWatchReq(next, other, 0)))
+				live[next], st.watched[next] = other, other
+				next++
 			}
 		}
 		require.NoError(t, x.send(rxRenewReq(s2.SessionId)))
@@ -993,7 +1006,10 @@ func TestRedTeamSessionsTokenWithdrawn(t *testing.T) {
 	}
 
 	st, err := bob.raw.Sessions(ctx)
-	if err == nil && st.Send(rxRenewReq(b.SessionId)) == nil {
+	if err == nil {
+		// Send fails with io.EOF once the server has refused the
+		// stream; Recv says why.
+		_ = st.Send(rxRenewReq(b.SessionId))
 		_, err = st.Recv()
 	}
 	rrCode(t, err, codes.Unauthenticated, "bob opening a Sessions stream after his token was removed")

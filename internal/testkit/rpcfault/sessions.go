@@ -98,7 +98,7 @@ func sessionsError(err error) *fencerv1.SessionsError {
 	st := status.Convert(err)
 	e := &fencerv1.SessionsError{Code: int32(st.Code()), Message: st.Message()}
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == fencerv1.ErrorDomain {
 			e.Reason, e.Metadata = info.GetReason(), info.GetMetadata()
 		}
 	}

@@ -2621,8 +2621,8 @@ func (*SessionsRequest_Unwatch) isSessionsRequest_Request() {}
 type SessionsWatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// watch_id names the watch on this stream, in its events and its end;
-	// the client chooses it, positive and unused among the stream's live
-	// watches.
+	// the client chooses it, greater than every watch_id the stream has
+	// used.
 	WatchId int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
 	// watch is what to watch, as in WatchLease.
 	Watch         *WatchLeaseRequest `protobuf:"bytes,2,opt,name=watch,proto3" json:"watch,omitempty"`

@@ -273,19 +273,23 @@ class FencerServiceServicer(object):
         A renew request is answered by renewed, or by renew_failed with the
         status that would have ended that session's KeepAlive stream; the
         stream and its other sessions go on. A watch request, which names a
-        watch_id unused among the stream's live watches, starts a watch
-        exactly like WatchLease's: its events (SYNCED first) come as event
-        messages under its watch_id, and it ends with one watch_ended message
-        carrying the status that would have ended that WatchLease stream
-        (SESSION_NOT_FOUND, WATCH_COMPACTED, UNAVAILABLE, ...). After an
-        unwatch request the server sends nothing more for that watch_id; an
-        unwatch of a watch that has ended is ignored. The server handles
-        requests in the order they arrive.
+        watch_id greater than every watch_id the stream has used, starts a
+        watch exactly like WatchLease's: its events (SYNCED first) come as
+        event messages under its watch_id, and it ends with one watch_ended
+        message carrying the status that would have ended that WatchLease
+        stream (SESSION_NOT_FOUND, WATCH_COMPACTED, UNAVAILABLE, ...). After
+        an unwatch request the server sends nothing more for that watch_id but
+        a message it was sending as the request arrived, which the client
+        drops; an unwatch of a watch that has ended is ignored. The server
+        starts requests in the order they arrive and runs renewals and watch
+        starts side by side, so answers of different sessions may come in
+        another order; keep one renewal of a session in flight at a time.
 
         The whole stream ends, as KeepAlive's does, on Shutdown
         (SHUTTING_DOWN), when its bearer token is withdrawn (UNAUTHENTICATED),
-        on a malformed request or a watch_id already live (INVALID_ARGUMENT),
-        and when the client half-closes it (OK).
+        on a malformed request or a watch_id not above every one used before
+        (INVALID_ARGUMENT), and when the client half-closes it (OK, once the
+        renewals asked for are answered).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
