@@ -409,7 +409,7 @@ func report(f *hubFeed, seen int64) {
 	if seen < f.start {
 		return
 	}
-	f.q.put(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen})
+	f.q.putProgress(&fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: seen})
 }
 
 // failLocked stops r and ends every feed of r with err. With restart, a new shared
@@ -590,6 +590,21 @@ func (q *feedQueue) put(msg *fencerv1.WatchLeaseResponse) bool {
 		q.notify()
 	}
 	return true
+}
+
+// putProgress queues msg, a PROGRESS report, in place of a PROGRESS
+// report the stream has not taken yet if one is last in the queue (the
+// later report says all the earlier one did), so that a stream that reads
+// slowly holds one report, not one per second.
+func (q *feedQueue) putProgress(msg *fencerv1.WatchLeaseResponse) bool {
+	q.mu.Lock()
+	if n := len(q.msgs); n > 0 && q.msgs[n-1].GetType() == fencerv1.WatchLeaseResponse_TYPE_PROGRESS {
+		q.msgs[n-1] = msg
+		q.mu.Unlock()
+		return true
+	}
+	q.mu.Unlock()
+	return q.put(msg)
 }
 
 // putWait queues msg, waiting while the queue is full. It reports false,

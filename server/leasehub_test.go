@@ -534,3 +534,31 @@ func TestFeedQueue(t *testing.T) {
 	require.False(t, q.putWait(ctx, msg(6)), "an ended context")
 	require.Equal(t, 0, q.room())
 }
+
+// TestFeedQueueKeepsOneUntakenProgress: a PROGRESS report replaces one
+// the stream has not taken if it is last, and never one before a LOST.
+func TestFeedQueueKeepsOneUntakenProgress(t *testing.T) {
+	q := newFeedQueue(8)
+	progress := func(rev int64) *fencerv1.WatchLeaseResponse {
+		return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_PROGRESS, Revision: rev}
+	}
+	lost := func(rev int64) *fencerv1.WatchLeaseResponse {
+		return &fencerv1.WatchLeaseResponse{Type: fencerv1.WatchLeaseResponse_TYPE_LOST, Revision: rev}
+	}
+	q.put(lost(4))
+	for rev := int64(5); rev < 100; rev++ {
+		require.True(t, q.putProgress(progress(rev)))
+	}
+	q.put(lost(100))
+	q.putProgress(progress(101))
+	q.putProgress(progress(102))
+	var got []string
+	for {
+		msg, ok := q.take()
+		if !ok {
+			break
+		}
+		got = append(got, fmt.Sprintf("%s@%d", msg.GetType(), msg.GetRevision()))
+	}
+	require.Equal(t, []string{"TYPE_LOST@4", "TYPE_PROGRESS@99", "TYPE_LOST@100", "TYPE_PROGRESS@102"}, got)
+}
