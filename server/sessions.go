@@ -38,8 +38,9 @@ func (s *Server) Sessions(stream fencerv1.FencerService_SessionsServer) error {
 		watches: map[int64]*streamWatch{}, verified: map[clientv3.LeaseID]bool{}}
 	defer m.close()
 	received := make(chan error, 1)
-	// The receiver returns once this handler has: gRPC then ends the
-	// stream's context, which ends its Recv and any etcd call it runs.
+	// The receiver returns at the client's half-close or a malformed
+	// request, or else once this handler has returned: gRPC then ends the
+	// stream's context, which ends its Recv and its calls' etcd requests.
 	go func() { received <- m.receive(stream) }()
 	send := func(msg *fencerv1.SessionsResponse) error {
 		return g.call(func() error { return stream.Send(msg) })
