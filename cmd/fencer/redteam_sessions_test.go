@@ -24,6 +24,7 @@ import (
 
 	"github.com/fencer-dev/fencer/client"
 	"github.com/fencer-dev/fencer/fencertest"
+	"github.com/fencer-dev/fencer/internal/testkit/faultproxy"
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
 	"github.com/fencer-dev/fencer/token"
 )
@@ -1115,72 +1116,6 @@ func TestRedTeamSessionsResourceAbuse(t *testing.T) {
 	}
 }
 
-// rxProxy is a TCP proxy to a server that can be cut: cut closes every
-// connection and refuses new ones until restore.
-type rxProxy struct {
-	ln   net.Listener
-	to   string
-	mu   sync.Mutex
-	down bool
-	cs   []net.Conn
-}
-
-func rxStartProxy(t *testing.T, to string) *rxProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &rxProxy{ln: ln, to: to}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			down := p.down
-			p.mu.Unlock()
-			if down {
-				_ = c.Close()
-				continue
-			}
-			u, err := net.Dial("tcp", to)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.cs = append(p.cs, c, u)
-			p.mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(u, c); _ = u.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(c, u); _ = c.Close() }()
-		}
-	}()
-	t.Cleanup(func() { _ = ln.Close(); p.cut(); wg.Wait() })
-	return p
-}
-
-func (p *rxProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *rxProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for _, c := range p.cs {
-		_ = c.Close()
-	}
-	p.cs = nil
-}
-
-func (p *rxProxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
 // rxHeld is a Go-client session and the lease it holds.
 type rxHeld struct {
 	sess *client.Session
@@ -1236,24 +1171,24 @@ func rxSafe(t *testing.T, raw fencerv1.FencerServiceClient, hs []rxHeld, what st
 // holds a lease whose token is not current.
 func TestRedTeamSessionsClientStreamBroken(t *testing.T) {
 	s, _ := rsServer(t)
-	p := rxStartProxy(t, s.addr)
+	p := faultproxy.New(t, s.addr)
 	// gRPC's own reconnect backoff (1 s, then 1.6 times longer each time)
 	// could keep the connection down past a session's deadline after the
 	// cut; the client resets it when a renewal fails, so the holder dials
 	// with gRPC's defaults.
-	holder := rxDialWith(t, p.addr(), rsAliceTok)
+	holder := rxDialWith(t, p.Addr(), rsAliceTok)
 	other := rrDial(t, s, rsAliceTok)
 	const ttl = 6 * time.Second
 	hs := rxHold(t, holder.c, 20, ttl, "cb")
 
 	for k, outage := range []time.Duration{300 * time.Millisecond, ttl/3 + 500*time.Millisecond} {
 		released, revoked := hs[2*k], hs[2*k+1]
-		p.cut()
+		p.Isolate()
 		rxRelease(t, other, released.l.Token().String())
 		rxRevoke(t, other, revoked.sess.ID())
 		time.Sleep(outage)
 		require.False(t, rxEnded(released.l.Done()), "cut %d: the lease released during the cut ended before the stream came back: the cut did not hold", k)
-		p.restore()
+		p.Heal()
 		back := time.Now()
 		for what, done := range map[string]<-chan struct{}{"the lease released by token": released.l.Done(), "the lease of the revoked session": revoked.l.Done()} {
 			select {
