@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -191,16 +190,7 @@ func (m *sessionsMux) read(ms *muxStream) {
 // fromSessionsError is the library's error for a status carried in a
 // Sessions message: the error the status would be as a call's (fromStatus).
 func fromSessionsError(e *fencerv1.SessionsError) error {
-	st := status.New(codes.Code(e.GetCode()), e.GetMessage())
-	if e.GetCode() == int32(codes.OK) {
-		st = status.New(codes.Unknown, "client: a Sessions message carried an error with code OK")
-	}
-	if e.GetReason() != "" {
-		if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: e.GetReason(), Domain: fencerv1.ErrorDomain, Metadata: e.GetMetadata()}); err == nil {
-			st = withInfo
-		}
-	}
-	return fromStatus(st.Err())
+	return fromStatus(e.Status().Err())
 }
 
 // answer hands session id's renewal its result. An answer nobody waits

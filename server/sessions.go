@@ -10,7 +10,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 
 	fencerv1 "github.com/fencer-dev/fencer/proto/fencer/v1"
@@ -465,12 +464,5 @@ func (m *sessionsStream) unwatch(id int64) {
 // sessionsError is err as the status a call would end with (toStatus),
 // carried in a Sessions message.
 func sessionsError(err error) *fencerv1.SessionsError {
-	st := status.Convert(toStatus(err))
-	e := &fencerv1.SessionsError{Code: int32(st.Code()), Message: st.Message()}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == fencerv1.ErrorDomain {
-			e.Reason, e.Metadata = info.GetReason(), info.GetMetadata()
-		}
-	}
-	return e
+	return fencerv1.SessionsErrorOf(status.Convert(toStatus(err)))
 }

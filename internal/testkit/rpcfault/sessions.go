@@ -3,7 +3,6 @@ package rpcfault
 import (
 	"sync"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -95,14 +94,7 @@ func ended(id int64, err error) *fencerv1.SessionsResponse {
 
 // sessionsError carries err's status as a Sessions message does.
 func sessionsError(err error) *fencerv1.SessionsError {
-	st := status.Convert(err)
-	e := &fencerv1.SessionsError{Code: int32(st.Code()), Message: st.Message()}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == fencerv1.ErrorDomain {
-			e.Reason, e.Metadata = info.GetReason(), info.GetMetadata()
-		}
-	}
-	return e
+	return fencerv1.SessionsErrorOf(status.Convert(err))
 }
 
 func (s *sessionsStream) inject(msg *fencerv1.SessionsResponse) {
