@@ -194,9 +194,7 @@ func (m *sessionsStream) flush(send func(*fencerv1.SessionsResponse) error) erro
 			if ev == nil {
 				break
 			}
-			if err := send(&fencerv1.SessionsResponse{Response: &fencerv1.SessionsResponse_Event{
-				Event: &fencerv1.SessionsWatchEvent{WatchId: sw.id, Event: ev},
-			}}); err != nil {
+			if err := send(watchEvent(sw.id, ev)); err != nil {
 				return err
 			}
 		}
@@ -428,13 +426,18 @@ func (m *sessionsStream) openWatch(sw *streamWatch, req *fencerv1.WatchLeaseRequ
 		// the watch went live were dropped; marking it now looks at
 		// what they announced.
 		sw.live, sw.marked = true, true
-		m.out = append(m.out, &fencerv1.SessionsResponse{Response: &fencerv1.SessionsResponse_Event{
-			Event: &fencerv1.SessionsWatchEvent{WatchId: sw.id, Event: w.synced()},
-		}})
+		m.out = append(m.out, watchEvent(sw.id, w.synced()))
 		m.ready = append(m.ready, sw)
 	}
 	m.mu.Unlock()
 	signal(m.wake)
+}
+
+// watchEvent is the message that carries ev of watch id.
+func watchEvent(id int64, ev *fencerv1.WatchLeaseResponse) *fencerv1.SessionsResponse {
+	return &fencerv1.SessionsResponse{Response: &fencerv1.SessionsResponse_Event{
+		Event: &fencerv1.SessionsWatchEvent{WatchId: id, Event: ev},
+	}}
 }
 
 // watchEnded is the message that ends watch id with err.
